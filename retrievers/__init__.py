@@ -1,0 +1,81 @@
+"""Document ingestion and retrieval for ragspec: loaders, chunking, embeddings, FAISS, BM25, hybrid fusion.
+
+Typical use::
+
+    from retrievers import load_documents, split_documents, default_embeddings, FaissVectorStore, HybridRetriever
+
+    loaded = load_documents("docs/", exclude=["drafts"])
+    chunks = split_documents(loaded.documents)
+    store = FaissVectorStore(default_embeddings())
+    store.add_documents(chunks)
+    store.save("index/")
+    retriever = HybridRetriever(vectorstore=store, documents=chunks, k=4)
+    passages = retriever.invoke("How do I restore a snapshot?")
+"""
+
+from __future__ import annotations
+
+from retrievers.bm25 import BM25Retriever
+from retrievers.chunking import chunk_id, default_token_length, split_documents
+from retrievers.embeddings import (
+    DEFAULT_MODEL_ID,
+    SentenceTransformerEmbeddings,
+    default_embeddings,
+    default_model_path,
+    embeddings_fingerprint,
+)
+from retrievers.errors import (
+    DimensionMismatchError,
+    EmbeddingModelError,
+    IndexCorruptError,
+    IndexLoadError,
+    IndexMismatchError,
+    IndexNotFoundError,
+    IndexSaveError,
+    IndexVersionError,
+    RetrieverError,
+)
+from retrievers.faiss_store import FaissVectorStore, FlatIndex, HNSWIndex, IndexConfig
+from retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
+from retrievers.loaders import DEFAULT_INCLUDE, LoadResult, SkippedFile, SkippedFileWarning, load_documents, load_file
+from retrievers.persistence import FORMAT_VERSION
+from retrievers.rerank import CrossEncoderReranker, Reranker
+from retrievers.types import MetadataFilter, ScoredDocument
+
+__all__ = [
+    "DEFAULT_INCLUDE",
+    "DEFAULT_MODEL_ID",
+    "FORMAT_VERSION",
+    "BM25Retriever",
+    "CrossEncoderReranker",
+    "DimensionMismatchError",
+    "EmbeddingModelError",
+    "FaissVectorStore",
+    "FlatIndex",
+    "HNSWIndex",
+    "HybridRetriever",
+    "IndexConfig",
+    "IndexCorruptError",
+    "IndexLoadError",
+    "IndexMismatchError",
+    "IndexNotFoundError",
+    "IndexSaveError",
+    "IndexVersionError",
+    "LoadResult",
+    "MetadataFilter",
+    "Reranker",
+    "RetrieverError",
+    "ScoredDocument",
+    "SentenceTransformerEmbeddings",
+    "SkippedFile",
+    "SkippedFileWarning",
+    "chunk_id",
+    "default_embeddings",
+    "default_model_path",
+    "default_token_length",
+    "embeddings_fingerprint",
+    "load_documents",
+    "load_file",
+    "reciprocal_rank_fusion",
+    "split_documents",
+]

@@ -1,0 +1,448 @@
+"""A LangChain `VectorStore` on FAISS: cosine similarity, exact or HNSW, upsert/delete by id, filters, safe persistence.
+
+Vectors are L2-normalized and compared by inner product, so scores are cosine
+similarities in [-1, 1]. Documents live in a Python dict keyed by id; FAISS holds the
+vectors under int64 labels (`IndexIDMap2`). The flat index removes deleted vectors at
+once; HNSW cannot remove, so deleted labels become tombstones that searches skip and the
+index is rebuilt from its own vectors once tombstones outnumber live vectors.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Union
+
+import faiss
+import numpy as np
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores.utils import maximal_marginal_relevance
+
+from retrievers.embeddings import embeddings_fingerprint
+from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
+from retrievers.persistence import read_store, write_store
+from retrievers.types import MetadataFilter, check_filter, matches_filter
+
+__all__ = ["FaissVectorStore", "FlatIndex", "HNSWIndex", "IndexConfig"]
+
+
+@dataclass(frozen=True)
+class FlatIndex:
+    """Exact search (`IndexFlatIP`): the default; fast enough up to ~10^5-10^6 vectors."""
+
+    kind: Literal["flat"] = "flat"
+
+
+@dataclass(frozen=True)
+class HNSWIndex:
+    """Approximate search (`IndexHNSWFlat`, inner product) for large corpora."""
+
+    m: int = 32
+    """Graph neighbours per node: more is more accurate, bigger and slower to build."""
+    ef_construction: int = 200
+    """Candidate list size while building."""
+    ef_search: int = 128
+    """Candidate list size while searching (raised to k when k is larger)."""
+    kind: Literal["hnsw"] = "hnsw"
+
+    def __post_init__(self) -> None:
+        if self.m < 2 or self.ef_construction < 1 or self.ef_search < 1:
+            raise ValueError(f"HNSWIndex needs m >= 2 and positive ef values, got {self}")
+
+
+IndexConfig = Union[FlatIndex, HNSWIndex]
+
+
+@dataclass
+class _Record:
+    label: int
+    text: str
+    metadata: dict[str, Any]
+
+
+class FaissVectorStore(VectorStore):
+    """FAISS vector store with ids, metadata filters and pickle-free, atomic `save`/`load`.
+
+    Example:
+        >>> store = FaissVectorStore(default_embeddings())
+        >>> store.add_documents(chunks)
+        >>> store.similarity_search("how do I rotate keys?", k=4, filter={"file_type": "md"})
+        >>> store.save("my-index"); store = FaissVectorStore.load("my-index", default_embeddings())
+    """
+
+    def __init__(self, embedding: Embeddings, index: IndexConfig | None = None) -> None:
+        if index is not None and not isinstance(index, (FlatIndex, HNSWIndex)):
+            raise TypeError(f"index must be FlatIndex() or HNSWIndex(...), got {type(index).__name__}")
+        self._embedding = embedding
+        self.index_config: IndexConfig = index or FlatIndex()
+        self._index: Any = None  # faiss.IndexIDMap2, created on the first add (dimension known then)
+        self._dim: int | None = None
+        self._records: dict[str, _Record] = {}
+        self._label_to_id: dict[int, str] = {}
+        self._next_label = 0
+        self._lock = threading.RLock()
+
+    # --- basics -------------------------------------------------------------------------
+
+    @property
+    def embeddings(self) -> Embeddings:
+        return self._embedding
+
+    @property
+    def dimension(self) -> int | None:
+        """Vector dimension, or None before anything was added."""
+        return self._dim
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def documents(self) -> list[Document]:
+        """All stored documents (with ids), in insertion order."""
+        with self._lock:
+            return [self._document(doc_id, rec) for doc_id, rec in self._records.items()]
+
+    @staticmethod
+    def _document(doc_id: str, rec: _Record) -> Document:
+        return Document(id=doc_id, page_content=rec.text, metadata=dict(rec.metadata))
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        return lambda score: min(1.0, max(0.0, (1.0 + score) / 2.0))
+
+    # --- writing ------------------------------------------------------------------------
+
+    def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
+        """Embed and add (or replace, for ids already present) documents; returns their ids.
+
+        Ids come from the ``ids`` keyword, else each document's ``id``, else a new UUID.
+        """
+        ids = kwargs.pop("ids", None)
+        if ids is not None and len(ids) != len(documents):
+            raise ValueError(f"got {len(ids)} ids for {len(documents)} documents; pass one id per document")
+        resolved = [
+            str(ids[i]) if ids is not None and ids[i] is not None else (doc.id or uuid.uuid4().hex)
+            for i, doc in enumerate(documents)
+        ]
+        if not documents:
+            return []
+        vectors = self._embedding.embed_documents([doc.page_content for doc in documents])
+        return self.add_embeddings(
+            [doc.page_content for doc in documents], vectors, [doc.metadata for doc in documents], resolved
+        )
+
+    def add_embeddings(
+        self,
+        texts: Sequence[str],
+        embeddings: Sequence[Sequence[float]] | np.ndarray,
+        metadatas: Sequence[dict[str, Any]] | None = None,
+        ids: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Add precomputed vectors (normalized here); an id already present is replaced."""
+        vectors = _as_matrix(embeddings)
+        n = len(texts)
+        if vectors.shape[0] != n or (metadatas is not None and len(metadatas) != n) or (ids is not None and len(ids) != n):
+            raise ValueError("texts, embeddings, metadatas and ids must have the same length")
+        id_list = [str(i) for i in ids] if ids is not None else [uuid.uuid4().hex for _ in range(n)]
+        if n == 0:
+            return []
+        faiss.normalize_L2(vectors)
+        # Within one call a repeated id keeps its last occurrence.
+        last = {doc_id: i for i, doc_id in enumerate(id_list)}
+        keep = sorted(last.values())
+        with self._lock:
+            self._ensure_index(vectors.shape[1])
+            self._remove([id_list[i] for i in keep if id_list[i] in self._records])
+            labels = np.arange(self._next_label, self._next_label + len(keep), dtype="int64")
+            self._next_label += len(keep)
+            self._index.add_with_ids(np.ascontiguousarray(vectors[keep]), labels)
+            for label, i in zip(labels.tolist(), keep):
+                metadata = dict(metadatas[i]) if metadatas is not None and metadatas[i] else {}
+                self._records[id_list[i]] = _Record(label, texts[i], metadata)
+                self._label_to_id[label] = id_list[i]
+        return id_list
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """Delete documents by id (unknown ids are ignored); ``ids=None`` deletes everything."""
+        with self._lock:
+            if ids is None:
+                self._records.clear()
+                self._label_to_id.clear()
+                if self._index is not None:
+                    self._index = self._new_index(self._index.d)
+                return True
+            self._remove([str(i) for i in ids if str(i) in self._records])
+        return True
+
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """Documents for the ids that exist, in the order asked."""
+        with self._lock:
+            return [self._document(i, self._records[i]) for i in ids if i in self._records]
+
+    def _remove(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        labels = np.asarray([self._records.pop(i).label for i in ids], dtype="int64")
+        for label in labels.tolist():
+            del self._label_to_id[label]
+        if isinstance(self.index_config, FlatIndex):
+            self._index.remove_ids(faiss.IDSelectorBatch(labels))
+        elif self._index.ntotal - len(self._records) > max(64, len(self._records)):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild an HNSW index from its live vectors, dropping tombstones."""
+        live = np.asarray(sorted(self._label_to_id), dtype="int64")
+        vectors = self._index.reconstruct_batch(live) if len(live) else None
+        self._index = self._new_index(self._index.d)
+        if vectors is not None:
+            self._index.add_with_ids(vectors, live)
+
+    def _ensure_index(self, dim: int) -> None:
+        if self._index is None:
+            self._index = self._new_index(dim)
+            self._dim = dim
+        elif dim != self._dim:
+            raise DimensionMismatchError(
+                f"embeddings have dimension {dim} but this store holds {self._dim}-dimensional vectors; "
+                "use the embedding model the store was built with, or build a new store"
+            )
+
+    def _new_index(self, dim: int) -> Any:
+        config = self.index_config
+        if isinstance(config, HNSWIndex):
+            base = faiss.IndexHNSWFlat(dim, config.m, faiss.METRIC_INNER_PRODUCT)
+            base.hnsw.efConstruction = config.ef_construction
+            base.hnsw.efSearch = config.ef_search
+        else:
+            base = faiss.IndexFlatIP(dim)
+        return faiss.IndexIDMap2(base)
+
+    # --- searching ----------------------------------------------------------------------
+
+    def similarity_search(
+        self, query: str, k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
+    ) -> list[Document]:
+        """The k documents most similar to `query` (fewer if the store or filter has fewer)."""
+        return [doc for doc, _ in self.similarity_search_with_score(query, k=k, filter=filter, **kwargs)]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
+    ) -> list[tuple[Document, float]]:
+        """Like `similarity_search`, with cosine similarity scores (higher is closer)."""
+        check_filter(filter)
+        if k <= 0 or not self._records:
+            return []
+        vector = self._embedding.embed_query(query)
+        return self.similarity_search_with_score_by_vector(vector, k=k, filter=filter, **kwargs)
+
+    def similarity_search_by_vector(
+        self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
+    ) -> list[Document]:
+        return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k=k, filter=filter, **kwargs)]
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
+    ) -> list[tuple[Document, float]]:
+        with self._lock:
+            hits = self._search(embedding, k, filter)
+            return [(self._document(doc_id, self._records[doc_id]), score) for doc_id, score, _ in hits]
+
+    def _search(self, embedding: Sequence[float], k: int, filter: MetadataFilter | None) -> list[tuple[str, float, int]]:  # noqa: A002
+        """Top-k (id, score, label) under the lock; the core of every search."""
+        check_filter(filter)
+        if k <= 0 or self._index is None or not self._records:
+            return []
+        query = _as_matrix([embedding])
+        if query.shape[1] != self._dim:
+            raise DimensionMismatchError(
+                f"query vector has dimension {query.shape[1]} but the index holds {self._dim}-dimensional "
+                "vectors; query with the embedding model the index was built with"
+            )
+        faiss.normalize_L2(query)
+        selector = None
+        candidates = len(self._records)
+        if filter is not None:
+            allowed = [rec.label for rec in self._records.values() if matches_filter(rec.metadata, filter)]
+            if not allowed:
+                return []
+            selector = faiss.IDSelectorBatch(np.asarray(allowed, dtype="int64"))
+            candidates = len(allowed)
+        tombstones = self._index.ntotal - len(self._records)  # only HNSW has any
+        fetch = min(k, candidates) + (0 if selector is not None else tombstones)
+        fetch = min(fetch, self._index.ntotal)
+        params = self._search_params(selector, fetch)
+        scores, labels = self._index.search(query, fetch, params=params)
+        hits: list[tuple[str, float, int]] = []
+        for score, label in zip(scores[0].tolist(), labels[0].tolist()):
+            doc_id = self._label_to_id.get(label) if label >= 0 else None
+            if doc_id is not None:
+                hits.append((doc_id, float(score), label))
+                if len(hits) == k:
+                    break
+        return hits
+
+    def _search_params(self, selector: Any, fetch: int) -> Any:
+        if isinstance(self.index_config, HNSWIndex):
+            params = faiss.SearchParametersHNSW()
+            params.efSearch = max(self.index_config.ef_search, fetch)
+        elif selector is not None:
+            params = faiss.SearchParameters()
+        else:
+            return None
+        if selector is not None:
+            params.sel = selector
+        return params
+
+    def max_marginal_relevance_search(
+        self,
+        query: str,
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: MetadataFilter | None = None,  # noqa: A002
+        **kwargs: Any,
+    ) -> list[Document]:
+        """Diverse results: fetch `fetch_k` by similarity, then pick `k` by maximal marginal relevance."""
+        if k <= 0 or not self._records:
+            return []
+        vector = self._embedding.embed_query(query)
+        return self.max_marginal_relevance_search_by_vector(vector, k, fetch_k, lambda_mult, filter=filter)
+
+    def max_marginal_relevance_search_by_vector(
+        self,
+        embedding: Sequence[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: MetadataFilter | None = None,  # noqa: A002
+        **kwargs: Any,
+    ) -> list[Document]:
+        with self._lock:
+            hits = self._search(embedding, max(k, fetch_k), filter)
+            if not hits:
+                return []
+            vectors = self._index.reconstruct_batch(np.asarray([label for _, _, label in hits], dtype="int64"))
+            query = _as_matrix([embedding])
+            faiss.normalize_L2(query)
+            chosen = maximal_marginal_relevance(query[0], vectors, lambda_mult=lambda_mult, k=k)
+            return [self._document(hits[i][0], self._records[hits[i][0]]) for i in chosen]
+
+    # --- construction and persistence -----------------------------------------------------
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        index: IndexConfig | None = None,
+        **kwargs: Any,
+    ) -> FaissVectorStore:
+        store = cls(embedding, index=index)
+        docs = [Document(page_content=t, metadata=(metadatas[i] if metadatas else {})) for i, t in enumerate(texts)]
+        store.add_documents(docs, ids=ids)
+        return store
+
+    def save(self, directory: str | Path) -> None:
+        """Write the store to `directory` (created if needed) atomically; see `retrievers.persistence`."""
+        with self._lock:
+            manifest = {
+                "created_by": "ragspec.retrievers",
+                "embedding": {"id": embeddings_fingerprint(self._embedding), "dimension": self._dim},
+                "index": asdict(self.index_config),
+                "count": len(self._records),
+            }
+            docstore = {
+                "next_label": self._next_label,
+                "documents": [
+                    {"id": doc_id, "label": rec.label, "text": rec.text, "metadata": rec.metadata}
+                    for doc_id, rec in self._records.items()
+                ],
+            }
+            try:
+                write_store(Path(directory), manifest, self._index, docstore)
+            except IndexSaveError as e:
+                if isinstance(e.__cause__, (TypeError, ValueError)):
+                    _check_json_metadata(self._records)  # name the document at fault
+                raise
+
+    @classmethod
+    def load(cls, directory: str | Path, embeddings: Embeddings, *, check_embeddings: bool = True) -> FaissVectorStore:
+        """Load a store saved by `save`.
+
+        Raises:
+            IndexNotFoundError: nothing saved there.
+            IndexCorruptError: files missing, truncated, modified or inconsistent.
+            IndexVersionError: saved by a newer on-disk format.
+            IndexMismatchError: saved with other embeddings than `embeddings` (skip this
+                check with ``check_embeddings=False``; a dimension mismatch still fails).
+        """
+        saved = read_store(Path(directory))
+        manifest, docstore = saved.manifest, saved.docstore
+        try:
+            recorded = manifest["embedding"]["id"]
+            dim = manifest["embedding"]["dimension"]
+            config = _config_from_dict(manifest["index"])
+            next_label = int(docstore["next_label"])
+            rows = [(str(r["id"]), int(r["label"]), str(r["text"]), dict(r["metadata"])) for r in docstore["documents"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IndexCorruptError(f"the index in {directory} has malformed metadata ({e!r}); rebuild it") from e
+        current = embeddings_fingerprint(embeddings)
+        if check_embeddings and recorded != current:
+            raise IndexMismatchError(
+                f"the index in {directory} was built with embeddings {recorded!r} but {current!r} was given; "
+                "load it with the same embedding model, or rebuild the index with the new one "
+                "(or pass check_embeddings=False if they are in fact the same model)"
+            )
+        store = cls(embeddings, index=config)
+        index = saved.index
+        if index is not None:
+            stored_labels = set(faiss.vector_to_array(index.id_map).tolist()) if hasattr(index, "id_map") else None
+            if index.d != dim or stored_labels is None or any(label not in stored_labels for _, label, _, _ in rows):
+                raise IndexCorruptError(
+                    f"the FAISS index in {directory} does not match its docstore (dimension or ids differ); rebuild it"
+                )
+            store._index = faiss.IndexIDMap2(index.index) if not isinstance(index, faiss.IndexIDMap2) else index
+            store._dim = int(dim)
+        elif rows:
+            raise IndexCorruptError(f"the index in {directory} lists documents but has no FAISS index; rebuild it")
+        for doc_id, label, text, metadata in rows:
+            store._records[doc_id] = _Record(label, text, metadata)
+            store._label_to_id[label] = doc_id
+        store._next_label = next_label
+        return store
+
+
+def _config_from_dict(data: dict[str, Any]) -> IndexConfig:
+    kind = data.get("kind")
+    if kind == "flat":
+        return FlatIndex()
+    if kind == "hnsw":
+        return HNSWIndex(m=int(data["m"]), ef_construction=int(data["ef_construction"]), ef_search=int(data["ef_search"]))
+    raise ValueError(f"unknown index kind {kind!r}")
+
+
+def _as_matrix(vectors: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
+    matrix = np.array(vectors, dtype="float32", copy=True)
+    if matrix.ndim != 2:
+        matrix = matrix.reshape(len(matrix), -1) if matrix.size else np.zeros((0, 0), dtype="float32")
+    return np.ascontiguousarray(matrix)
+
+
+def _check_json_metadata(records: dict[str, _Record]) -> None:
+    import json
+
+    for doc_id, rec in records.items():
+        try:
+            json.dumps(rec.metadata)
+        except (TypeError, ValueError) as e:
+            raise IndexSaveError(
+                f"metadata of document {doc_id!r} cannot be saved as JSON ({e}); keep metadata to str, int, float, "
+                "bool, None, lists and dicts with string keys"
+            ) from e
