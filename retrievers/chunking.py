@@ -77,11 +77,11 @@ def split_documents(
         source = str(document.metadata.get("source", ""))
         page = document.metadata.get("page")
         seen: dict[str, int] = {}
-        search_from = 0
-        for index, piece in enumerate(splitter.split_text(document.page_content)):
-            # Pieces are substrings of the text in order, each starting after the previous one.
-            start = document.page_content.find(piece, search_from)
-            search_from = start + 1
+        text = document.page_content
+        prev_start, prev_end = -1, 0
+        for index, piece in enumerate(splitter.split_text(text)):
+            start = _locate(text, piece, prev_start, prev_end)
+            prev_start, prev_end = start, start + len(piece)
             occurrence = seen.get(piece, 0)
             seen[piece] = occurrence + 1
             cid = chunk_id(source, page, piece, occurrence)
@@ -89,3 +89,22 @@ def split_documents(
             chunks.append(Document(id=cid, page_content=piece, metadata=metadata))
     return chunks
 
+
+
+def _locate(text: str, piece: str, prev_start: int, prev_end: int) -> int:
+    """Offset of `piece`, the chunk after one at [prev_start, prev_end).
+
+    Chunks are substrings of the text in order: each starts after the previous one's start
+    and, unless whitespace was dropped between them, no later than its end. In repetitive
+    text the piece can match several places: right after the previous chunk (and any
+    whitespace) is preferred, then the latest match in that window.
+    """
+    after_gap = prev_end
+    while after_gap < len(text) and text[after_gap].isspace():
+        after_gap += 1
+    if text.startswith(piece, after_gap):
+        return after_gap
+    start = text.rfind(piece, prev_start + 1, prev_end + len(piece))
+    if start < 0:
+        start = text.find(piece, prev_end)
+    return start if start >= 0 else text.find(piece)

@@ -249,7 +249,7 @@ def _load_html(path: Path, markup: str) -> list[Document]:
     text = _tidy(soup.get_text("\n"))
     if not text:
         raise _Skip("no text in the HTML body")
-    return [_document(text, path, "html", title or None)]
+    return [_document(text, path, "html", " ".join(title.split()) if title else None)]
 
 
 def _tidy(text: str) -> str:

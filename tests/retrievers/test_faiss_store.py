@@ -1,0 +1,138 @@
+"""FaissVectorStore against numpy brute force; ids, upserts, deletes, filters, HNSW."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+
+from retrievers import DimensionMismatchError, FaissVectorStore, FlatIndex, HNSWIndex
+
+DIM = 16
+
+
+def random_store(n: int, seed: int = 0, index=None) -> tuple[FaissVectorStore, np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((n, DIM)).astype("float32")
+    store = FaissVectorStore(DeterministicFakeEmbedding(size=DIM), index=index)
+    ids = [f"doc-{i}" for i in range(n)]
+    store.add_embeddings([f"text {i}" for i in range(n)], vectors, [{"parity": i % 2, "i": i} for i in range(n)], ids)
+    return store, vectors / np.linalg.norm(vectors, axis=1, keepdims=True), ids
+
+
+def brute_force(vectors: np.ndarray, ids: list[str], query: np.ndarray, k: int, mask=None) -> list[tuple[str, float]]:
+    scores = vectors @ (query / np.linalg.norm(query))
+    order = [i for i in np.argsort(-scores, kind="stable") if mask is None or mask[i]]
+    return [(ids[i], float(scores[i])) for i in order[:k]]
+
+
+def assert_same_hits(got: list[tuple[Document, float]], expected: list[tuple[str, float]]) -> None:
+    """Same ranking as brute force; ids may only differ where float rounding ties two scores."""
+    assert len(got) == len(expected)
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in expected], rtol=0, atol=1e-5)
+    for (doc, score), (expected_id, expected_score) in zip(got, expected):
+        assert doc.id == expected_id or abs(score - expected_score) < 1e-5
+    assert len({d.id for d, _ in got}) == len(got)
+
+
+@pytest.mark.parametrize("n", [1, 5, 17, 1000])
+@pytest.mark.parametrize("k", [1, 3, 10, 1005])
+def test_flat_search_equals_numpy_top_k(n: int, k: int) -> None:
+    store, vectors, ids = random_store(n, seed=n)
+    rng = np.random.default_rng(123)
+    for query in rng.standard_normal((5, DIM)).astype("float32"):
+        got = store.similarity_search_with_score_by_vector(query.tolist(), k=k)
+        assert len(got) == min(k, n)
+        assert_same_hits(got, brute_force(vectors, ids, query, k))
+
+
+@pytest.mark.parametrize("n", [5, 17, 1000])
+def test_filtered_search_equals_numpy_on_the_subset(n: int) -> None:
+    store, vectors, ids = random_store(n, seed=7)
+    query = np.random.default_rng(1).standard_normal(DIM).astype("float32")
+    odd = np.array([i % 2 == 1 for i in range(n)])
+    assert_same_hits(store.similarity_search_with_score_by_vector(query, k=7, filter={"parity": 1}), brute_force(vectors, ids, query, 7, odd))
+    small = np.array([i < 3 for i in range(n)])
+    got = store.similarity_search_with_score_by_vector(query, k=7, filter=lambda m: m["i"] < 3)
+    assert_same_hits(got, brute_force(vectors, ids, query, 7, small))
+    assert store.similarity_search_by_vector(query, k=3, filter={"parity": 5}) == []
+    assert store.similarity_search_by_vector(query, k=3, filter={"missing-key": None}) == []
+
+
+def test_hnsw_recall_against_flat() -> None:
+    hnsw, vectors, ids = random_store(1000, seed=3, index=HNSWIndex(m=16, ef_construction=100, ef_search=64))
+    queries = np.random.default_rng(9).standard_normal((50, DIM)).astype("float32")
+    hits = 0
+    for q in queries:
+        truth = {i for i, _ in brute_force(vectors, ids, q, 10)}
+        hits += len(truth & {d.id for d in hnsw.similarity_search_by_vector(q, k=10)})
+    assert hits / (50 * 10) >= 0.95
+
+
+@pytest.mark.parametrize("index", [FlatIndex(), HNSWIndex(m=8)], ids=["flat", "hnsw"])
+def test_delete_and_upsert_by_id(index) -> None:
+    store, vectors, ids = random_store(300, seed=5, index=index)
+    gone = ids[:250]
+    store.delete(gone + ["never-existed"])
+    assert len(store) == 50
+    assert store.get_by_ids(gone[:3]) == []
+    query = vectors[10]  # a deleted document's own vector
+    got = store.similarity_search_with_score_by_vector(query, k=60)
+    assert len(got) == 50 and not {d.id for d, _ in got} & set(gone)
+    assert_same_hits(got, brute_force(vectors[250:], ids[250:], query, 60))
+    if isinstance(index, HNSWIndex):
+        assert store._index.ntotal < 300  # tombstones outnumbered live vectors: the index was rebuilt
+
+    # Upsert: same id, new text, metadata and vector.
+    new_vector = -vectors[299]
+    store.add_embeddings(["replaced"], [new_vector], [{"v": 2}], ["doc-299"])
+    assert len(store) == 50
+    (doc,) = store.get_by_ids(["doc-299"])
+    assert doc.page_content == "replaced" and doc.metadata == {"v": 2}
+    top, score = store.similarity_search_with_score_by_vector(new_vector, k=1)[0]
+    assert top.id == "doc-299" and score == pytest.approx(1.0, abs=1e-5)
+
+    store.delete(None)
+    assert len(store) == 0 and store.similarity_search_by_vector(query, k=3) == []
+
+
+def test_add_documents_ids_documents_are_copies_and_not_mutated() -> None:
+    store = FaissVectorStore(DeterministicFakeEmbedding(size=DIM))
+    docs = [Document(page_content="one", metadata={"m": [1]}), Document(id="given", page_content="two")]
+    ids = store.add_documents(docs)
+    assert ids[1] == "given" and ids[0] and ids[0] != "given"
+    assert docs[0].id is None and docs[0].metadata == {"m": [1]}
+    explicit = store.add_documents([Document(id="ignored", page_content="three")], ids=["kw"])
+    assert explicit == ["kw"] and store.get_by_ids(["ignored"]) == []
+    fetched = store.get_by_ids(["given", "nope", ids[0]])
+    assert [d.id for d in fetched] == ["given", ids[0]]
+    fetched[0].metadata["tampered"] = True
+    assert "tampered" not in store.get_by_ids(["given"])[0].metadata
+    with pytest.raises(ValueError, match="one id per document"):
+        store.add_documents(docs, ids=["only-one"])
+    # A repeated id within one call keeps the last occurrence.
+    store.add_documents([Document(page_content="a"), Document(page_content="b")], ids=["dup", "dup"])
+    assert [d.page_content for d in store.get_by_ids(["dup"])] == ["b"]
+    assert len(store) == 4
+
+
+def test_scores_relevance_mmr_and_edge_cases() -> None:
+    emb = DeterministicFakeEmbedding(size=DIM)
+    store = FaissVectorStore.from_texts(["apple", "banana", "cherry", "date"], emb, ids=["a", "b", "c", "d"])
+    assert store.similarity_search("apple", k=0) == []
+    (doc, score), *_ = store.similarity_search_with_score("apple", k=4)
+    assert doc.id == "a" and score == pytest.approx(1.0, abs=1e-5)
+    relevance = store.similarity_search_with_relevance_scores("apple", k=4)
+    assert all(0.0 <= r <= 1.0 for _, r in relevance) and relevance[0][1] == pytest.approx(1.0, abs=1e-5)
+    mmr = store.max_marginal_relevance_search("apple", k=3, fetch_k=4)
+    assert len({d.id for d in mmr}) == 3 and mmr[0].id == "a"
+    assert FaissVectorStore(emb).similarity_search("apple") == []
+    with pytest.raises(TypeError, match="filter must be"):
+        store.similarity_search("apple", filter="parity=1")  # type: ignore[arg-type]
+    with pytest.raises(DimensionMismatchError, match="dimension 3"):
+        store.add_embeddings(["x"], [[0.1, 0.2, 0.3]])
+    with pytest.raises(DimensionMismatchError, match="query vector"):
+        store.similarity_search_by_vector([0.1, 0.2, 0.3])
+    retriever = store.as_retriever(search_kwargs={"k": 2, "filter": lambda m: True})
+    assert [d.id for d in retriever.invoke("banana")][0] == "b"
