@@ -1,0 +1,233 @@
+"""The verify loop against brute-force greedy decoding, on tiny random models."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from ragspec.drafting import Draft, DraftSource
+from ragspec.generator import PromptTooLongError, SpeculativeGenerator
+from ragspec.models import LoadedModel
+from ragspec.policy import AdaptivePolicy, FixedPolicy
+
+from tests.ragspec.tiny import EOS, tiny_model
+
+TIE = 1e-4  # a top-2 logit gap below this is a numerical tie (see DESIGN.md, "Exactness")
+
+
+@torch.inference_mode()
+def brute_greedy(lm: LoadedModel, prompt: Sequence[int], n: int) -> list[int]:
+    """Greedy decoding by recomputing the whole sequence every step: no cache, no drafts."""
+    ids = list(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        token = int(lm.model(torch.tensor([ids])).logits[0, -1].argmax())
+        if token == EOS:
+            break
+        out.append(token)
+        ids.append(token)
+    return out
+
+
+@torch.inference_mode()
+def assert_same_or_tie(lm: LoadedModel, prompt: Sequence[int], expected: list[int], got: list[int]) -> None:
+    """Token-identical, or the first divergence sits on a numerical tie of the target."""
+    if got == expected:
+        return
+    i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    logits = lm.model(torch.tensor([list(prompt) + expected[:i]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    gap = float(top2[0] - top2[1])
+    assert gap < TIE, f"outputs diverge at token {i} where the target's top-2 gap is {gap:.3g} (not a tie)"
+
+
+class NoisyOracle:
+    """Proposes the true greedy continuation with random corruptions: exercises partial acceptance."""
+
+    def __init__(self, truth: list[int], prompt_len: int, seed: int, vocab: int) -> None:
+        self.truth, self.prompt_len, self.rng, self.vocab = truth, prompt_len, random.Random(seed), vocab
+        self.accepted: list[int] = []
+
+    def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        done = len(context) - self.prompt_len
+        tokens = list(self.truth[done : done + self.rng.randint(0, max_tokens)])
+        for j in range(len(tokens)):
+            if self.rng.random() < 0.15:
+                tokens[j] = self.rng.randrange(self.vocab)
+        return Draft(tuple(tokens), DraftSource.ORACLE) if tokens else None
+
+    def feedback(self, draft: Draft, n_accepted: int) -> None:
+        self.accepted.append(n_accepted)
+
+    def finish(self, output: Sequence[int]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("vocab", [257, 300, 1024])
+@pytest.mark.parametrize("seed", range(6))
+def test_ngram_speculation_equals_brute_force_greedy(vocab: int, seed: int) -> None:
+    lm = tiny_model(vocab, seed)
+    rng = random.Random(seed)
+    prompt_len = rng.choice([1, 2, 7, 33, 90])
+    # Prompts with repeats so that the n-gram drafter has something to copy.
+    motif = [rng.randrange(vocab) for _ in range(5)]
+    prompt = [rng.choice(motif) if rng.random() < 0.6 else rng.randrange(EOS) for _ in range(prompt_len)]
+    passages = [[rng.choice(motif) for _ in range(20)], []]
+    expected = brute_greedy(lm, prompt, 60)
+    gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=rng.choice([1, 3, 8])))
+    plain = gen.generate(prompt, references=passages, max_new_tokens=60, speculative=False)
+    spec = gen.generate(prompt, references=passages, max_new_tokens=60)
+    assert_same_or_tie(lm, prompt, expected, plain.token_ids)
+    assert_same_or_tie(lm, prompt, expected, spec.token_ids)
+    assert spec.text == plain.text
+    assert plain.stats.drafted_tokens == 0 and plain.stats.forward_passes == len(plain.token_ids) + (plain.finish_reason == "eos")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_partial_acceptance_and_rollback_keep_output_exact(seed: int) -> None:
+    lm = tiny_model(300, seed, layers=3)
+    prompt = [random.Random(seed).randrange(EOS) for _ in range(11)]
+    expected = brute_greedy(lm, prompt, 80)
+    oracle = NoisyOracle(expected, len(prompt), seed, 300)
+    gen = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=16), max_draft=16)
+    result = gen.generate(prompt, max_new_tokens=80)
+    assert_same_or_tie(lm, prompt, expected, result.token_ids)
+    # Both rejections (rollback) and multi-token acceptances really happened.
+    assert any(0 < n < 16 for n in oracle.accepted) and max(oracle.accepted) >= 3
+    assert result.stats.forward_passes < len(result.token_ids)
+
+
+@torch.inference_mode()
+def test_rollback_leaves_cache_equal_to_a_fresh_prefill() -> None:
+    lm = tiny_model(257, 3)
+    gen = SpeculativeGenerator(lm)
+    prompt = [5, 6, 7, 8, 9, 10]
+    truth = brute_greedy(lm, prompt, 6)
+    cache = DynamicCache(config=lm.model.config)
+    gen._forward(prompt, cache)
+    wrong = (truth[1], truth[2], (truth[3] + 1) % 250, 42, 43)  # two right, then wrong
+    new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE))
+    assert (new, n) == ([truth[1], truth[2], truth[3]], 2)
+    fresh = DynamicCache(config=lm.model.config)
+    gen._forward(prompt + truth[:3], fresh)
+    assert cache.get_seq_length() == fresh.get_seq_length() == len(prompt) + 3
+    for got, want in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(got.keys, want.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.values, want.values, rtol=1e-5, atol=1e-5)
+
+
+def _printable_model() -> tuple[LoadedModel, list[int], str]:
+    """A tiny model that only writes printable ASCII (other output rows zeroed), and its output."""
+    lm = tiny_model(257, 5)
+    with torch.no_grad():
+        for token in range(257):
+            text = lm.tokenizer.decode([token])
+            if not (len(text) == 1 and text.isascii() and text.isprintable()):
+                lm.model.lm_head.weight[token] = 0.0
+    prompt = lm.tokenizer.encode("hello there")
+    text = SpeculativeGenerator(lm).generate(prompt, max_new_tokens=40, speculative=False).text
+    assert len(text) == 40 and text.isprintable()
+    return lm, prompt, text
+
+
+def test_stop_string_split_across_tokens_never_appears() -> None:
+    lm, prompt, plain_text = _printable_model()
+    stop = plain_text[9:12]  # three bytes: three tokens with the byte tokenizer
+    cut = plain_text.find(stop)
+    gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=4))
+    for speculative in (False, True):
+        stream = gen.stream(prompt, max_new_tokens=40, stop=["never-there", stop], speculative=speculative)
+        deltas = list(stream)
+        result = stream.result
+        assert result is not None and result.finish_reason == "stop"
+        assert result.text == plain_text[:cut]
+        assert "".join(deltas) == result.text
+        # The ids end with the token that completed the stop string.
+        assert lm.tokenizer.decode(result.token_ids).endswith(stop)
+
+
+def test_streaming_holds_back_a_partial_stop_string() -> None:
+    lm, prompt, plain_text = _printable_model()
+    # A stop string that starts like the output but then differs: its prefix must be held back
+    # while it could still complete, then released.
+    stop = plain_text[5:8] + "\x00"
+    stream = SpeculativeGenerator(lm).stream(prompt, max_new_tokens=20, stop=[stop])
+    seen = ""
+    for delta in stream:
+        seen += delta
+        assert plain_text.startswith(seen)
+        assert not seen.endswith(stop[:3]), "a possible stop string was shown before it was settled"
+    assert stream.result is not None and seen == stream.result.text == plain_text[: len(seen)]
+    assert stream.result.finish_reason == "length"
+
+
+def test_eos_ends_generation_and_is_not_returned() -> None:
+    lm = tiny_model(300, 1)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    out = brute_greedy(lm, prompt, 30)
+    lm.model.generation_config.eos_token_id = out[7]  # pretend the 8th token is EOS
+    first = out.index(out[7])
+    for speculative in (False, True):
+        result = SpeculativeGenerator(lm).generate(prompt, max_new_tokens=30, speculative=speculative)
+        assert result.finish_reason == "eos"
+        assert result.token_ids == out[:first]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_max_new_tokens_is_exact(n: int) -> None:
+    lm = tiny_model(257, 2)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    result = SpeculativeGenerator(lm, policy=FixedPolicy(k=8)).generate(prompt, max_new_tokens=n)
+    assert result.token_ids == brute_greedy(lm, prompt, n)[:n]
+    assert len(result.token_ids) == n and result.finish_reason == "length"
+    assert result.stats.forward_passes == (0 if n == 0 else result.stats.forward_passes)
+
+
+def test_prompt_longer_than_context_is_a_clear_error() -> None:
+    lm = tiny_model(257, 0, context=32)
+    gen = SpeculativeGenerator(lm)
+    with pytest.raises(PromptTooLongError, match="40 tokens but .* at most 32"):
+        gen.generate(list(range(40)))
+    # A prompt that leaves room for 2 tokens gets exactly those, however many were asked for.
+    result = gen.generate(list(range(30)), max_new_tokens=50)
+    assert len(result.token_ids) == 2 and result.finish_reason == "length"
+
+
+def test_invalid_parameters_raise_value_error_before_work() -> None:
+    lm = tiny_model(257, 0)
+    with pytest.raises(ValueError, match="max_draft"):
+        SpeculativeGenerator(lm, max_draft=0)
+    with pytest.raises(ValueError, match="max_draft"):
+        AdaptivePolicy(max_draft=0)
+    with pytest.raises(ValueError, match="k and min_match"):
+        FixedPolicy(k=-1)
+    gen = SpeculativeGenerator(lm)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.stream([1, 2], max_new_tokens=-1)
+    with pytest.raises(ValueError, match="stop strings"):
+        gen.stream([1, 2], stop=[""])
+    with pytest.raises(ValueError, match="prompt is empty"):
+        gen.generate([])
+
+
+def test_stats_account_for_every_token() -> None:
+    lm = tiny_model(300, 4, layers=3)
+    prompt = [7] * 5 + [8, 9]
+    expected = brute_greedy(lm, prompt, 50)
+    oracle = NoisyOracle(expected, len(prompt), 0, 300)
+    result = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=6)).generate(prompt, max_new_tokens=50)
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids) == len(expected[:50])
+    assert s.by_source["oracle"].drafted == s.drafted_tokens and s.by_source["oracle"].accepted == s.accepted_tokens
+    assert s.accepted_tokens == sum(oracle.accepted)
+    # Every forward yields one target token plus its accepted drafts (the final one may be cut).
+    assert s.new_tokens <= s.forward_passes + s.accepted_tokens
+    assert 0 < s.ttft_s <= s.wall_s and s.decode_tokens_per_s > 0
+    assert s.as_dict()["tokens_per_forward"] == pytest.approx(s.new_tokens / s.forward_passes)
