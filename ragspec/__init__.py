@@ -1,0 +1,45 @@
+"""ragspec: retrieval-augmented generation sped up by lossless speculative decoding.
+
+Importing ``ragspec`` is cheap: the LangChain classes and the pipeline (which need torch and
+transformers) are imported on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RagSpecLLM": "ragspec.lc",
+    "ChatRagSpec": "ragspec.lc",
+    "SpeculativeGenerator": "ragspec.generator",
+    "GenerationResult": "ragspec.generator",
+    "load_model": "ragspec.models",
+    "DocumentQA": "ragspec.pipeline",
+    "Answer": "ragspec.pipeline",
+    "Citation": "ragspec.pipeline",
+    "AnswerStream": "ragspec.pipeline",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from ragspec.generator import GenerationResult, SpeculativeGenerator
+    from ragspec.lc import ChatRagSpec, RagSpecLLM
+    from ragspec.models import load_model
+    from ragspec.pipeline import Answer, AnswerStream, Citation, DocumentQA
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ragspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,0 +1,319 @@
+"""Settings and call handling shared by ``RagSpecLLM`` and ``ChatRagSpec``.
+
+Per-call options (keyword arguments of ``invoke``/``stream``/``batch``/``ainvoke``/``astream``,
+or of ``.bind(...)``):
+
+- ``references``: passages for the drafter, each its own reference (``str``, ``Document`` or token
+  ids). Without them the prompt is the reference: the generator always indexes the prompt, so a
+  ``retriever | format | prompt | llm`` chain is sped up with no extra code.
+- ``model``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``speculative``:
+  override the field of the same name for one call.
+
+``stop`` given at call time is added to the ``stop`` field; generation ends before the first of
+them, streamed or not.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Union
+
+from langchain_core.documents import Document
+from langchain_core.messages.ai import UsageMetadata
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ragspec.lc import registry
+
+if TYPE_CHECKING:
+    from ragspec.generator import GenerationResult, SpeculativeGenerator
+
+Reference = Union[str, Document, Sequence[int]]
+"""A passage for the drafter: text, a LangChain ``Document`` or token ids."""
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative")
+
+
+def check_max_tokens(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {value!r}")
+    return value
+
+
+def check_temperature(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy decoding), got {value!r}")
+    return float(value)
+
+
+def check_top_k(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 keeps every token), got {value!r}")
+    return value
+
+
+def check_top_p(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {value!r}")
+    return float(value)
+
+
+def check_seed(value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"seed must be an integer or None, got {value!r}")
+    return value
+
+
+def check_stop(value: Sequence[str] | str | None) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+    return items
+
+
+def to_reference(ref: object) -> str | list[int]:
+    """One reference as the generator takes it: text or token ids."""
+    if isinstance(ref, Document):
+        return ref.page_content
+    if isinstance(ref, str):
+        return ref
+    if isinstance(ref, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in ref):
+        return list(ref)
+    raise ValueError(
+        f"a reference must be a str, a langchain Document or a list of token ids, got {type(ref).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Everything one call needs, after merging fields, call-time options and ``stop``."""
+
+    model: str
+    max_tokens: int
+    stop: tuple[str, ...]
+    speculative: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+    references: tuple[str | list[int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a generation: its result and the model that produced it."""
+
+    result: GenerationResult
+    model_name: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usage(self) -> UsageMetadata:
+        s = self.result.stats
+        return UsageMetadata(
+            input_tokens=s.prompt_tokens, output_tokens=s.new_tokens, total_tokens=s.prompt_tokens + s.new_tokens
+        )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``response_metadata`` / ``generation_info`` of the answer."""
+        return {
+            "model_name": self.model_name,
+            "finish_reason": self.result.finish_reason,
+            "speculative": self.result.stats.as_dict(),
+        }
+
+
+class RagSpecParams(BaseModel):
+    """Fields and call handling shared by the LLM and the chat model (a mixin)."""
+
+    model: str = "default"
+    """Target model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local model directory, a ``.gguf`` file, or a Hugging Face id available offline."""
+    speculative: bool = True
+    """Draft tokens from the references and verify them in one forward; ``False`` decodes one token per forward (same output, slower)."""
+    max_draft: int = Field(default=16, ge=1, le=256)
+    """Most tokens proposed per verify step (the adaptive policy often proposes fewer)."""
+    max_tokens: int = 256
+    """Most new tokens per answer."""
+    temperature: float = 0.0
+    """Sampling temperature; 0 is greedy decoding."""
+    top_k: int = 0
+    """Sample only among the k most likely tokens; 0 keeps every token."""
+    top_p: float = 1.0
+    """Sample only from the smallest set of tokens whose probability reaches top_p; 1 keeps every token."""
+    seed: int | None = None
+    """Seed for sampling, for reproducible answers; None draws a fresh one."""
+    stop: list[str] | None = None
+    """Stop strings: the answer ends before the first one (call-time ``stop`` is added to these)."""
+    device: str = "auto"
+    """``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``."""
+    dtype: str = "auto"
+    """``"auto"`` (bf16 on CUDA, fp32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
+    generator: Any = Field(default=None, exclude=True)
+    """A ready ``SpeculativeGenerator`` to use instead of loading ``model`` (e.g. one with a custom drafter)."""
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _v_max_tokens(cls, v: int) -> int:
+        return check_max_tokens(v)
+
+    @field_validator("temperature")
+    @classmethod
+    def _v_temperature(cls, v: float) -> float:
+        return check_temperature(v)
+
+    @field_validator("top_k")
+    @classmethod
+    def _v_top_k(cls, v: int) -> int:
+        return check_top_k(v)
+
+    @field_validator("top_p")
+    @classmethod
+    def _v_top_p(cls, v: float) -> float:
+        return check_top_p(v)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _v_stop(cls, v: Sequence[str] | str | None) -> list[str] | None:
+        return None if v is None else check_stop(v)
+
+    @field_validator("device")
+    @classmethod
+    def _v_device(cls, v: str) -> str:
+        if not _DEVICE.match(v):
+            raise ValueError(f"unknown device {v!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _v_dtype(cls, v: str) -> str:
+        if v not in _DTYPES:
+            raise ValueError(f"unknown dtype {v!r}: use one of {', '.join(_DTYPES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _v_generator(self) -> RagSpecParams:
+        if self.generator is not None:
+            from ragspec.generator import SpeculativeGenerator
+
+            if not isinstance(self.generator, SpeculativeGenerator):
+                raise ValueError(
+                    f"generator must be a ragspec SpeculativeGenerator, got {type(self.generator).__name__}; "
+                    "to pick a model by name, pass model=... instead"
+                )
+        return self
+
+    # -- loading --------------------------------------------------------------------------------
+    def load(self, model: str | None = None) -> SpeculativeGenerator:
+        """The generator for ``model`` (default: this object's), loaded on first use and shared."""
+        if self.generator is not None and model in (None, self.model):
+            return self.generator
+        return registry.get_generator(model or self.model, self.device, self.dtype, self.max_draft)
+
+    @property
+    def model_name(self) -> str:
+        """Name reported in metadata: the injected generator's model name, else ``model``."""
+        return self.generator.lm.name if self.generator is not None else self.model
+
+    # -- calls ----------------------------------------------------------------------------------
+    def call_options(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> CallOptions:
+        """Merge fields with call-time options; unknown options are an error, not ignored."""
+        unknown = sorted(set(kwargs) - set(CALL_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} got unsupported option(s) {', '.join(unknown)}; "
+                f"supported per call: stop, {', '.join(CALL_OPTIONS)}"
+            )
+        merged_stop = list(dict.fromkeys([*(self.stop or []), *check_stop(stop)]))
+        refs = kwargs.get("references") or ()
+        if isinstance(refs, (str, Document)):
+            refs = [refs]
+        model = kwargs.get("model", self.model)
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        return CallOptions(
+            model=model,
+            max_tokens=check_max_tokens(kwargs.get("max_tokens", self.max_tokens)),
+            stop=tuple(merged_stop),
+            speculative=bool(kwargs.get("speculative", self.speculative)),
+            temperature=check_temperature(kwargs.get("temperature", self.temperature)),
+            top_k=check_top_k(kwargs.get("top_k", self.top_k)),
+            top_p=check_top_p(kwargs.get("top_p", self.top_p)),
+            seed=check_seed(kwargs.get("seed", self.seed)),
+            references=tuple(to_reference(r) for r in refs),
+        )
+
+    def events(
+        self, options: CallOptions, build_prompt: Callable[[SpeculativeGenerator], str | list[int]]
+    ) -> Iterator[str | Finished]:
+        """Text deltas of one generation, then a ``Finished`` event.
+
+        ``build_prompt`` turns the loaded generator into the prompt (text, or token ids that the
+        model takes as they are). Closing this iterator early ends the generation.
+        """
+        generator = self.load(options.model)
+        stream = generator.stream(
+            build_prompt(generator),
+            references=options.references,
+            max_new_tokens=options.max_tokens,
+            stop=options.stop,
+            speculative=options.speculative,
+            **_sampling_kwargs(generator, options),
+        )
+        steps = iter(stream)
+        try:
+            yield from steps
+        finally:
+            steps.close()  # type: ignore[attr-defined]
+        assert stream.result is not None
+        yield Finished(stream.result, generator.lm.name)
+
+    def ls_params(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """LangSmith's standard parameters, honouring per-call overrides."""
+        model = kwargs.get("model")
+        temperature = kwargs.get("temperature", self.temperature)
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        params: dict[str, Any] = {
+            "ls_provider": "ragspec",
+            "ls_model_name": model if isinstance(model, str) else self.model_name,
+        }
+        if isinstance(temperature, (int, float)):
+            params["ls_temperature"] = float(temperature)
+        if isinstance(max_tokens, int):
+            params["ls_max_tokens"] = max_tokens
+        merged = [*(self.stop or []), *(stop or [])]
+        if merged:
+            params["ls_stop"] = merged
+        return params
+
+    @property
+    def identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "speculative": self.speculative,
+            "max_draft": self.max_draft,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": self.stop,
+            "device": self.device,
+            "dtype": self.dtype,
+        }
+
+
+def _sampling_kwargs(generator: SpeculativeGenerator, options: CallOptions) -> dict[str, Any]:
+    # TODO(sampling): the generator gains temperature/top_k/top_p/seed soon; drop this check then.
+    if "temperature" in inspect.signature(generator.stream).parameters:
+        return {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p, "seed": options.seed}
+    if options.temperature > 0:
+        raise NotImplementedError("this ragspec generator decodes greedily only: use temperature=0")
+    return {}

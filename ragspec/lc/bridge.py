@@ -1,0 +1,61 @@
+"""Running a blocking iterator in a worker thread and consuming it from asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_ITEM, _ERROR, _END = range(3)
+
+
+async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    """Yield the items of ``make()`` without blocking the event loop.
+
+    ``make`` and every step of the iterator run in one worker thread; items cross into the loop
+    through an ``asyncio.Queue``. If the consumer stops early (break, cancellation), the worker
+    stops after its current item and closes the iterator, so a generation releases its model.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+    stop = threading.Event()
+
+    def post(kind: int, value: object) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            stop.set()
+
+    def work() -> None:
+        try:
+            iterator = make()
+            try:
+                for item in iterator:
+                    if stop.is_set():
+                        break
+                    post(_ITEM, item)
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            post(_ERROR, e)
+        else:
+            post(_END, None)
+
+    thread = threading.Thread(target=work, name="ragspec-generate", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == _END:
+                return
+            if kind == _ERROR:
+                assert isinstance(value, BaseException)
+                raise value
+            yield value  # type: ignore[misc]
+    finally:
+        stop.set()

@@ -1,0 +1,124 @@
+"""``ChatRagSpec``: a LangChain chat model over the speculative generator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from ragspec.lc.base import CallOptions, Finished, RagSpecParams
+from ragspec.lc.bridge import iterate_in_thread
+from ragspec.lc.messages import chat_prompt_ids
+
+
+class ChatRagSpec(BaseChatModel, RagSpecParams):
+    """Chat model whose answers are sped up by lossless speculative decoding.
+
+    Messages go through the model's chat template. Pass the retrieved passages as
+    ``references=[...]`` (per call or with ``.bind``) to draft from each of them; without
+    references the prompt itself is drafted from. Output is what the model alone would produce.
+
+    Example::
+
+        chat = ChatRagSpec(max_tokens=128)
+        chat.invoke("What is the capital of France?")
+        chat.invoke(messages, references=[doc.page_content for doc in passages])
+    """
+
+    streaming: bool = False
+    """Stream internally in ``invoke`` (callbacks get chunks either way)."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "ragspec-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return self.identifying_params
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return LangSmithParams(ls_model_type="chat", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
+
+    # -- events -> chunks ----------------------------------------------------------------------
+    def _events(self, messages: list[BaseMessage], options: CallOptions) -> Iterator[str | Finished]:
+        return self.events(options, lambda g: chat_prompt_ids(g.lm.tokenizer, messages, g.lm.name))
+
+    @staticmethod
+    def _chunk(event: str | Finished) -> ChatGenerationChunk:
+        if isinstance(event, str):
+            return ChatGenerationChunk(message=AIMessageChunk(content=event))
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="", usage_metadata=event.usage, response_metadata=event.metadata, chunk_position="last"
+            )
+        )
+
+    @staticmethod
+    def _result(event: Finished) -> ChatResult:
+        message = AIMessage(
+            content=event.result.text, usage_metadata=event.usage, response_metadata=event.metadata
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    # -- LangChain hooks -----------------------------------------------------------------------
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        options = self.call_options(stop, kwargs)
+        for event in self._events(messages, options):
+            if isinstance(event, Finished):
+                return self._result(event)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(event, chunk=self._chunk(event))
+        raise AssertionError("generation ended without a result")  # pragma: no cover
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        options = self.call_options(stop, kwargs)
+        async for event in iterate_in_thread(lambda: self._events(messages, options)):
+            if isinstance(event, Finished):
+                return self._result(event)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(event, chunk=self._chunk(event))
+        raise AssertionError("generation ended without a result")  # pragma: no cover
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        options = self.call_options(stop, kwargs)
+        for event in self._events(messages, options):
+            chunk = self._chunk(event)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        options = self.call_options(stop, kwargs)
+        async for event in iterate_in_thread(lambda: self._events(messages, options)):
+            chunk = self._chunk(event)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk

@@ -1,0 +1,135 @@
+"""``RagSpecLLM``: a LangChain text-completion LLM over the speculative generator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LLM, LangSmithParams
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+
+from ragspec.lc.base import CallOptions, Finished, RagSpecParams
+from ragspec.lc.bridge import iterate_in_thread
+
+
+class RagSpecLLM(LLM, RagSpecParams):
+    """Text completion sped up by lossless speculative decoding; the prompt is never echoed.
+
+    The prompt is sent as it is (no chat template; use ``ChatRagSpec`` for chat turns). Pass
+    passages as ``references=[...]`` to draft from each of them; without them the prompt is the
+    reference. ``generation_info`` of each generation holds ``finish_reason``, ``model_name``,
+    ``usage`` (input/output/total tokens) and the ``speculative`` stats; ``llm_output`` sums the
+    usage as ``token_usage``.
+
+    Example::
+
+        llm = RagSpecLLM(max_tokens=64, stop=["\\n\\n"])
+        llm.invoke("Passage: ...\\nQuestion: ...\\nAnswer:")
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "ragspec"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return self.identifying_params
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return LangSmithParams(ls_model_type="llm", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
+
+    def _events(self, prompt: str, options: CallOptions) -> Iterator[str | Finished]:
+        return self.events(options, lambda _: prompt)
+
+    @staticmethod
+    def _info(event: Finished) -> dict[str, Any]:
+        return {**event.metadata, "usage": dict(event.usage)}
+
+    @staticmethod
+    def _llm_result(finished: list[Finished]) -> LLMResult:
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        for f in finished:
+            for key in usage:
+                usage[key] += f.usage[key]  # type: ignore[literal-required]
+        generations = [[Generation(text=f.result.text, generation_info=RagSpecLLM._info(f))] for f in finished]
+        model = finished[0].model_name if finished else None
+        return LLMResult(generations=generations, llm_output={"token_usage": usage, "model_name": model})
+
+    # -- LangChain hooks -----------------------------------------------------------------------
+    def _call(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> str:
+        return self._generate([prompt], stop, run_manager, **kwargs).generations[0][0].text
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        options = self.call_options(stop, kwargs)
+        finished: list[Finished] = []
+        for prompt in prompts:
+            for event in self._events(prompt, options):
+                if isinstance(event, Finished):
+                    finished.append(event)
+                elif run_manager is not None:
+                    run_manager.on_llm_new_token(event)
+        return self._llm_result(finished)
+
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        options = self.call_options(stop, kwargs)
+        finished: list[Finished] = []
+        for prompt in prompts:
+            async for event in iterate_in_thread(lambda p=prompt: self._events(p, options)):
+                if isinstance(event, Finished):
+                    finished.append(event)
+                elif run_manager is not None:
+                    await run_manager.on_llm_new_token(event)
+        return self._llm_result(finished)
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        options = self.call_options(stop, kwargs)
+        for event in self._events(prompt, options):
+            chunk = self._chunk(event)
+            if run_manager is not None and chunk.text:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        options = self.call_options(stop, kwargs)
+        async for event in iterate_in_thread(lambda: self._events(prompt, options)):
+            chunk = self._chunk(event)
+            if run_manager is not None and chunk.text:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    @classmethod
+    def _chunk(cls, event: str | Finished) -> GenerationChunk:
+        if isinstance(event, str):
+            return GenerationChunk(text=event)
+        return GenerationChunk(text="", generation_info=cls._info(event))
