@@ -1,0 +1,48 @@
+"""Shared fixtures. Names are prefixed by the area that owns them (``lc_``: the LangChain layer)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def lc_tokenizer():
+    """The default model's tokenizer (with its chat template), read from the converted-model cache."""
+    from transformers import AutoTokenizer
+
+    from ragspec.models import cache_root, load_model
+
+    found = sorted(cache_root().glob("models/SmolLM2-135M-Instruct*/tokenizer.json"))
+    if found:
+        return AutoTokenizer.from_pretrained(found[0].parent)
+    return load_model().tokenizer  # converts the default model once
+
+
+@pytest.fixture(scope="session")
+def lc_tiny_model(lc_tokenizer):
+    """A tiny random Llama over the default tokenizer: fast, deterministic, nonsense output."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ragspec.models import LoadedModel
+
+    torch.manual_seed(1234)
+    config = LlamaConfig(
+        vocab_size=len(lc_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=lc_tokenizer.eos_token_id, bos_token_id=lc_tokenizer.bos_token_id,
+    )
+    return LoadedModel(LlamaForCausalLM(config).eval(), lc_tokenizer, "tiny", torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture
+def lc_tiny_generator(lc_tiny_model):
+    """A fresh SpeculativeGenerator over the tiny model (its drafter history starts empty)."""
+    from ragspec.generator import SpeculativeGenerator
+
+    return SpeculativeGenerator(lc_tiny_model)
