@@ -1,0 +1,116 @@
+"""Per-browser sessions: each has its own upload folder, index and conversation.
+
+A session is named by a random id kept in an HttpOnly cookie; nothing one session uploads or
+asks is reachable from another. Sessions idle longer than ``ttl_s`` and the least recently used
+ones beyond ``max_sessions`` are dropped together with their files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from apps.engine import Event, IndexSummary
+
+
+class Answerer(Protocol):
+    """Answers questions over one set of documents (``apps.engine.Collection`` is one)."""
+
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]: ...
+
+
+class Backend(Protocol):
+    """Turns files into an ``Answerer``; the web app calls it in a worker thread."""
+
+    def index(self, paths: Sequence[Path], workdir: Path) -> tuple[Answerer, IndexSummary]: ...
+
+
+@dataclass
+class Session:
+    """One browser's documents and conversation."""
+
+    id: str
+    root: Path
+    answerer: Answerer | None = None
+    summary: IndexSummary | None = None
+    history: list[tuple[str, str]] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the session's documents change, so two uploads never interleave."""
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def uploads(self) -> Path:
+        return self.root / "uploads"
+
+    def reset(self) -> None:
+        """Forget the documents and the conversation."""
+        shutil.rmtree(self.uploads, ignore_errors=True)
+        shutil.rmtree(self.root / "index", ignore_errors=True)
+        self.answerer = None
+        self.summary = None
+        self.history.clear()
+
+
+class SessionStore:
+    """Sessions by id, bounded in number and idle time."""
+
+    def __init__(self, root: Path | None = None, *, max_sessions: int = 32, ttl_s: float = 3600.0) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self._own_root = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="ragspec-web-")) if root is None else Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str | None) -> Session | None:
+        """The live session with this id, or None (unknown, expired or malformed id)."""
+        with self._lock:
+            self._expire()
+            session = self._sessions.get(session_id or "")
+            if session is not None:
+                session.last_used = time.monotonic()
+                self._sessions.move_to_end(session.id)
+            return session
+
+    def create(self) -> Session:
+        with self._lock:
+            self._expire()
+            while len(self._sessions) >= self.max_sessions:
+                _, oldest = self._sessions.popitem(last=False)
+                shutil.rmtree(oldest.root, ignore_errors=True)
+            session_id = secrets.token_urlsafe(24)
+            root = self.root / session_id
+            root.mkdir()
+            session = self._sessions[session_id] = Session(session_id, root)
+            return session
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for session_id in [s.id for s in self._sessions.values() if now - s.last_used > self.ttl_s]:
+            shutil.rmtree(self._sessions.pop(session_id).root, ignore_errors=True)
+
+    def close(self) -> None:
+        """Drop every session and, when this store made its folder, the folder."""
+        with self._lock:
+            for session in self._sessions.values():
+                shutil.rmtree(session.root, ignore_errors=True)
+            self._sessions.clear()
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,199 @@
+"use strict";
+// ragspec document Q&A page: uploads, streamed answers (server-sent events over fetch), citations.
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    return body.error || body.detail || response.statusText;
+  } catch {
+    return response.statusText;
+  }
+}
+
+function showSession(info) {
+  const list = $("doc-list");
+  list.replaceChildren(...info.documents.map((d) => el("li", {}, d.split("/").pop())));
+  if (info.documents.length) {
+    $("doc-status").textContent = `${info.documents.length} document(s), ${info.chunks} passages indexed.`;
+    $("doc-status").className = "muted";
+  } else {
+    $("doc-status").textContent = info.preloaded ? "Using the server's preloaded index." : "No documents yet.";
+  }
+  $("skipped-box").hidden = info.skipped.length === 0;
+  $("skipped-list").replaceChildren(...info.skipped.map((s) => el("li", {}, `${s.path}: ${s.reason}`)));
+}
+
+function setStatus(text, isError = false) {
+  $("doc-status").textContent = text;
+  $("doc-status").className = isError ? "error" : "muted";
+}
+
+async function send(url, options, button) {
+  button.disabled = true;
+  try {
+    const response = await fetch(url, options);
+    if (!response.ok) {
+      setStatus(`Error ${response.status}: ${await errorText(response)}`, true);
+      return;
+    }
+    showSession(await response.json());
+  } catch (e) {
+    setStatus(`Error: ${e}`, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+$("upload-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const files = $("files").files;
+  if (!files.length) return setStatus("Choose one or more files first.", true);
+  const form = new FormData();
+  for (const f of files) form.append("files", f, f.name);
+  setStatus(`Indexing ${files.length} file(s)…`);
+  send("/api/documents", { method: "POST", body: form }, $("upload-btn"));
+});
+
+$("folder-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const path = $("folder").value.trim();
+  if (!path) return;
+  setStatus(`Indexing ${path}…`);
+  send("/api/folder", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ path }),
+  }, $("folder-btn"));
+});
+
+$("clear-btn").addEventListener("click", () => {
+  $("conversation").replaceChildren();
+  send("/api/documents", { method: "DELETE" }, $("clear-btn"));
+});
+
+// -- passages ---------------------------------------------------------------------------------
+function openPassage(citation, button) {
+  document.querySelectorAll(".citation.active").forEach((b) => b.classList.remove("active"));
+  if (button) button.classList.add("active");
+  $("passage-title").textContent = `[${citation.number}] ${citation.title || citation.source.split("/").pop()}`;
+  $("passage-source").textContent = [citation.source, citation.location].filter(Boolean).join(" · ");
+  $("passage-text").textContent = citation.text;
+  $("passage").hidden = false;
+}
+$("passage-close").addEventListener("click", () => { $("passage").hidden = true; });
+
+function renderAnswer(node, text, citations) {
+  // Plain text, with [n] markers that name a citation turned into buttons that open it.
+  const byNumber = new Map(citations.map((c) => [c.number, c]));
+  const parts = text.split(/(\[\d+\])/);
+  node.replaceChildren(...parts.map((part) => {
+    const m = /^\[(\d+)\]$/.exec(part);
+    const c = m && byNumber.get(Number(m[1]));
+    return c ? el("button", { class: "cite-ref", type: "button", onclick: () => openPassage(c) }, part) : part;
+  }));
+}
+
+// -- asking -----------------------------------------------------------------------------------
+function* parseEvents(buffer) {
+  // Yields [event, data] for every complete "event: x\ndata: y\n\n" block; returns the rest.
+  let end;
+  while ((end = buffer.indexOf("\n\n")) >= 0) {
+    const block = buffer.slice(0, end);
+    buffer = buffer.slice(end + 2);
+    let event = "message", data = "";
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event: ")) event = line.slice(7);
+      else if (line.startsWith("data: ")) data += line.slice(6);
+    }
+    yield [event, JSON.parse(data)];
+  }
+  return buffer;
+}
+
+function statsLine(s) {
+  return `<b>${s.tokens_per_s.toFixed(1)} tokens/s</b> · acceptance ${(100 * s.acceptance).toFixed(0)}% · ` +
+    `${s.tokens_per_forward.toFixed(2)} tokens/forward · ${s.new_tokens} tokens in ${s.wall_s.toFixed(1)} s`;
+}
+
+async function ask(question) {
+  const answer = el("div", { class: "answer streaming" });
+  const stats = el("div", { class: "stats" }, "waiting for the model…");
+  const citeList = el("ul", { class: "citations" });
+  const turn = el("div", { class: "turn" }, el("div", { class: "question" }, question), answer, citeList, stats);
+  $("conversation").append(turn);
+  turn.scrollIntoView({ block: "end" });
+
+  const response = await fetch("/api/ask", {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ question }),
+  });
+  if (!response.ok) {
+    answer.classList.remove("streaming");
+    answer.classList.add("error");
+    answer.textContent = `Error ${response.status}: ${await errorText(response)}`;
+    stats.textContent = "";
+    return;
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "", text = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    const events = parseEvents(buffer);
+    let step;
+    while (!(step = events.next()).done) {
+      const [event, data] = step.value;
+      if (event === "queued") stats.textContent = `queued: ${data.position} answer(s) ahead`;
+      else if (event === "token") {
+        text += data.text;
+        answer.textContent = text;
+        stats.innerHTML = `streaming… <b>${data.tokens_per_s.toFixed(1)} tokens/s</b> · ` +
+          `${data.tokens} tokens · ≈ ${data.tokens_per_step.toFixed(2)} tokens/forward`;
+      } else if (event === "done") {
+        answer.classList.remove("streaming");
+        renderAnswer(answer, data.text || text, data.citations);
+        citeList.replaceChildren(...data.citations.map((c) => {
+          const label = [c.title || c.source.split("/").pop(), c.location].filter(Boolean).join(" · ");
+          const b = el("button", { class: "citation", type: "button" }, el("b", {}, `[${c.number}]`), label);
+          b.addEventListener("click", () => openPassage(c, b));
+          return el("li", {}, b);
+        }));
+        stats.innerHTML = statsLine(data.stats);
+      } else if (event === "error") {
+        answer.classList.remove("streaming");
+        stats.innerHTML = "";
+        stats.append(el("span", { class: "error" }, data.message));
+      }
+    }
+    buffer = step.value;
+  }
+  answer.classList.remove("streaming");
+}
+
+$("ask-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const question = $("question").value.trim();
+  if (!question) return;
+  $("question").value = "";
+  $("ask-btn").disabled = true;
+  try {
+    await ask(question);
+  } finally {
+    $("ask-btn").disabled = false;
+    $("question").focus();
+  }
+});
+
+fetch("/api/session").then((r) => r.json()).then(showSession).catch(() => {});

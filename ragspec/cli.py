@@ -1,0 +1,275 @@
+"""The ``ragspec`` command: index documents, ask questions, chat, serve the web app, benchmark.
+
+Exit codes: 0 success, 1 a runtime error (one ``ragspec: error: ...`` line on stderr), 2 a usage
+error, 130 interrupted. Set ``RAGSPEC_DEBUG=1`` to see the traceback of an unexpected error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from apps.engine import Collection, Finished
+
+PROG = "ragspec"
+DEFAULT_INDEX = "ragspec-index"
+
+
+class CLIError(Exception):
+    """A runtime error reported as one line, exit code 1."""
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return n
+
+
+def _port(value: str) -> int:
+    n = _positive(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value!r}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Document Q&A on a local model, sped up by lossless speculative decoding.",
+        epilog="Run 'ragspec COMMAND --help' for a command's options.",
+    )
+    from ragspec import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ingest = commands.add_parser("ingest", help="index files and folders into a persistent index",
+                                 description="Load, chunk and embed files and folders into an index on disk.")
+    ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (.txt, .md, .html, .pdf)")
+    ingest.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder to write (default: {DEFAULT_INDEX})")
+    ingest.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB in folders (repeatable)")
+    ingest.add_argument("--exclude", action="append", metavar="GLOB", help="leave out files or folders matching GLOB (repeatable)")
+    ingest.add_argument("--chunk-size", type=_positive, default=256, help="chunk size in tokens (default: 256)")
+    ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def answer_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder made by 'ragspec ingest' (default: {DEFAULT_INDEX})")
+        p.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
+        p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
+        p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
+
+    ask = commands.add_parser("ask", help="answer one question, streamed, with citations and speed",
+                              description="Answer a question from an index: the answer streams, then its citations and speed.")
+    ask.add_argument("question", help="the question (quote it)")
+    answer_options(ask)
+    ask.add_argument("--no-stats", action="store_true", help="do not print the speed line")
+
+    chat = commands.add_parser("chat", help="interactive questions that keep the conversation",
+                               description="Ask questions one after another; the conversation is kept. "
+                                           "Type /reset to forget it, /exit (or Ctrl-D) to leave.")
+    answer_options(chat)
+
+    serve = commands.add_parser("serve", help="run the web app",
+                                description="Serve the document Q&A web page (upload files, ask, see cited, streamed answers).")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
+    serve.add_argument("-i", "--index", default=None, help="an index every session can ask before uploading its own")
+    serve.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
+    serve.add_argument("--max-upload-mb", type=_positive, default=10, help="largest uploaded file in MiB (default: 10)")
+    serve.add_argument("--allow-folders", action=argparse.BooleanOptionalAction, default=None,
+                       help="let the page index folders on the server (default: only when bound to loopback)")
+
+    commands.add_parser("bench", help="speedup benchmark (see 'ragspec bench --help')", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "bench":
+        return _guard(lambda: _bench(args_list[1:]))
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as e:  # argparse: 0 for --help/--version, 2 for usage errors
+        return int(e.code) if isinstance(e.code, int) else 2
+    handler = {"ingest": _ingest, "ask": _ask, "chat": _chat, "serve": _serve}[args.command]
+    return _guard(lambda: handler(args))
+
+
+def _guard(run: Any) -> int:
+    """Run a command; turn errors into one line and an exit code."""
+    try:
+        return int(run() or 0)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001 - every failure becomes one clear line
+        if os.environ.get("RAGSPEC_DEBUG"):
+            raise
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        known = isinstance(e, CLIError) or type(e).__module__.split(".")[0] in ("apps", "retrievers", "ragspec")
+        prefix = "" if known or isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: "
+        print(f"{PROG}: error: {prefix}{message}", file=sys.stderr)
+        return 1
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from apps.engine import build_index
+
+    bar = _ProgressBar(enabled=not args.no_progress)
+    try:
+        store, summary = build_index(
+            args.paths, include=args.include, exclude=args.exclude, chunk_size=args.chunk_size, progress=bar.update
+        )
+    finally:
+        bar.close()
+    store.save(args.index)
+    print(f"Indexed {summary.chunks} passages from {len(summary.files)} file(s) into {args.index}")
+    if summary.skipped:
+        print(f"Skipped {len(summary.skipped)} file(s):")
+        for s in summary.skipped:
+            print(f"  {s.path}: {s.reason}")
+    return 0
+
+
+class _ProgressBar:
+    """A tqdm bar per stage, on stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._stage = ""
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if stage != self._stage:
+            self.close()
+            from tqdm import tqdm
+
+            label = {"load": "loading", "embed": "embedding"}.get(stage, stage)
+            unit = "path" if stage == "load" else "chunk"
+            self._bar = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=True)
+            self._stage = stage
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _collection(args: argparse.Namespace) -> Collection:
+    from apps.engine import Collection
+
+    index = Path(args.index)
+    if not index.is_dir():
+        raise CLIError(f"no index at {index}: build one with 'ragspec ingest PATH... --index {index}'")
+    return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model)
+
+
+def _print_answer(collection: Collection, question: str, history: list[tuple[str, str]], out: TextIO, stats: bool = True) -> Finished:
+    from apps.engine import Finished
+
+    finished: Finished | None = None
+    for event in collection.stream(question, history):
+        if isinstance(event, Finished):
+            finished = event
+        else:
+            out.write(event.text)
+            out.flush()
+    assert finished is not None
+    out.write("\n")
+    if finished.citations:
+        out.write("\nSources:\n")
+        for c in finished.citations:
+            where = " · ".join(x for x in (c.title, c.location) if x)
+            out.write(f"  [{c.number}] {c.source}" + (f" ({where})" if where else "") + "\n")
+    if stats:
+        out.write(f"\n{finished.stats.line()}\n")
+    out.flush()
+    return finished
+
+
+def _ask(args: argparse.Namespace) -> int:
+    if not args.question.strip():
+        raise CLIError("the question is empty")
+    _print_answer(_collection(args), args.question, [], sys.stdout, stats=not args.no_stats)
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    collection = _collection(args)
+    history: list[tuple[str, str]] = []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("Ask about your documents. /reset forgets the conversation, /exit leaves.")
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print()
+            return 0
+        question = line.strip()
+        if not question:
+            continue
+        if question in ("/exit", "/quit"):
+            return 0
+        if question == "/reset":
+            history.clear()
+            print("(conversation cleared)")
+            continue
+        if not interactive:
+            print(f"you> {question}")
+        sys.stdout.write("ragspec> ")
+        finished = _print_answer(collection, question, history, sys.stdout)
+        history.append((question, finished.text))
+        print()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from apps.web.server import AppConfig, is_loopback, serve
+
+    allow_folders = is_loopback(args.host) if args.allow_folders is None else args.allow_folders
+    if not is_loopback(args.host):
+        print(f"{PROG}: warning: binding {args.host}: anyone who can reach it can upload and ask", file=sys.stderr)
+    config = AppConfig(max_file_bytes=args.max_upload_mb * 2**20, max_tokens=args.max_tokens, allow_folders=allow_folders)
+    preload = None
+    if args.index is not None:
+        from apps.engine import Collection
+
+        if not Path(args.index).is_dir():
+            raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
+        preload = Collection(args.index, max_tokens=args.max_tokens)
+    print(f"ragspec web app on http://{args.host}:{args.port}/ (Ctrl-C to stop)", file=sys.stderr)
+    serve(args.host, args.port, config=config, preload=preload)
+    return 0
+
+
+def _bench(argv: list[str]) -> int:
+    try:
+        from ragspec.bench import main as bench_main
+    except ImportError as e:
+        if e.name not in ("ragspec.bench",):
+            raise
+        raise CLIError("the benchmark is not available in this version of ragspec (ragspec.bench is missing)") from e
+    return int(bench_main(argv) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
