@@ -169,7 +169,8 @@ def create_app(
         }
 
     @app.get("/", include_in_schema=False)
-    async def page() -> FileResponse:
+    async def page(request: Request) -> FileResponse:
+        session_of(request)  # the page's own requests then carry the cookie
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     @app.get("/api/health")
@@ -258,7 +259,7 @@ def create_app(
         acquired = False
         try:
             if queue.lock.locked():
-                yield sse("queued", {"position": queue.waiting - 1})
+                yield sse("queued", {"position": queue.waiting})  # answers ahead: the running one and those waiting before this
             try:
                 await asyncio.wait_for(queue.lock.acquire(), config.queue_timeout_s)
                 acquired = True

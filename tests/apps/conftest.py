@@ -1,0 +1,103 @@
+"""Fixtures for the apps: a real uvicorn server on 127.0.0.1 and a scripted answer backend."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from apps.engine import CitationView, Event, Finished, IndexSummary, SpeedStats, Token
+
+CORPUS = Path(__file__).resolve().parents[2] / "retrievers" / "data" / "corpus"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """Runs an ASGI app with uvicorn in a thread, bound to loopback only."""
+
+    def __init__(self, app: object) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@dataclass
+class ScriptedAnswerer:
+    """Answers with fixed words, one ``Token`` per ``delay_s``; records what happened."""
+
+    words: Sequence[str] = ("The", " trial", " lasts", " six", " months", " [1]", ".")
+    delay_s: float = 0.01
+    label: str = "doc"
+    started: int = 0
+    finished: int = 0
+    closed: int = 0
+    questions: list[str] = field(default_factory=list)
+    histories: list[list[tuple[str, str]]] = field(default_factory=list)
+    active: int = 0
+    max_active: int = 0
+
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        self.started += 1
+        self.questions.append(question)
+        self.histories.append(list(history))
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        text = ""
+        try:
+            for i, word in enumerate(self.words):
+                time.sleep(self.delay_s)
+                text += word
+                yield Token(word, (i + 1) * self.delay_s, i + 1, i + 1)
+            citation = CitationView(1, f"{self.label}.md", "char 0", self.label, f"passage of {self.label}")
+            self.finished += 1
+            yield Finished(text, [citation], SpeedStats(len(self.words), 50.0, 0.5, 2.0, 0.2))
+        finally:
+            self.active -= 1
+            if self.finished < self.started:
+                self.closed += 1
+
+
+@dataclass
+class ScriptedBackend:
+    """Indexes by listing file names; every session gets its own ``ScriptedAnswerer``."""
+
+    delay_s: float = 0.01
+    words: Sequence[str] = ScriptedAnswerer.words
+    answerers: list[ScriptedAnswerer] = field(default_factory=list)
+
+    def index(self, paths: Sequence[Path], workdir: Path) -> tuple[ScriptedAnswerer, IndexSummary]:
+        files = sorted(str(p.name) for path in paths for p in (path.iterdir() if path.is_dir() else [path]))
+        answerer = ScriptedAnswerer(words=self.words, delay_s=self.delay_s, label="+".join(files))
+        self.answerers.append(answerer)
+        return answerer, IndexSummary(files=files, chunks=len(files))
+
+
+@pytest.fixture
+def apps_corpus() -> Path:
+    return CORPUS

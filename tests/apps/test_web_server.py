@@ -1,0 +1,224 @@
+"""The web app's HTTP behaviour, over a real uvicorn server on 127.0.0.1 with a scripted backend."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from apps.web.server import AppConfig, _safe_name, create_app
+from tests.apps.conftest import LiveServer, ScriptedBackend
+
+
+def events(response: httpx.Response) -> Iterator[tuple[str, dict]]:
+    """Parse a text/event-stream response into (event, data) pairs as they arrive."""
+    event, data = "message", ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif line == "" and data:
+            yield event, json.loads(data)
+            event, data = "message", ""
+
+
+def ask(client: httpx.Client, question: str) -> list[tuple[str, dict]]:
+    with client.stream("POST", "/api/ask", json={"question": question}, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return list(events(r))
+
+
+def upload(client: httpx.Client, name: str, body: bytes = b"# Notes\n\nThe trial lasts six months.\n") -> httpx.Response:
+    return client.post("/api/documents", files=[("files", (name, body, "text/markdown"))])
+
+
+@pytest.fixture
+def backend() -> ScriptedBackend:
+    return ScriptedBackend()
+
+
+@pytest.fixture
+def server(backend: ScriptedBackend, tmp_path: Path) -> Iterator[LiveServer]:
+    with LiveServer(create_app(AppConfig(max_file_bytes=2000, max_request_bytes=10_000), backend=backend, sessions_root=tmp_path)) as s:
+        yield s
+
+
+def client_for(server: LiveServer) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=30)
+
+
+def test_page_is_served_and_sets_an_httponly_session_cookie(server: LiveServer) -> None:
+    with client_for(server) as c:
+        page = c.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert 'id="ask-form"' in page.text and "/static/app.js" in page.text
+        cookie = page.headers.get("set-cookie", "")
+        assert "ragspec_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+        assert c.get("/static/app.js").status_code == 200
+        again = c.get("/api/session")
+        assert again.json()["documents"] == [] and "set-cookie" not in again.headers  # same session kept
+
+
+def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: LiveServer, backend: ScriptedBackend) -> None:
+    with client_for(server) as c:
+        r = upload(c, "notes.md")
+        assert r.status_code == 200, r.text
+        assert r.json()["documents"] == ["notes.md"]
+        got = ask(c, "How long is the trial?")
+        kinds = [k for k, _ in got]
+        assert kinds == ["token"] * 7 + ["done"]
+        text = "".join(d["text"] for k, d in got if k == "token")
+        assert text == "The trial lasts six months [1]."
+        tokens = [d["tokens"] for k, d in got if k == "token"]
+        assert tokens == sorted(tokens) and tokens[-1] == 7 and all(d["tokens_per_s"] > 0 for k, d in got if k == "token")
+        done = got[-1][1]
+        assert done["text"] == text
+        assert done["citations"][0]["number"] == 1 and done["citations"][0]["text"] == "passage of notes.md"
+        assert done["stats"]["acceptance"] == 0.5 and done["stats"]["tokens_per_forward"] == 2.0
+        ask(c, "And after that?")
+        assert backend.answerers[0].histories == [[], [("How long is the trial?", text)]]
+
+
+def test_upload_type_and_size_limits(server: LiveServer) -> None:
+    with client_for(server) as c:
+        r = c.post("/api/documents", files=[("files", ("tool.exe", b"MZ", "application/octet-stream"))])
+        assert r.status_code == 415 and "unsupported file type" in r.json()["error"]
+        r = upload(c, "big.md", b"x" * 2001)
+        assert r.status_code == 413 and "larger than" in r.json()["error"]
+        r = c.post("/api/documents", files=[("files", (f"f{i}.md", b"x" * 1500, "text/markdown")) for i in range(8)])
+        assert r.status_code == 413  # the whole request is over max_request_bytes
+        assert c.get("/api/session").json()["documents"] == []
+        r = c.post("/api/ask", json={"question": "anything?"})
+        assert r.status_code == 409 and "upload" in r.json()["error"]
+        assert c.post("/api/ask", json={"question": ""}).status_code == 422
+
+
+def test_upload_names_cannot_escape_the_session_folder(server: LiveServer, tmp_path: Path) -> None:
+    assert _safe_name("../../etc/passwd.md") == "passwd.md"
+    assert _safe_name("..\\..\\x.md") == "x.md"
+    with client_for(server) as c:
+        assert upload(c, "../../escape.md").status_code == 200
+    assert not (tmp_path / "escape.md").exists() and not (tmp_path.parent / "escape.md").exists()
+    assert len(list(tmp_path.glob("*/uploads/escape.md"))) == 1
+
+
+def test_sessions_do_not_see_each_other(server: LiveServer) -> None:
+    with client_for(server) as a, client_for(server) as b, client_for(server) as stranger:
+        assert upload(a, "alpha.md").status_code == 200
+        assert upload(b, "beta.md").status_code == 200
+        assert a.get("/api/session").json()["documents"] == ["alpha.md"]
+        assert b.get("/api/session").json()["documents"] == ["beta.md"]
+        assert ask(a, "q")[-1][1]["citations"][0]["source"] == "alpha.md.md"
+        assert ask(b, "q")[-1][1]["citations"][0]["source"] == "beta.md.md"
+        assert stranger.post("/api/ask", json={"question": "q"}).status_code == 409
+        forged = httpx.Client(base_url=server.url, cookies={"ragspec_session": "not-a-session"})
+        assert forged.get("/api/session").json()["documents"] == []
+        forged.close()
+        assert b.delete("/api/documents").json()["documents"] == []
+        assert a.get("/api/session").json()["documents"] == ["alpha.md"]
+
+
+def test_answers_are_serialized_and_the_second_is_queued(tmp_path: Path) -> None:
+    backend = ScriptedBackend(delay_s=0.05)
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+        clients = [client_for(server) for _ in range(2)]
+        for i, c in enumerate(clients):
+            upload(c, f"doc{i}.md")
+        results: list[list[tuple[str, dict]]] = [[], []]
+        spans: list[tuple[float, float]] = [(0, 0), (0, 0)]
+
+        def run(i: int) -> None:
+            t0 = time.monotonic()
+            results[i] = ask(clients[i], "q")
+            spans[i] = (t0, time.monotonic())
+
+        first = threading.Thread(target=run, args=(0,))
+        first.start()
+        time.sleep(0.12)  # the first answer is generating
+        run(1)
+        first.join()
+        for c in clients:
+            c.close()
+    assert results[0][-1][0] == "done" and results[1][-1][0] == "done"
+    assert results[1][0] == ("queued", {"position": 1})
+    assert sum(a.started for a in backend.answerers) == 2
+    # one at a time: the second answer's first token came after the first answer finished
+    assert spans[1][1] - spans[0][0] >= 2 * 7 * 0.05 * 0.9
+
+
+def test_queue_wait_and_answer_time_are_limited(tmp_path: Path) -> None:
+    backend = ScriptedBackend(delay_s=0.25)
+    config = AppConfig(queue_timeout_s=0.2, answer_timeout_s=0.6)
+    with LiveServer(create_app(config, backend=backend, sessions_root=tmp_path)) as server:
+        a, b = client_for(server), client_for(server)
+        upload(a, "a.md")
+        upload(b, "b.md")
+        out: list[list[tuple[str, dict]]] = []
+        t = threading.Thread(target=lambda: out.append(ask(a, "slow")))
+        t.start()
+        time.sleep(0.1)
+        queued = ask(b, "waits")
+        t.join()
+        a.close()
+        b.close()
+    assert queued[-1][0] == "error" and "busy" in queued[-1][1]["message"]
+    cut = out[0]
+    assert cut[-1][0] == "error" and "longer than" in cut[-1][1]["message"]
+    assert 1 <= sum(k == "token" for k, _ in cut) < 7
+    deadline = time.monotonic() + 5
+    while backend.answerers[0].closed == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert backend.answerers[0].closed == 1 and backend.answerers[0].finished == 0
+    assert backend.answerers[1].started == 0
+
+
+def test_a_closed_client_stops_its_generation_and_frees_the_model(tmp_path: Path) -> None:
+    backend = ScriptedBackend(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+        a, b = client_for(server), client_for(server)
+        upload(a, "a.md")
+        upload(b, "b.md")
+        with a.stream("POST", "/api/ask", json={"question": "long"}) as r:
+            first = next(events(r))
+            assert first[0] == "token"
+        a.close()  # the tab is gone
+        deadline = time.monotonic() + 5
+        while backend.answerers[0].closed == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert backend.answerers[0].closed == 1 and backend.answerers[0].finished == 0
+        backend.answerers[1].words = ["short"]
+        t0 = time.monotonic()
+        got = ask(b, "next")
+        assert got[-1][0] == "done" and time.monotonic() - t0 < 3
+        assert b.get("/api/health").json() == {"ok": True, "queue": 0, "busy": False}
+        b.close()
+
+
+def test_folders_only_when_allowed(tmp_path: Path, apps_corpus: Path) -> None:
+    backend = ScriptedBackend()
+    with LiveServer(create_app(AppConfig(allow_folders=False), backend=backend, sessions_root=tmp_path / "s1")) as s:
+        with client_for(s) as c:
+            r = c.post("/api/folder", json={"path": str(apps_corpus)})
+            assert r.status_code == 403
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path / "s2")) as s:
+        with client_for(s) as c:
+            assert c.post("/api/folder", json={"path": str(tmp_path / "missing")}).status_code == 404
+            r = c.post("/api/folder", json={"path": str(apps_corpus)})
+            assert r.status_code == 200
+            assert "kestrel-lane-handbook.md" in r.json()["documents"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_file_bytes": 0}, {"queue_timeout_s": 0}, {"allowed_suffixes": ("md",)}, {"allowed_suffixes": ()}],
+)
+def test_config_is_checked_when_built(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        AppConfig(**kwargs)
