@@ -161,7 +161,7 @@ def create_app(
     def describe(session: Session) -> dict[str, Any]:
         summary = session.summary
         return {
-            "documents": summary.files if summary else [],
+            "documents": [_display(f, session) for f in summary.files] if summary else [],
             "chunks": summary.chunks if summary else 0,
             "skipped": [{"path": Path(s.path).name, "reason": s.reason} for s in summary.skipped] if summary else [],
             "preloaded": preload is not None,
@@ -288,7 +288,7 @@ def create_app(
                             "done",
                             {
                                 "text": event.text,
-                                "citations": [c.as_dict() for c in event.citations],
+                                "citations": [_shown(c.as_dict(), session) for c in event.citations],
                                 "stats": event.stats.as_dict(),
                             },
                         )
@@ -345,6 +345,17 @@ class _Guard:
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+
+def _shown(citation: dict[str, Any], session: Session) -> dict[str, Any]:
+    """An uploaded file's source as its name, not the server's temporary path."""
+    citation["source"] = _display(citation["source"], session)
+    return citation
+
+
+def _display(source: str, session: Session) -> str:
+    path = Path(source)
+    return path.relative_to(session.uploads).as_posix() if path.is_relative_to(session.uploads) else source
 
 
 def _live(token: Token) -> dict[str, Any]:

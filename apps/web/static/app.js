@@ -25,7 +25,7 @@ async function errorText(response) {
 
 function showSession(info) {
   const list = $("doc-list");
-  list.replaceChildren(...info.documents.map((d) => el("li", {}, d.split("/").pop())));
+  list.replaceChildren(...info.documents.map((d) => el("li", { title: d }, d.split("/").pop())));
   if (info.documents.length) {
     $("doc-status").textContent = `${info.documents.length} document(s), ${info.chunks} passages indexed.`;
     $("doc-status").className = "muted";

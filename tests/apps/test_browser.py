@@ -1,0 +1,90 @@
+"""End to end in a real headless browser: upload a document, ask, watch the answer stream, open a citation.
+
+Uses the system's Chromium (``scripts/install-browser.sh`` installs it) driven by Playwright;
+nothing downloads a browser. The server and the page talk over 127.0.0.1 only. Set
+``RAGSPEC_SCREENSHOT=path.png`` to save a screenshot of the answered page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from apps.web.server import AppConfig, DefaultBackend, create_app
+from tests.apps.conftest import LiveServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("chromium is not installed: run `bash scripts/install-browser.sh`")
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            chromium_sandbox=False,
+            viewport={"width": 1280, "height": 760},
+            args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            ],
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Path, tmp_path: Path) -> None:
+    tokens = 55 if os.environ.get("RAGSPEC_SCREENSHOT") else 32  # a longer answer looks better in the picture
+    app = create_app(AppConfig(max_tokens=tokens), backend=DefaultBackend(max_tokens=tokens), sessions_root=tmp_path)
+    with LiveServer(app) as server:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        outside: list[str] = []
+        page.on("request", lambda r: None if r.url.startswith(server.url) else outside.append(r.url))
+        page.goto(server.url + "/")
+        page.set_input_files("#files", str(apps_corpus / "kestrel-lane-handbook.md"))
+        page.click("#upload-btn")
+        page.wait_for_selector("#doc-list li", timeout=180_000)
+        assert "kestrel-lane-handbook.md" in page.inner_text("#doc-list")
+        assert "passages indexed" in page.inner_text("#doc-status")
+
+        page.fill("#question", "How long is the trial period?")
+        page.click("#ask-btn")
+        # streamed: text is on the page while the answer is still marked as streaming
+        page.wait_for_function(
+            "() => { const a = document.querySelector('.answer.streaming'); return a && a.textContent.length > 0 }",
+            timeout=180_000,
+        )
+        partial = page.inner_text(".answer")
+        page.wait_for_selector(".citation", timeout=180_000)
+        final = page.inner_text(".answer")
+        assert partial and len(final) >= len(partial) and final.startswith(partial[:5])
+        assert "six months" in final.lower() or "trial" in final.lower()
+        stats = page.inner_text(".stats")
+        assert "tokens/s" in stats and "acceptance" in stats and "tokens/forward" in stats
+
+        page.click(".citation")
+        page.wait_for_selector("#passage:not([hidden])")
+        passage = page.inner_text("#passage-text")
+        assert len(passage) > 50 and passage.strip() in (apps_corpus / "kestrel-lane-handbook.md").read_text()
+        assert page.inner_text("#passage-source").startswith("kestrel-lane-handbook.md · char ")  # not a server path
+        assert page.inner_text("#passage-title").startswith("[1]")
+        assert outside == []
+        shot = os.environ.get("RAGSPEC_SCREENSHOT")
+        if shot:
+            time.sleep(0.3)
+            page.screenshot(path=shot)
+        page.close()
