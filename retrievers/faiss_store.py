@@ -403,12 +403,17 @@ class FaissVectorStore(VectorStore):
         store = cls(embeddings, index=config)
         index = saved.index
         if index is not None:
-            stored_labels = set(faiss.vector_to_array(index.id_map).tolist()) if hasattr(index, "id_map") else None
-            if index.d != dim or stored_labels is None or any(label not in stored_labels for _, label, _, _ in rows):
+            if not isinstance(index, faiss.IndexIDMap2):
+                raise IndexCorruptError(
+                    f"the FAISS index in {directory} is a {type(index).__name__}, not the IndexIDMap2 this store "
+                    "writes; rebuild the index"
+                )
+            stored_labels = set(faiss.vector_to_array(index.id_map).tolist())
+            if index.d != dim or any(label not in stored_labels for _, label, _, _ in rows):
                 raise IndexCorruptError(
                     f"the FAISS index in {directory} does not match its docstore (dimension or ids differ); rebuild it"
                 )
-            store._index = faiss.IndexIDMap2(index.index) if not isinstance(index, faiss.IndexIDMap2) else index
+            store._index = index
             store._dim = int(dim)
         elif rows:
             raise IndexCorruptError(f"the index in {directory} lists documents but has no FAISS index; rebuild it")
