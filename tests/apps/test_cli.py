@@ -1,0 +1,139 @@
+"""The ``ragspec`` command as a user runs it: help, exit codes, one-line errors, ingest/ask/chat."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from apps.engine import CitationView, Event, Finished, SpeedStats, Token
+from ragspec import cli
+
+DOC = """# Harbour notes
+
+The ferry to Marrow Island leaves at seven in the morning and returns at six in the evening.
+Tickets cost four pounds for adults and are sold on board.
+"""
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(
+        [sys.executable, "-m", "ragspec.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_console_script_is_declared() -> None:
+    (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "ragspec"]
+    assert entry.value == "ragspec.cli:main"
+
+
+@pytest.mark.parametrize("command", [[], ["ingest"], ["ask"], ["chat"], ["serve"]])
+def test_help_on_every_command(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ragspec") and "--help" in out
+
+
+def test_bench_is_delegated(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["bench", "--help"])
+    captured = capsys.readouterr()
+    if importlib.util.find_spec("ragspec.bench") is None:
+        assert code == 1 and captured.err.strip() == (
+            "ragspec: error: the benchmark is not available in this version of ragspec (ragspec.bench is missing)"
+        )
+    else:
+        assert code == 0 and "usage" in captured.out.lower()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["frobnicate"], ["ask"], ["ingest"], ["ingest", "x", "--chunk-size", "0"], ["serve", "--port", "70000"], ["ask", "q", "-k", "x"]],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("ragspec: error: ")
+    return err
+
+
+def test_runtime_errors_are_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["ask", "what?", "--index", str(tmp_path / "none")]) == 1
+    assert "no index at" in one_line_error(capsys)
+    assert cli.main(["ingest", str(tmp_path / "missing.md"), "--index", str(tmp_path / "i")]) == 1
+    assert "no such file or folder" in one_line_error(capsys)
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["ingest", str(tmp_path / "empty"), "--index", str(tmp_path / "i"), "--no-progress"]) == 1
+    assert "found no text" in one_line_error(capsys)
+    assert cli.main(["ask", "  ", "--index", str(tmp_path)]) == 1
+    assert "empty" in one_line_error(capsys)
+    assert not (tmp_path / "i").exists()
+
+
+class FakeCollection:
+    """Echoes the question; records the history it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        self.calls.append((question, list(history)))
+        yield Token("About ", 0.1, 1, 1)
+        yield Token(question, 0.2, 2, 2)
+        yield Finished(f"About {question}", [CitationView(1, "notes.md", "char 10", "Notes", "text")], SpeedStats(2, 10.0, 0.5, 1.5, 0.2))
+
+
+def test_chat_keeps_the_conversation_and_resets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeCollection()
+    monkeypatch.setattr(cli, "_collection", lambda args: fake)
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("ferries?\n\nprices?\n/reset\nagain?\n/exit\nnever asked\n"))
+    assert cli.main(["chat"]) == 0
+    assert fake.calls == [
+        ("ferries?", []),
+        ("prices?", [("ferries?", "About ferries?")]),
+        ("again?", []),
+    ]
+    out = capsys.readouterr().out
+    assert out.count("ragspec> About") == 3 and "[1] notes.md (Notes · char 10)" in out
+    assert "10.0 tokens/s · acceptance 50% · 1.50 tokens/forward" in out
+
+
+@pytest.mark.integration
+def test_ingest_then_ask_and_chat_with_the_default_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "harbour.md").write_text(DOC)
+    (docs / "scan.pdf").write_bytes(b"%PDF-1.4 not really a pdf")
+    index = tmp_path / "index"
+
+    ingest = run_cli("ingest", str(docs), "--index", str(index))
+    assert ingest.returncode == 0, ingest.stderr
+    assert f"from 1 file(s) into {index}" in ingest.stdout
+    assert "Skipped 1 file(s):" in ingest.stdout and "scan.pdf" in ingest.stdout
+    assert "embedding" in ingest.stderr  # the progress bar
+    assert (index / "manifest.json").exists() or any(index.iterdir())
+
+    ask = run_cli("ask", "When does the ferry to Marrow Island leave?", "--index", str(index), "--max-tokens", "16")
+    assert ask.returncode == 0, ask.stderr
+    answer, _, rest = ask.stdout.partition("\nSources:\n")
+    assert answer.strip() and "[1] " in rest and "harbour.md" in rest
+    assert "tokens/s" in rest and "acceptance" in rest and "tokens/forward" in rest
+
+    # chat in this process (the subprocesses above already showed the console entry works)
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("How much is a ticket?\nAnd for children?\n"))
+    assert cli.main(["chat", "--index", str(index), "--max-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ragspec> ") == 2 and out.count("Sources:") == 2 and out.count("tokens/s") == 2
