@@ -1,9 +1,9 @@
 """Retrieval benchmark: ingest throughput, flat vs HNSW query latency and recall, and QA retrieval recall.
 
-Run from the repository root (offline; about 5 minutes on 2 CPU cores, most of it building HNSW at 100k):
+Run from the repository root (offline; about 10 minutes on 2 busy CPU cores, most of it building HNSW at 100k):
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_bench.py
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_bench.py --sizes 10000 --queries 100   # quicker
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/retrieval_bench.py --sizes 10000 --queries 100   # ~1.5 min
 
 Prints Markdown tables and writes the figures as JSON (default bench-out/retrieval.json).
 """
