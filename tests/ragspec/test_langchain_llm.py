@@ -187,7 +187,7 @@ def test_early_break_releases_the_generator(llm, expected):
     for _ in llm.stream(PROMPT):
         break
     out: list[str] = []
-    worker = threading.Thread(target=lambda: out.append(llm.invoke(PROMPT)))
+    worker = threading.Thread(target=lambda: out.append(llm.invoke(PROMPT)), daemon=True)
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "the generator stayed locked after an abandoned stream"

@@ -1,0 +1,412 @@
+"""Document question answering: retrieve passages, answer from them, cite them.
+
+``DocumentQA`` retrieves the top passages for a question, numbers them in a prompt
+(``ragspec.prompts``), and generates the answer with the speculative generator, handing each
+passage to the drafter as its own reference so that copied spans cost one forward for many
+tokens. The answer comes with citations, chosen by this rule:
+
+1. the passages the answer cites by number (``[2]``, ``[1, 3]``), in order of first mention;
+2. otherwise the passages the answer copies from: those sharing a run of at least
+   ``min(6, words in the answer)`` consecutive words with it (and at least 3), in rank order;
+3. otherwise the top-ranked passage.
+
+Passages that do not fit the model's context window together with the answer budget are
+dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
+way a ``ContextBudgetWarning`` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import warnings
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableLambda
+
+from ragspec.lc.base import CallOptions, Finished, RagSpecParams
+from ragspec.lc.bridge import iterate_in_thread
+from ragspec.prompts import QA_SYSTEM_PROMPT, qa_messages, qa_text_prompt
+
+if TYPE_CHECKING:
+    from langchain_core.embeddings import Embeddings
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    from ragspec.generator import GenerationStats
+    from retrievers import FaissVectorStore
+
+__all__ = ["Answer", "AnswerStream", "AsyncAnswerStream", "Citation", "ContextBudgetWarning", "DocumentQA"]
+
+
+class ContextBudgetWarning(UserWarning):
+    """Passages were dropped or truncated to fit the model's context window."""
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A passage the answer relies on, with where it comes from."""
+
+    number: int
+    """The passage's number in the prompt (``[number]``), 1-based."""
+    source: str
+    start_index: int | None
+    """Character offset of the passage in its document, when the chunker recorded it."""
+    page: int | None
+    title: str | None
+    text: str
+    """The start of the passage, for display."""
+    chunk_id: str | None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer with its citations, the passages it was given and how it was generated."""
+
+    question: str
+    text: str
+    citations: list[Citation]
+    passages: list[Document]
+    """The passages in the prompt, in order: ``passages[0]`` is ``[1]``."""
+    citation_rule: str
+    """Which rule chose the citations: ``"cited"``, ``"copied"``, ``"top"`` or ``"none"`` (no passages)."""
+    finish_reason: str
+    stats: GenerationStats
+
+
+class AnswerStream:
+    """Iterate for the answer's text deltas; ``answer`` (with citations) is set once it is exhausted.
+
+    ``passages`` are known before the first delta, so sources can be shown up front.
+    """
+
+    def __init__(self, events: Iterator[str | Answer], passages: list[Document]) -> None:
+        self._events = events
+        self.passages = passages
+        self.answer: Answer | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            for event in self._events:
+                if isinstance(event, Answer):
+                    self.answer = event
+                else:
+                    yield event
+        finally:
+            close = getattr(self._events, "close", None)
+            if close is not None:
+                close()  # stopping early ends the generation and frees the model
+
+
+class AsyncAnswerStream:
+    """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
+
+    Retrieval and generation run in a worker thread, so the event loop never blocks.
+    """
+
+    def __init__(self, qa: DocumentQA, question: str) -> None:
+        self._qa = qa
+        self._question = question
+        self.answer: Answer | None = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for event in iterate_in_thread(lambda: self._qa._events(self._question)):
+            if isinstance(event, Answer):
+                self.answer = event
+            else:
+                yield event
+
+
+@dataclass(frozen=True)
+class _Request:
+    question: str
+    passages: list[Document]
+    prompt_ids: list[int]
+    options: CallOptions
+
+
+class DocumentQA:
+    """Question answering over documents, with citations; see the module docstring for the rules.
+
+    Example::
+
+        qa = DocumentQA.from_paths(["docs/"])
+        answer = qa.ask("How long is the trial period?")
+        print(answer.text, [c.source for c in answer.citations])
+
+        stream = qa.stream("How long is the trial period?")
+        for delta in stream:
+            print(delta, end="")
+        print(stream.answer.citations)
+    """
+
+    def __init__(
+        self,
+        retriever: BaseRetriever,
+        llm: RagSpecParams | None = None,
+        *,
+        system_prompt: str = QA_SYSTEM_PROMPT,
+        snippet_chars: int = 240,
+    ) -> None:
+        """``llm`` is a ``ChatRagSpec`` or ``RagSpecLLM``; its settings (model, max_tokens, stop,
+        sampling, speculative) apply to every answer. Default: ``ChatRagSpec()``."""
+        if not isinstance(retriever, BaseRetriever):
+            raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
+        if llm is None:
+            from ragspec.lc import ChatRagSpec
+
+            llm = ChatRagSpec()
+        if not isinstance(llm, RagSpecParams):
+            raise ValueError(
+                f"llm must be a ragspec ChatRagSpec or RagSpecLLM (the drafter needs the passages), got {type(llm).__name__}"
+            )
+        if snippet_chars < 1:
+            raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
+        self.retriever = retriever
+        self.llm = llm
+        self.system_prompt = system_prompt
+        self.snippet_chars = snippet_chars
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_paths(
+        cls,
+        paths: str | Path | Sequence[str | Path],
+        *,
+        llm: RagSpecParams | None = None,
+        embeddings: Embeddings | None = None,
+        k: int = 4,
+        chunk_size: int = 256,
+        chunk_overlap: int = 32,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+        index_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> DocumentQA:
+        """Load, chunk and index files or directories (hybrid dense + BM25 retrieval of ``k`` passages).
+
+        With ``index_dir`` the FAISS index is also saved there, for ``from_index`` later.
+        """
+        from retrievers import FaissVectorStore, default_embeddings, load_documents, split_documents
+
+        loaded = load_documents(paths, include=include, exclude=exclude)
+        if not loaded.documents:
+            skipped = "; ".join(f"{s.path}: {s.reason}" for s in loaded.skipped[:5])
+            raise ValueError(
+                f"no readable documents under {paths!r}"
+                + (f" (skipped {skipped})" if skipped else "")
+                + ": pass files or directories holding .txt, .md, .html or .pdf files"
+            )
+        chunks = split_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        store = FaissVectorStore(embeddings or default_embeddings())
+        store.add_documents(chunks)
+        if index_dir is not None:
+            store.save(index_dir)
+        return cls.from_vectorstore(store, documents=chunks, k=k, llm=llm, **kwargs)
+
+    @classmethod
+    def from_index(
+        cls,
+        directory: str | Path,
+        *,
+        llm: RagSpecParams | None = None,
+        embeddings: Embeddings | None = None,
+        k: int = 4,
+        **kwargs: Any,
+    ) -> DocumentQA:
+        """Open an index saved by ``FaissVectorStore.save`` (or ``from_paths(index_dir=...)``)."""
+        from retrievers import FaissVectorStore, default_embeddings
+
+        store = FaissVectorStore.load(directory, embeddings or default_embeddings())
+        return cls.from_vectorstore(store, k=k, llm=llm, **kwargs)
+
+    @classmethod
+    def from_vectorstore(
+        cls,
+        store: FaissVectorStore,
+        *,
+        documents: list[Document] | None = None,
+        k: int = 4,
+        hybrid: bool = True,
+        llm: RagSpecParams | None = None,
+        **kwargs: Any,
+    ) -> DocumentQA:
+        """Retrieve from ``store``: fused with BM25 over ``documents`` (default: the store's own) when ``hybrid``."""
+        from retrievers import HybridRetriever
+
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        retriever: BaseRetriever
+        if hybrid:
+            retriever = HybridRetriever(vectorstore=store, documents=documents, k=k)
+        else:
+            retriever = store.as_retriever(search_kwargs={"k": k})
+        return cls(retriever, llm, **kwargs)
+
+    # -- answering ------------------------------------------------------------------------------
+    def ask(self, question: str) -> Answer:
+        """Answer ``question`` from the retrieved passages."""
+        stream = self.stream(question)
+        for _ in stream:
+            pass
+        assert stream.answer is not None
+        return stream.answer
+
+    def stream(self, question: str) -> AnswerStream:
+        """Retrieve now; generate as the returned stream is iterated (see ``AnswerStream``)."""
+        request = self._prepare(question)
+        return AnswerStream(self._generate(request), request.passages)
+
+    async def aask(self, question: str) -> Answer:
+        """``ask`` in a worker thread."""
+        return await asyncio.to_thread(self.ask, question)
+
+    def astream(self, question: str) -> AsyncAnswerStream:
+        """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
+        return AsyncAnswerStream(self, question)
+
+    def as_runnable(self) -> Runnable[str, Answer]:
+        """A LangChain ``Runnable`` taking a question string and returning an ``Answer``."""
+        return RunnableLambda(self.ask, afunc=self.aask, name="DocumentQA")
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _events(self, question: str) -> Iterator[str | Answer]:
+        return self._generate(self._prepare(question))
+
+    def _prepare(self, question: str) -> _Request:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("the question must be a non-empty string")
+        passages = list(self.retriever.invoke(question))
+        options = self.llm.call_options(None, {})
+        generator = self.llm.load(options.model)
+        budget = generator.lm.context_length - options.max_tokens
+        passages, prompt_ids = self._fit(generator.lm.tokenizer, question, passages, budget)
+        options = dataclasses.replace(options, references=tuple(p.page_content for p in passages))
+        return _Request(question, passages, prompt_ids, options)
+
+    def _generate(self, request: _Request) -> Iterator[str | Answer]:
+        for event in self.llm.events(request.options, lambda _: request.prompt_ids):
+            if isinstance(event, Finished):
+                yield self._answer(request, event)
+            else:
+                yield event
+
+    def _answer(self, request: _Request, finished: Finished) -> Answer:
+        text = finished.result.text
+        numbers, rule = choose_citations(text, request.passages)
+        citations = [self._citation(n, request.passages[n - 1]) for n in numbers]
+        return Answer(
+            question=request.question,
+            text=text,
+            citations=citations,
+            passages=request.passages,
+            citation_rule=rule,
+            finish_reason=finished.result.finish_reason,
+            stats=finished.result.stats,
+        )
+
+    def _citation(self, number: int, passage: Document) -> Citation:
+        meta = passage.metadata
+        text = passage.page_content.strip()
+        if len(text) > self.snippet_chars:
+            cut = text.rfind(" ", 0, self.snippet_chars)
+            text = text[: cut if cut > self.snippet_chars // 2 else self.snippet_chars].rstrip() + "…"
+        return Citation(
+            number=number,
+            source=str(meta.get("source", "")),
+            start_index=meta.get("start_index"),
+            page=meta.get("page"),
+            title=meta.get("title"),
+            text=text,
+            chunk_id=meta.get("chunk_id") or passage.id,
+        )
+
+    def _prompt_ids(self, tokenizer: PreTrainedTokenizerBase, question: str, passages: Sequence[Document]) -> list[int]:
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(
+                qa_messages(question, passages, self.system_prompt), tokenize=False, add_generation_prompt=True
+            )
+            return list(tokenizer.encode(text, add_special_tokens=False))
+        return list(tokenizer.encode(qa_text_prompt(question, passages, self.system_prompt)))
+
+    def _fit(
+        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], budget: int
+    ) -> tuple[list[Document], list[int]]:
+        """Drop the lowest-ranked passages, then truncate the top one, until the prompt fits ``budget``."""
+        kept = list(passages)
+        ids = self._prompt_ids(tokenizer, question, kept)
+        while len(ids) > budget and len(kept) > 1:
+            kept.pop()
+            ids = self._prompt_ids(tokenizer, question, kept)
+        truncated = False
+        if len(ids) > budget and kept:
+            top = kept[0]
+            text_ids = tokenizer.encode(top.page_content, add_special_tokens=False)
+            keep = len(text_ids) - (len(ids) - budget)
+            kept, ids = [], self._prompt_ids(tokenizer, question, [])
+            while keep > 0:
+                short = Document(page_content=tokenizer.decode(text_ids[:keep]), metadata=top.metadata, id=top.id)
+                candidate = self._prompt_ids(tokenizer, question, [short])
+                if len(candidate) <= budget:
+                    kept, ids, truncated = [short], candidate, True
+                    break
+                keep -= max(1, len(candidate) - budget)
+        if len(ids) > budget:
+            raise ValueError(
+                f"the question alone needs {len(ids)} prompt tokens, but with max_tokens="
+                f"{self.llm.max_tokens} only {budget} fit the model's context: shorten the question or lower max_tokens"
+            )
+        if len(kept) < len(passages) or truncated:
+            dropped = len(passages) - len(kept)
+            warnings.warn(
+                f"{len(passages)} passages do not fit the context window with room for {self.llm.max_tokens} answer "
+                f"tokens: dropped the {dropped} lowest-ranked" + (" and truncated the top one" if truncated else ""),
+                ContextBudgetWarning,
+                stacklevel=4,
+            )
+        return kept, ids
+
+
+_MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+_WORD = re.compile(r"\w+")
+
+
+def cited_numbers(text: str, n_passages: int) -> list[int]:
+    """Passage numbers cited as ``[n]`` / ``[n, m]`` in ``text``, valid ones only, in order of first mention."""
+    found: list[int] = []
+    for match in _MARKER.finditer(text):
+        for number in (int(x) for x in re.split(r"\s*[,;]\s*", match.group(1))):
+            if 1 <= number <= n_passages and number not in found:
+                found.append(number)
+    return found
+
+
+def copied_numbers(text: str, passages: Sequence[Document], max_run: int = 6, min_run: int = 3) -> list[int]:
+    """Passages sharing a run of ``min(max_run, words in text)`` consecutive words with ``text`` (rank order)."""
+    words = [w.lower() for w in _WORD.findall(text)]
+    run = min(max_run, len(words))
+    if run < min_run:
+        return []
+    answer_runs = {tuple(words[i : i + run]) for i in range(len(words) - run + 1)}
+    found = []
+    for number, passage in enumerate(passages, start=1):
+        pw = [w.lower() for w in _WORD.findall(passage.page_content)]
+        if any(tuple(pw[i : i + run]) in answer_runs for i in range(len(pw) - run + 1)):
+            found.append(number)
+    return found
+
+
+def choose_citations(text: str, passages: Sequence[Document]) -> tuple[list[int], str]:
+    """Passage numbers to cite and the rule that chose them (see the module docstring)."""
+    if not passages:
+        return [], "none"
+    if numbers := cited_numbers(text, len(passages)):
+        return numbers, "cited"
+    if numbers := copied_numbers(text, passages):
+        return numbers, "copied"
+    return [1], "top"

@@ -1,0 +1,262 @@
+"""DocumentQA: prompts, citations, context budget, streaming, Runnable use (tiny random model).
+
+The real default model answering over real files is in the integration tests at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.retrievers import BaseRetriever
+
+from ragspec.lc import ChatRagSpec
+from ragspec.pipeline import (
+    Answer,
+    ContextBudgetWarning,
+    DocumentQA,
+    choose_citations,
+    cited_numbers,
+    copied_numbers,
+)
+from ragspec.prompts import QA_CHAT_PROMPT, format_passages, qa_messages
+
+FERRY = "The Larkspur ferry leaves Dunmore harbour at 7:15 every morning. The crossing to Gannet Island takes forty minutes."
+BAKERY = "The Quillon bakery on Mill Street sells rye bread on Tuesdays only. Marta Quillon opened it in 1987."
+LIBRARY = "The Brackwater library lends telescopes to its members for two weeks at a time."
+
+
+def doc(text: str, source: str, **meta: object) -> Document:
+    return Document(page_content=text, metadata={"source": source, **meta})
+
+
+PASSAGES = [
+    doc(FERRY, "/docs/ferry.txt", start_index=0, chunk_id="c-ferry"),
+    doc(BAKERY, "/docs/bakery.md", start_index=120, title="Bakery", chunk_id="c-bakery"),
+    doc(LIBRARY, "/docs/library.pdf", page=3, chunk_id="c-library"),
+]
+
+
+class FixedRetriever(BaseRetriever):
+    """Returns the same passages for every question."""
+
+    passages: list[Document]
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        return list(self.passages)
+
+
+@pytest.fixture
+def qa(lc_tiny_generator) -> DocumentQA:
+    return DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=12))
+
+
+# -- prompts ------------------------------------------------------------------------------------
+def test_passages_are_numbered_in_rank_order():
+    text = format_passages(PASSAGES)
+    assert text.index("[1] ferry.txt\n" + FERRY) < text.index("[2] Bakery\n" + BAKERY) < text.index("[3] library.pdf")
+    user = qa_messages("When does the ferry leave?", PASSAGES)[1]["content"]
+    assert user.startswith("Passages:") and user.endswith("Question: When does the ferry leave?")
+    rendered = QA_CHAT_PROMPT.invoke({"context": text, "question": "q"}).to_messages()
+    assert [m.type for m in rendered] == ["system", "human"] and "[1]" in rendered[0].content
+
+
+# -- citation rules ------------------------------------------------------------------------------
+def test_cited_numbers():
+    assert cited_numbers("Yes [2]. Also [1, 3] and [2] again; not [7] or [0].", 3) == [2, 1, 3]
+    assert cited_numbers("See [1;2].", 1) == [1]
+    assert cited_numbers("No markers here (1).", 3) == []
+
+
+def test_copied_numbers():
+    assert copied_numbers("It sells rye bread on Tuesdays only, they say.", PASSAGES) == [2]
+    assert copied_numbers("Telescopes for two weeks at a time.", PASSAGES) == [3]
+    assert copied_numbers("the ferry", PASSAGES) == []  # too short to call it copying
+    assert copied_numbers("Mill Street sells rye bread on Tuesdays", PASSAGES[:1]) == []
+
+
+def test_citation_rule_order():
+    assert choose_citations("At 7:15 [3].", PASSAGES) == ([3], "cited")
+    assert choose_citations("lends telescopes to its members for two weeks", PASSAGES) == ([3], "copied")
+    assert choose_citations("I do not know.", PASSAGES) == ([1], "top")
+    assert choose_citations("Anything", []) == ([], "none")
+
+
+# -- answering ---------------------------------------------------------------------------------
+def test_ask_answers_from_the_numbered_prompt(qa, lc_tiny_generator):
+    tok = lc_tiny_generator.lm.tokenizer
+    text = tok.apply_chat_template(qa_messages("When does it leave?", PASSAGES), tokenize=False, add_generation_prompt=True)
+    want = lc_tiny_generator.generate(tok.encode(text, add_special_tokens=False), max_new_tokens=12)
+    answer = qa.ask("When does it leave?")
+    assert isinstance(answer, Answer)
+    assert answer.text == want.text
+    assert answer.passages == PASSAGES
+    assert answer.stats.prompt_tokens == want.stats.prompt_tokens
+    assert answer.finish_reason == "length"
+    # Nonsense from the random model cites nothing and copies nothing: the top passage is cited.
+    assert answer.citation_rule == "top"
+    [c] = answer.citations
+    assert (c.number, c.source, c.start_index, c.page, c.title, c.chunk_id) == (1, "/docs/ferry.txt", 0, None, None, "c-ferry")
+    assert c.text == FERRY
+
+
+def test_citation_fields_and_snippet(lc_tiny_generator, monkeypatch):
+    import ragspec.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages: ([3, 2], "cited"))
+    qa = DocumentQA(
+        FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=4), snippet_chars=40
+    )
+    a, b = qa.ask("q").citations
+    assert (a.number, a.source, a.page, a.chunk_id) == (3, "/docs/library.pdf", 3, "c-library")
+    assert (b.number, b.title, b.start_index) == (2, "Bakery", 120)
+    assert b.text == "The Quillon bakery on Mill Street sells…"
+
+
+def test_passages_go_to_the_drafter_each_as_a_reference(qa, lc_tiny_generator, monkeypatch):
+    seen: list[tuple] = []
+    original = lc_tiny_generator.stream
+
+    def spy(prompt, **kwargs):
+        seen.append(tuple(kwargs["references"]))
+        return original(prompt, **kwargs)
+
+    monkeypatch.setattr(lc_tiny_generator, "stream", spy)
+    qa.ask("When does it leave?")
+    assert seen == [(FERRY, BAKERY, LIBRARY)]
+
+
+def test_stream_yields_the_answer_then_exposes_citations(qa):
+    want = qa.ask("When does it leave?")
+    stream = qa.stream("When does it leave?")
+    assert stream.passages == PASSAGES and stream.answer is None
+    deltas = list(stream)
+    assert len(deltas) > 1 and "".join(deltas) == want.text
+    assert stream.answer is not None and stream.answer.text == want.text
+    assert stream.answer.citations == want.citations
+
+
+def test_closing_a_stream_early_frees_the_model(qa):
+    stream = qa.stream("When does it leave?")
+    iterator = iter(stream)
+    next(iterator)
+    iterator.close()
+    assert stream.answer is None
+    done: list[Answer] = []
+    worker = threading.Thread(target=lambda: done.append(qa.ask("When does it leave?")), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the generator stayed locked after a closed stream"
+
+
+async def test_async(qa):
+    want = qa.ask("When does it leave?")
+    assert (await qa.aask("When does it leave?")).text == want.text
+    stream = qa.astream("When does it leave?")
+    deltas = [d async for d in stream]
+    assert "".join(deltas) == want.text and stream.answer.citations == want.citations
+
+
+def test_as_runnable(qa):
+    runnable = qa.as_runnable()
+    want = qa.ask("When does it leave?")
+    assert runnable.invoke("When does it leave?").text == want.text
+    assert [a.text for a in runnable.batch(["When does it leave?", "When does it leave?"])] == [want.text] * 2
+
+
+def test_invalid_arguments(qa, lc_tiny_generator):
+    with pytest.raises(ValueError, match="non-empty"):
+        qa.ask("   ")
+    with pytest.raises(ValueError, match="BaseRetriever"):
+        DocumentQA(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ChatRagSpec or RagSpecLLM"):
+        DocumentQA(FixedRetriever(passages=[]), llm=object())  # type: ignore[arg-type]
+
+
+# -- context budget ----------------------------------------------------------------------------
+def long_passage(i: int, words: int) -> Document:
+    return doc(" ".join(f"word{i}x{j}" for j in range(words)), f"/docs/long{i}.txt")
+
+
+def test_low_ranked_passages_are_dropped_to_fit(lc_tiny_generator):
+    # The tiny model takes 512 tokens; five passages of ~150 tokens cannot all fit.
+    passages = [long_passage(i, 40) for i in range(5)]
+    qa = DocumentQA(FixedRetriever(passages=passages), ChatRagSpec(generator=lc_tiny_generator, max_tokens=16))
+    with pytest.warns(ContextBudgetWarning, match="dropped the [1-4] lowest-ranked"):
+        answer = qa.ask("Which words?")
+    assert 0 < len(answer.passages) < 5
+    assert answer.passages == passages[: len(answer.passages)]
+    assert answer.stats.prompt_tokens + 16 <= lc_tiny_generator.lm.context_length
+    assert answer.stats.new_tokens == 16
+
+
+def test_a_passage_too_long_alone_is_truncated(lc_tiny_generator):
+    passages = [long_passage(0, 400), long_passage(1, 10)]
+    qa = DocumentQA(FixedRetriever(passages=passages), ChatRagSpec(generator=lc_tiny_generator, max_tokens=16))
+    with pytest.warns(ContextBudgetWarning, match="truncated the top one"):
+        answer = qa.ask("Which words?")
+    [kept] = answer.passages
+    assert passages[0].page_content.startswith(kept.page_content) and len(kept.page_content) > 100
+    assert kept.metadata == passages[0].metadata
+    assert answer.stats.prompt_tokens + 16 <= lc_tiny_generator.lm.context_length
+
+
+def test_no_warning_when_everything_fits(qa):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ContextBudgetWarning)
+        assert len(qa.ask("q").passages) == 3
+
+
+def test_a_question_too_long_for_the_context_is_a_clear_error(lc_tiny_generator):
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=16))
+    with pytest.raises(ValueError, match="shorten the question or lower max_tokens"):
+        qa.ask("why " * 600)
+
+
+# -- building from files and indexes -------------------------------------------------------------
+def write_docs(directory: Path) -> None:
+    (directory / "ferry.txt").write_text(FERRY + "\n")
+    (directory / "bakery.md").write_text("# Bakery\n\n" + BAKERY + "\n")
+    (directory / "library.txt").write_text(LIBRARY + "\n")
+
+
+def test_from_paths_and_from_index(tmp_path, lc_tiny_generator):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    write_docs(docs)
+    llm = ChatRagSpec(generator=lc_tiny_generator, max_tokens=6)
+    embeddings = DeterministicFakeEmbedding(size=32)
+    qa = DocumentQA.from_paths(docs, llm=llm, embeddings=embeddings, k=2, index_dir=tmp_path / "index")
+    answer = qa.ask("Which day is rye bread sold at the Quillon bakery?")
+    assert len(answer.passages) == 2
+    # BM25 finds the bakery passage whatever the fake embeddings say, so it is among the two.
+    assert any("rye bread" in p.page_content for p in answer.passages)
+    assert {Path(c.source).name for c in answer.citations} <= {"ferry.txt", "bakery.md", "library.txt"}
+    reopened = DocumentQA.from_index(tmp_path / "index", llm=llm, embeddings=embeddings, k=2)
+    again = reopened.ask("Which day is rye bread sold at the Quillon bakery?")
+    assert [p.page_content for p in again.passages] == [p.page_content for p in answer.passages]
+    assert again.text == answer.text
+
+
+def test_from_paths_without_documents_says_what_to_do(tmp_path, lc_tiny_generator):
+    with pytest.raises(ValueError, match="no readable documents"):
+        DocumentQA.from_paths(tmp_path, llm=ChatRagSpec(generator=lc_tiny_generator), embeddings=DeterministicFakeEmbedding(size=8))
+
+
+# -- the real default model ------------------------------------------------------------------------
+@pytest.mark.integration
+def test_default_model_answers_and_cites_the_right_file(tmp_path):
+    write_docs(tmp_path)
+    qa = DocumentQA.from_paths(tmp_path, llm=ChatRagSpec(max_tokens=32), k=2)
+    stream = qa.stream("When does the Larkspur ferry leave Dunmore harbour?")
+    text = "".join(stream)
+    answer = stream.answer
+    assert text == answer.text
+    assert "7:15" in answer.text
+    assert Path(answer.citations[0].source).name == "ferry.txt"
+    assert answer.stats.accepted_tokens > 0  # copied spans were drafted and accepted
