@@ -22,6 +22,7 @@ from ragspec.drafting import Draft, Drafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import AdaptivePolicy, Policy
+from ragspec.sampling import Acceptor, SamplingParams, make_acceptor
 from ragspec.text import StopTextAssembler
 
 
@@ -110,10 +111,11 @@ class GenerationStream:
 
 
 class SpeculativeGenerator:
-    """Greedy decoding of a target model, sped up by drafts the target verifies in one forward.
+    """Decoding of a target model, sped up by drafts the target verifies in one forward.
 
-    The output is token-identical to plain greedy decoding of the same model: a drafted token is
-    kept only when it equals the target's own argmax after the tokens before it.
+    Lossless: greedy output is token-identical to plain greedy decoding of the same model (a
+    drafted token is kept only when it equals the target's argmax after the tokens before it),
+    and sampled output has the distribution of plain sampling (see ``ragspec.sampling``).
     """
 
     def __init__(
@@ -151,10 +153,20 @@ class SpeculativeGenerator:
         max_new_tokens: int = 256,
         stop: Sequence[str] = (),
         speculative: bool = True,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> GenerationResult:
-        """Generate a completion of ``prompt``; ``references`` are passages to draft from."""
+        """Generate a completion of ``prompt``; ``references`` are passages to draft from.
+
+        ``temperature`` 0 is greedy decoding; above 0 tokens are sampled (with optional top-k /
+        top-p filtering and a ``seed``) and drafts are verified by rejection sampling, so the
+        output has exactly the distribution of plain sampling.
+        """
         stream = self.stream(
-            prompt, references=references, max_new_tokens=max_new_tokens, stop=stop, speculative=speculative
+            prompt, references=references, max_new_tokens=max_new_tokens, stop=stop, speculative=speculative,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         )
         for _ in stream:
             pass
@@ -169,6 +181,10 @@ class SpeculativeGenerator:
         max_new_tokens: int = 256,
         stop: Sequence[str] = (),
         speculative: bool = True,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> GenerationStream:
         """Like ``generate`` but yields text deltas as they are accepted; see ``GenerationStream``.
 
@@ -178,6 +194,7 @@ class SpeculativeGenerator:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if isinstance(stop, str):
             stop = [stop]
+        acceptor = make_acceptor(SamplingParams(temperature, top_k, top_p, seed), self.lm.device)
         assembler = StopTextAssembler(self.lm.tokenizer, stop)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
@@ -188,7 +205,7 @@ class SpeculativeGenerator:
                 f"{self.lm.context_length} (prompt and answer together): shorten it or pass fewer passages"
             )
         ref_ids = [self.encode(r, special_tokens=False) for r in references]
-        return GenerationStream(self._run(prompt_ids, ref_ids, max_new_tokens, assembler, speculative))
+        return GenerationStream(self._run(prompt_ids, ref_ids, max_new_tokens, assembler, acceptor, speculative))
 
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
         if isinstance(text, str):
@@ -203,21 +220,21 @@ class SpeculativeGenerator:
             kwargs["logits_to_keep"] = 1
         return self.lm.model(input_ids=x, **kwargs).logits[0]  # [n or 1, vocab]
 
-    def _verify(self, cache: DynamicCache, pending: int, draft: Draft | None) -> tuple[list[int], int]:
+    def _verify(
+        self, cache: DynamicCache, pending: int, draft: Draft | None, acceptor: Acceptor
+    ) -> tuple[list[int], int]:
         """One target forward over ``[pending, *draft]``; returns the new tokens and the accepted count.
 
-        The target's argmax after each prefix decides: drafted tokens are kept while they equal
-        it, then the target's own token at the first disagreement (or after the last drafted
-        token) is added, so every forward yields at least one token.
+        The acceptor compares the draft with the target's distribution after each prefix
+        (greedy: its argmax; sampling: rejection sampling), keeps the agreeing prefix and adds the
+        target's own next token, so every forward yields at least one token.
         """
         drafted = draft.tokens if draft is not None else ()
-        target = self._forward([pending, *drafted], cache).argmax(-1).tolist()  # [1 + k]
-        n = 0
-        while n < len(drafted) and drafted[n] == target[n]:
-            n += 1
+        logits = self._forward([pending, *drafted], cache)  # [1 + k, vocab]
+        n, token = acceptor.accept(logits, drafted, None if draft is None else draft.probs)
         if n < len(drafted):
             cache.crop(-(len(drafted) - n))  # forget the rejected draft positions
-        return [*drafted[:n], target[n]], n
+        return [*drafted[:n], token], n
 
     @torch.inference_mode()
     def _run(
@@ -226,6 +243,7 @@ class SpeculativeGenerator:
         ref_ids: list[list[int]],
         max_new_tokens: int,
         assembler: StopTextAssembler,
+        acceptor: Acceptor,
         speculative: bool,
     ) -> Iterator[str]:
         with self._lock:
@@ -234,15 +252,18 @@ class SpeculativeGenerator:
             budget = min(max_new_tokens, self.lm.context_length - len(prompt_ids))
             finish = "length"
             out: list[int] = []
+            context = list(prompt_ids)  # prompt + out, kept as one list for the drafter
             if budget > 0:
                 self.drafter.begin(prompt_ids, ref_ids)
                 cache = DynamicCache(config=self.lm.model.config)
-                new = [int(self._forward(prompt_ids, cache, last_only=True)[-1].argmax())]
+                _, first = acceptor.accept(self._forward(prompt_ids, cache, last_only=True), (), None)
+                new = [first]
                 stats.forward_passes = 1
                 while True:
                     new, finish = self._clip(new, budget - len(out))
                     update = assembler.add(new)
                     out.extend(new[: update.n_tokens])
+                    context.extend(new[: update.n_tokens])
                     if not stats.ttft_s:
                         stats.ttft_s = time.perf_counter() - start
                     if update.delta:
@@ -251,7 +272,7 @@ class SpeculativeGenerator:
                         finish = "stop"
                     if finish != "continue":
                         break
-                    new = self._step(cache, prompt_ids + out, budget - len(out), speculative, stats)
+                    new = self._step(cache, context, budget - len(out), acceptor, speculative, stats)
                 self.drafter.finish(out)
             tail = assembler.flush()
             if tail:
@@ -268,7 +289,13 @@ class SpeculativeGenerator:
         return new[:room], ("length" if len(new) >= room else "continue")
 
     def _step(
-        self, cache: DynamicCache, context: list[int], room: int, speculative: bool, stats: GenerationStats
+        self,
+        cache: DynamicCache,
+        context: list[int],
+        room: int,
+        acceptor: Acceptor,
+        speculative: bool,
+        stats: GenerationStats,
     ) -> list[int]:
         """Draft (or not), verify, and book-keep one target forward."""
         t0 = time.perf_counter()
@@ -278,7 +305,7 @@ class SpeculativeGenerator:
             k = self.policy.choose(candidate)
             draft = candidate.truncated(k) if candidate is not None and k > 0 else None
         t1 = time.perf_counter()
-        new, n_accepted = self._verify(cache, context[-1], draft)
+        new, n_accepted = self._verify(cache, context[-1], draft, acceptor)
         t2 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.forward_passes += 1

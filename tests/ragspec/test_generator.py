@@ -13,6 +13,7 @@ from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import PromptTooLongError, SpeculativeGenerator
 from ragspec.models import LoadedModel
 from ragspec.policy import AdaptivePolicy, FixedPolicy
+from ragspec.sampling import GreedyAcceptor
 
 from tests.ragspec.tiny import EOS, tiny_model
 
@@ -113,7 +114,7 @@ def test_rollback_leaves_cache_equal_to_a_fresh_prefill() -> None:
     cache = DynamicCache(config=lm.model.config)
     gen._forward(prompt, cache)
     wrong = (truth[1], truth[2], (truth[3] + 1) % 250, 42, 43)  # two right, then wrong
-    new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE))
+    new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
     assert (new, n) == ([truth[1], truth[2], truth[3]], 2)
     fresh = DynamicCache(config=lm.model.config)
     gen._forward(prompt + truth[:3], fresh)

@@ -1,0 +1,117 @@
+"""Deciding which drafted tokens the target keeps: greedy agreement or rejection sampling.
+
+Rejection sampling (Leviathan et al., arXiv 2211.17192; Chen et al., arXiv 2302.01318): drafted
+token ``x`` with draft probability ``q(x)`` is kept with probability ``min(1, p(x) / q(x))``,
+where ``p`` is the target's (warped) distribution at that position. At the first rejection the
+replacement is drawn from ``max(0, p - q)`` renormalised; when every drafted token is kept, a
+bonus token is drawn from the target's next distribution. Each emitted token is then distributed
+exactly as in plain sampling from the target. An n-gram copy is a deterministic draft, i.e. a
+one-hot ``q``: it is kept with probability ``p(x)`` and the replacement is drawn from ``p``
+with ``x`` removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Temperature 0 is greedy decoding; top_k 0 and top_p 1 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Sampling distribution for each row of ``logits`` (``[n, vocab]`` -> ``[n, vocab]``, fp32)."""
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = scores.topk(params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = scores.softmax(-1)
+    if params.top_p < 1:
+        sorted_probs, order = probs.sort(-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+class Acceptor(Protocol):
+    def accept(
+        self, logits: torch.Tensor, drafted: Sequence[int], draft_probs: torch.Tensor | None
+    ) -> tuple[int, int]:
+        """Given target logits ``[1 + k, vocab]`` after each draft prefix, return
+        ``(number of drafted tokens kept, the next token)``."""
+        ...
+
+
+class GreedyAcceptor:
+    """Keep drafted tokens while they equal the target's argmax; then the target's own token."""
+
+    def accept(
+        self, logits: torch.Tensor, drafted: Sequence[int], draft_probs: torch.Tensor | None
+    ) -> tuple[int, int]:
+        target = logits.argmax(-1).tolist()  # [1 + k]
+        n = 0
+        while n < len(drafted) and drafted[n] == target[n]:
+            n += 1
+        return n, target[n]
+
+
+class RejectionSampler:
+    """Lossless speculative sampling (see the module docstring)."""
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.params = params
+        self.rng = torch.Generator(device=device)
+        if params.seed is None:
+            self.rng.seed()
+        else:
+            self.rng.manual_seed(params.seed)
+
+    def sample(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.rng))
+
+    def accept(
+        self, logits: torch.Tensor, drafted: Sequence[int], draft_probs: torch.Tensor | None
+    ) -> tuple[int, int]:
+        p = warp(logits, self.params)  # [1 + k, vocab]
+        for j, x in enumerate(drafted):
+            q_x = 1.0 if draft_probs is None else float(draft_probs[j, x])
+            u = float(torch.rand((), generator=self.rng, device=p.device))
+            if u * q_x < float(p[j, x]):  # u < p(x) / q(x), without dividing by a zero q
+                continue
+            if draft_probs is None:  # one-hot q: the residual is p without x
+                residual = p[j].clone()
+                residual[x] = 0.0
+            else:
+                residual = (p[j] - draft_probs[j].to(p.dtype)).clamp_(min=0.0)
+            if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is exact
+                residual = p[j]
+            return j, self.sample(residual)
+        return len(drafted), self.sample(p[len(drafted)])
+
+
+def make_acceptor(params: SamplingParams, device: torch.device) -> Acceptor:
+    return GreedyAcceptor() if params.greedy else RejectionSampler(params, device)

@@ -1,0 +1,172 @@
+"""Speculative sampling has the distribution of plain sampling: exact enumeration vs many runs."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from ragspec.drafting import Draft, DraftSource
+from ragspec.generator import SpeculativeGenerator
+from ragspec.models import LoadedModel
+from ragspec.policy import FixedPolicy
+from ragspec.sampling import SamplingParams, warp
+
+from tests.ragspec.tiny import EOS, tiny_model
+
+# Each chi-square test below fails by chance with probability ALPHA when the sampler is exact.
+ALPHA = 1e-3
+RUNS = 2000
+PROMPT = [11, 42, 7, 99]
+
+
+@torch.inference_mode()
+def exact_distribution(lm: LoadedModel, params: SamplingParams, n: int) -> dict[tuple[int, ...], float]:
+    """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration.
+
+    Sampling EOS ends an output early (EOS itself is not returned).
+    """
+    dist: dict[tuple[int, ...], float] = {(): 1.0}
+    for step in range(n):
+        nxt: dict[tuple[int, ...], float] = {}
+        for seq, prob in dist.items():
+            if len(seq) < step:  # ended by EOS
+                nxt[seq] = nxt.get(seq, 0.0) + prob
+                continue
+            p = warp(lm.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1:], params)[0]
+            for t in p.nonzero().flatten().tolist():
+                out = seq if t == EOS else seq + (t,)
+                nxt[out] = nxt.get(out, 0.0) + prob * float(p[t])
+        dist = nxt
+    return dist
+
+
+def chi_square_pvalue(counts: Counter, expected: dict[tuple[int, ...], float], runs: int) -> float:
+    """Pearson's test, pooling cells with fewer than 5 expected draws into one."""
+    assert set(counts) <= set(expected), f"impossible sequences drawn: {set(counts) - set(expected)}"
+    stat, dof, pool_obs, pool_exp = 0.0, -1, 0, 0.0
+    for seq, prob in expected.items():
+        if prob * runs < 5:
+            pool_obs, pool_exp = pool_obs + counts[seq], pool_exp + prob * runs
+            continue
+        stat += (counts[seq] - prob * runs) ** 2 / (prob * runs)
+        dof += 1
+    if pool_exp > 0:
+        stat += (pool_obs - pool_exp) ** 2 / pool_exp
+        dof += 1
+    return float(chi2.sf(stat, dof))
+
+
+class FixedDrafter:
+    """Always proposes the same tokens: a deterministic (one-hot) draft like an n-gram copy."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens = tuple(tokens)
+
+    def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None: ...
+    def feedback(self, draft: Draft, n_accepted: int) -> None: ...
+    def finish(self, output: Sequence[int]) -> None: ...
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        return Draft(self.tokens[:max_tokens], DraftSource.PROMPT, match_length=3)
+
+
+class RandomModelDrafter:
+    """Samples each drafted token from a fixed distribution ``q`` and reports it, like a draft model."""
+
+    def __init__(self, q: torch.Tensor, seed: int = 0) -> None:
+        self.q = q
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None: ...
+    def feedback(self, draft: Draft, n_accepted: int) -> None: ...
+    def finish(self, output: Sequence[int]) -> None: ...
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        if max_tokens <= 0:
+            return None
+        tokens = torch.multinomial(self.q, max_tokens, replacement=True, generator=self.rng).tolist()
+        return Draft(tuple(tokens), DraftSource.MODEL, probs=self.q.expand(max_tokens, -1))
+
+
+def sample_counts(lm: LoadedModel, params: SamplingParams, drafter: object | None, n: int) -> Counter:
+    gen = SpeculativeGenerator(lm, drafter=drafter, policy=FixedPolicy(k=n - 1, min_match=0))
+    counts: Counter = Counter()
+    for seed in range(RUNS):
+        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
+        result = gen.generate(PROMPT, max_new_tokens=n, speculative=drafter is not None,
+                              temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
+        counts[tuple(result.token_ids)] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedModel:
+    return tiny_model(257, 9, layers=1)
+
+
+CASES = {
+    "top_k": SamplingParams(temperature=1.3, top_k=4),
+    "top_p": SamplingParams(temperature=0.9, top_p=0.7),
+}
+
+
+@pytest.mark.parametrize(("kind", "case"), [("plain", "top_k"), ("ngram", "top_k"), ("model", "top_k"),
+                                            ("ngram", "top_p"), ("model", "top_p")])
+def test_speculative_sampling_matches_plain_sampling(lm: LoadedModel, case: str, kind: str) -> None:
+    params = CASES[case]
+    n = 3  # the first token comes from the prefill, the next two from one verified 2-token draft
+    expected = exact_distribution(lm, params, n)
+    support = sorted({t for seq in expected for t in seq})
+    if kind == "plain":
+        drafter = None
+    elif kind == "ngram":
+        # Plausible but often wrong tokens: both acceptance and the residual draw get exercised.
+        drafter = FixedDrafter([support[0], support[-1]])
+    else:
+        q = torch.zeros(257)
+        q[support] = torch.linspace(1.0, 3.0, len(support))
+        q[200] = 1.0  # mass outside the target's support must always be rejected
+        drafter = RandomModelDrafter(q / q.sum())
+    counts = sample_counts(lm, params, drafter, n)
+    pvalue = chi_square_pvalue(counts, expected, RUNS)
+    assert pvalue > ALPHA, f"{kind}/{case}: sampled distribution differs from the target's (p={pvalue:.2e})"
+
+
+def test_warp_matches_a_brute_force_filter() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50)
+    for params in [SamplingParams(0.7, 5), SamplingParams(1.0, 0, 0.6), SamplingParams(1.7, 8, 0.3)]:
+        probs = warp(logits, params)
+        for row, p in zip(logits, probs):
+            ranked = sorted(range(50), key=lambda i: -float(row[i]))
+            keep = ranked[: params.top_k or 50]
+            mass = (row[keep] / params.temperature).softmax(-1)
+            kept, total = [], 0.0
+            for i, m in zip(keep, mass.tolist()):
+                if total >= params.top_p:
+                    break
+                kept.append(i)
+                total += m
+            want = torch.zeros(50)
+            want[kept] = (row[kept] / params.temperature).softmax(-1)
+            torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_sampling_params_and_validation() -> None:
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
+    for bad in [dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)]:
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+def test_seeded_sampling_is_reproducible(lm: LoadedModel) -> None:
+    gen = SpeculativeGenerator(lm)
+    a = gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=5).token_ids
+    b = gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=5).token_ids
+    c = [gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s).token_ids for s in range(6, 10)]
+    assert a == b and any(x != a for x in c)
