@@ -15,10 +15,9 @@ them, streamed or not.
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from langchain_core.documents import Document
@@ -112,7 +111,6 @@ class Finished:
 
     result: GenerationResult
     model_name: str
-    stats: dict[str, Any] = field(default_factory=dict)
 
     @property
     def usage(self) -> UsageMetadata:
@@ -265,7 +263,10 @@ class RagSpecParams(BaseModel):
             max_new_tokens=options.max_tokens,
             stop=options.stop,
             speculative=options.speculative,
-            **_sampling_kwargs(generator, options),
+            temperature=options.temperature,
+            top_k=options.top_k,
+            top_p=options.top_p,
+            seed=options.seed,
         )
         steps = iter(stream)
         try:
@@ -308,12 +309,3 @@ class RagSpecParams(BaseModel):
             "device": self.device,
             "dtype": self.dtype,
         }
-
-
-def _sampling_kwargs(generator: SpeculativeGenerator, options: CallOptions) -> dict[str, Any]:
-    # TODO(sampling): the generator gains temperature/top_k/top_p/seed soon; drop this check then.
-    if "temperature" in inspect.signature(generator.stream).parameters:
-        return {"temperature": options.temperature, "top_k": options.top_k, "top_p": options.top_p, "seed": options.seed}
-    if options.temperature > 0:
-        raise NotImplementedError("this ragspec generator decodes greedily only: use temperature=0")
-    return {}

@@ -239,3 +239,19 @@ def test_construction_does_not_load_a_model(monkeypatch):
     llm = RagSpecLLM(model="some/model", max_tokens=5)
     assert llm.model == "some/model"
     assert llm._get_ls_params()["ls_model_name"] == "some/model"
+
+
+def test_sampling_settings_reach_the_generator(lc_tiny_generator, expected, monkeypatch):
+    llm = RagSpecLLM(generator=lc_tiny_generator, max_tokens=MAX, temperature=1.0, seed=7)
+    first, again = llm.invoke(PROMPT), llm.invoke(PROMPT)
+    assert first == again  # same seed, same sample
+    assert llm.invoke(PROMPT, seed=8) != first  # a near-uniform random model: another seed differs
+    assert llm.invoke(PROMPT, temperature=0.0) == expected
+    assert llm.invoke(PROMPT, top_k=1) == expected  # sampling among one token is greedy
+    seen: list[dict] = []
+    original = lc_tiny_generator.stream
+    monkeypatch.setattr(lc_tiny_generator, "stream", lambda p, **kw: seen.append(kw) or original(p, **kw))
+    llm.invoke(PROMPT, top_p=0.5, top_k=3)
+    assert {k: seen[0][k] for k in ("temperature", "top_k", "top_p", "seed")} == {
+        "temperature": 1.0, "top_k": 3, "top_p": 0.5, "seed": 7
+    }
