@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
@@ -15,8 +16,9 @@ _ITEM, _ERROR, _END = range(3)
 async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
     """Yield the items of ``make()`` without blocking the event loop.
 
-    ``make`` and every step of the iterator run in one worker thread; items cross into the loop
-    through an ``asyncio.Queue``. If the consumer stops early (break, cancellation), the worker
+    ``make`` and every step of the iterator run in one worker thread, in a copy of the caller's
+    context (so tracing and callback context carry over); items cross into the loop through an
+    ``asyncio.Queue``. If the consumer stops early (break, cancellation), the worker
     stops after its current item and closes the iterator, so a generation releases its model.
     """
     loop = asyncio.get_running_loop()
@@ -46,7 +48,8 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         else:
             post(_END, None)
 
-    thread = threading.Thread(target=work, name="ragspec-generate", daemon=True)
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(work,), name="ragspec-generate", daemon=True)
     thread.start()
     try:
         while True:

@@ -186,3 +186,41 @@ def test_per_call_model_override(counting_loader, chat):
     assert calls == [(name, "auto", "auto")]
     assert message.response_metadata["model_name"] == "tiny"  # the fake loader returns the tiny model
     assert registry.get_generator(name) is not chat.generator
+
+
+def test_import_ragspec_is_light_and_exports_lazily():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ragspec\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n"
+        "from ragspec import ChatRagSpec, RagSpecLLM\n"
+        "assert 'torch' not in sys.modules, 'torch imported by the LangChain classes'\n"
+        "ChatRagSpec(max_tokens=3)\n"
+        "assert 'torch' not in sys.modules, 'torch imported at construction'\n"
+        "assert ragspec.DocumentQA.__module__ == 'ragspec.pipeline'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+async def test_iterate_in_thread_keeps_context_and_propagates_errors():
+    import contextvars
+
+    from ragspec.lc.bridge import iterate_in_thread
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    var.set("caller")
+    caller = threading.get_ident()
+
+    def items():
+        yield var.get()
+        yield threading.get_ident() != caller
+        raise KeyError("boom")
+
+    got = []
+    with pytest.raises(KeyError, match="boom"):
+        async for item in iterate_in_thread(items):
+            got.append(item)
+    assert got == ["caller", True]
