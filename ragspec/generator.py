@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.drafting import Draft, Drafter
+from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import AdaptivePolicy, Policy
@@ -123,6 +124,7 @@ class SpeculativeGenerator:
         model: LoadedModel | str = "default",
         *,
         drafter: Drafter | None = None,
+        draft_model: LoadedModel | str | None = None,
         policy: Policy | None = None,
         max_draft: int = 16,
         device: str | torch.device = "auto",
@@ -132,6 +134,9 @@ class SpeculativeGenerator:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
         self.drafter: Drafter = drafter if drafter is not None else NgramDrafter()
+        if isinstance(draft_model, str):
+            draft_model = load_model(draft_model, device=self.lm.device, dtype=self.lm.dtype)
+        self.model_drafter = ModelDrafter(draft_model, self.lm) if draft_model is not None else None
         self.policy: Policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         self.max_draft = max_draft
         params = inspect.signature(self.lm.model.forward).parameters
@@ -255,6 +260,8 @@ class SpeculativeGenerator:
             context = list(prompt_ids)  # prompt + out, kept as one list for the drafter
             if budget > 0:
                 self.drafter.begin(prompt_ids, ref_ids)
+                if self.model_drafter is not None:
+                    self.model_drafter.begin(prompt_ids, ref_ids)
                 cache = DynamicCache(config=self.lm.model.config)
                 _, first = acceptor.accept(self._forward(prompt_ids, cache, last_only=True), (), None)
                 new = [first]
@@ -274,6 +281,8 @@ class SpeculativeGenerator:
                         break
                     new = self._step(cache, context, budget - len(out), acceptor, speculative, stats)
                 self.drafter.finish(out)
+                if self.model_drafter is not None:
+                    self.model_drafter.finish(out)
             tail = assembler.flush()
             if tail:
                 yield tail
@@ -299,20 +308,26 @@ class SpeculativeGenerator:
     ) -> list[int]:
         """Draft (or not), verify, and book-keep one target forward."""
         t0 = time.perf_counter()
-        draft = None
+        draft, drafter = None, self.drafter
         if speculative:
-            candidate = self.drafter.propose(context, min(self.max_draft, room - 1))
+            max_tokens = min(self.max_draft, room - 1)
+            candidate = self.drafter.propose(context, max_tokens)
             k = self.policy.choose(candidate)
-            draft = candidate.truncated(k) if candidate is not None and k > 0 else None
+            if k > 0 and candidate is not None:
+                draft = candidate.truncated(k)
+            elif self.model_drafter is not None:
+                k = self.policy.choose_model(max_tokens)
+                drafter = self.model_drafter
+                draft = self.model_drafter.propose(context, k) if k > 0 else None
         t1 = time.perf_counter()
         new, n_accepted = self._verify(cache, context[-1], draft, acceptor)
         t2 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.forward_passes += 1
         if speculative:
-            self.policy.record(draft, n_accepted, t2 - t1)
+            self.policy.record(draft, n_accepted, t2 - t1, t1 - t0)
         if draft is not None:
-            self.drafter.feedback(draft, n_accepted)
+            drafter.feedback(draft, n_accepted)
             src = stats.by_source.setdefault(draft.source.value, SourceStats())
             src.drafted += len(draft)
             src.accepted += n_accepted

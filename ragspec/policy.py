@@ -25,31 +25,41 @@ class Policy(Protocol):
     """Decides how many tokens of a candidate draft to verify, and learns from the outcome."""
 
     def choose(self, candidate: Draft | None) -> int:
-        """Number of leading candidate tokens to verify; 0 means a plain decoding step."""
+        """Number of leading candidate tokens to verify; 0 means no n-gram draft this step."""
         ...
 
-    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float) -> None:
-        """Outcome of one target forward that verified ``draft`` (``None`` for a plain step)."""
+    def choose_model(self, max_tokens: int) -> int:
+        """When no n-gram draft was chosen: tokens to ask the draft model for (0: a plain step)."""
+        ...
+
+    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float, draft_seconds: float) -> None:
+        """Outcome of one target forward that verified ``draft`` (``None`` for a plain step);
+        ``draft_seconds`` is the time spent producing the draft."""
         ...
 
 
 @dataclass
 class FixedPolicy:
-    """Verify ``k`` tokens whenever the match is at least ``min_match`` long (for comparisons)."""
+    """Verify ``k`` tokens whenever the match is at least ``min_match`` long, else ``model_k``
+    draft-model tokens (for comparisons and tests)."""
 
     k: int
     min_match: int = 1
+    model_k: int = 0
 
     def __post_init__(self) -> None:
-        if self.k < 0 or self.min_match < 0:
-            raise ValueError(f"k and min_match must be >= 0, got k={self.k}, min_match={self.min_match}")
+        if self.k < 0 or self.min_match < 0 or self.model_k < 0:
+            raise ValueError(f"k, min_match and model_k must be >= 0, got {self.k}, {self.min_match}, {self.model_k}")
 
     def choose(self, candidate: Draft | None) -> int:
         if candidate is None or candidate.match_length < self.min_match and candidate.source != DraftSource.ORACLE:
             return 0
         return min(self.k, len(candidate))
 
-    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float) -> None:
+    def choose_model(self, max_tokens: int) -> int:
+        return min(self.model_k, max_tokens)
+
+    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float, draft_seconds: float) -> None:
         pass
 
 
@@ -87,10 +97,14 @@ class AdaptivePolicy:
     decay: float = 0.98
     """Per-observation forgetting of acceptance counts."""
     cost_smoothing: float = 0.1
-    """Weight of the newest timing in the moving average of verify cost."""
+    """Weight of the newest timing in the moving averages of verify and draft-model cost."""
+    explore_every: int = 64
+    """Try the draft model once per this many plain steps even when it does not seem to pay."""
     prior_cost_slope: float = 0.1
     """Prior verify cost per drafted token, in plain steps, until that length has been timed."""
     _cost: dict[int, float] = field(default_factory=dict)
+    _model_token_cost: float | None = None  # seconds per draft-model token
+    _since_model: int = 0  # plain steps since the draft model was last tried
     _acceptance: dict[tuple[str, int], _Acceptance] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +114,8 @@ class AdaptivePolicy:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if self.explore_every < 1:
+            raise ValueError(f"explore_every must be >= 1, got {self.explore_every}")
         if not 0 < self.cost_smoothing <= 1:
             raise ValueError(f"cost_smoothing must be in (0, 1], got {self.cost_smoothing}")
 
@@ -138,16 +154,40 @@ class AdaptivePolicy:
                 best_k, best_gain = k, gain
         return best_k
 
-    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float) -> None:
+    def choose_model(self, max_tokens: int) -> int:
+        """Draft-model tokens worth drafting: expected yield per cost of drafting plus verifying."""
+        if max_tokens <= 0:
+            return 0
+        best_k, base = 0, self._cost.get(0)
+        if self._model_token_cost is not None and base is not None:
+            per_token = self._model_token_cost / base
+            probe = Draft((), DraftSource.MODEL)
+            best_gain = 1.0 + self.margin
+            for k in range(1, min(max_tokens, self.max_draft) + 1):
+                gain = self.expected_yield(probe, k) / (self.relative_cost(k) + k * per_token)
+                if gain > best_gain:
+                    best_k, best_gain = k, gain
+        self._since_model = 0 if best_k else self._since_model + 1
+        if best_k == 0 and (self._model_token_cost is None or self._since_model >= self.explore_every):
+            self._since_model = 0
+            return 1  # measure (again): its cost and acceptance may have changed
+        return best_k
+
+    def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float, draft_seconds: float) -> None:
         k = 0 if draft is None else len(draft)
-        old = self._cost.get(k)
-        self._cost[k] = forward_seconds if old is None else old + self.cost_smoothing * (forward_seconds - old)
+        self._cost[k] = _smooth(self._cost.get(k), forward_seconds, self.cost_smoothing)
         if draft is None or k == 0:
             return
+        if draft.source == DraftSource.MODEL:
+            self._model_token_cost = _smooth(self._model_token_cost, draft_seconds / k, self.cost_smoothing)
         stats = self._stats(draft)
         stats.first.add(1 if n_accepted else 0, 1, self.decay)
         if n_accepted:
             stats.rest.add(n_accepted - 1, min(n_accepted, k - 1), self.decay)
+
+
+def _smooth(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else old + weight * (new - old)
 
 
 def _source_group(source: DraftSource) -> str:

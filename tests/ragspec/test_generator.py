@@ -207,7 +207,7 @@ def test_invalid_parameters_raise_value_error_before_work() -> None:
         SpeculativeGenerator(lm, max_draft=0)
     with pytest.raises(ValueError, match="max_draft"):
         AdaptivePolicy(max_draft=0)
-    with pytest.raises(ValueError, match="k and min_match"):
+    with pytest.raises(ValueError, match="must be >= 0"):
         FixedPolicy(k=-1)
     gen = SpeculativeGenerator(lm)
     with pytest.raises(ValueError, match="max_new_tokens"):

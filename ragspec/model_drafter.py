@@ -1,0 +1,84 @@
+"""Drafting with a small causal LM that shares the target's vocabulary.
+
+The draft model keeps its own KV cache of the context it has seen. Before drafting, the cache is
+cropped to the longest prefix it shares with the current context (rolling back rejected draft
+tokens) and the context tokens it has not seen are fed in one forward (catching up on accepted
+tokens and the target's own token). Drafts are greedy: a deterministic draft is a one-hot draft
+distribution, which keeps rejection sampling exact in sampling mode too.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from ragspec.drafting import Draft, DraftSource
+from ragspec.models import LoadedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+
+class VocabularyMismatchError(ValueError):
+    """The draft model's tokenizer does not map text to the same ids as the target's."""
+
+
+def check_same_vocabulary(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase,
+                          target_name: str, draft_name: str) -> None:
+    """Raise ``VocabularyMismatchError`` unless both tokenizers have identical vocabularies."""
+    if len(target) != len(draft) or target.get_vocab() != draft.get_vocab():
+        raise VocabularyMismatchError(
+            f"draft model {draft_name!r} ({type(draft).__name__}, {len(draft)} tokens) does not share the "
+            f"vocabulary of target {target_name!r} ({type(target).__name__}, {len(target)} tokens): "
+            "use a draft model from the same family as the target (same tokenizer)"
+        )
+
+
+class ModelDrafter:
+    """Greedy drafts from a small model with its own, rolled-back KV cache."""
+
+    def __init__(self, draft: LoadedModel, target: LoadedModel) -> None:
+        check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
+        self.lm = draft
+        self._cache_kw = "cache" if "cache" in inspect.signature(draft.model.forward).parameters else "past_key_values"
+        self._cache = DynamicCache(config=draft.model.config)
+        self._seen: list[int] = []  # tokens whose keys/values are in the cache
+
+    def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
+        # Keep the cache across requests: a shared prompt prefix (system prompt) is reused.
+        pass
+
+    @torch.inference_mode()
+    def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        x = torch.tensor([list(tokens)], device=self.lm.device)
+        kwargs = {self._cache_kw: self._cache, "use_cache": True, "logits_to_keep": 1}
+        out = self.lm.model(input_ids=x, **kwargs).logits[0, -1]  # [vocab]
+        self._seen.extend(tokens)
+        return out
+
+    def _rollback(self, context: Sequence[int]) -> None:
+        keep = 0
+        limit = min(len(self._seen), len(context) - 1)  # always re-feed at least the last token
+        while keep < limit and self._seen[keep] == context[keep]:
+            keep += 1
+        if keep < len(self._seen):
+            self._cache.crop(-(len(self._seen) - keep))
+            del self._seen[keep:]
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        if max_tokens <= 0 or not context:
+            return None
+        self._rollback(context)
+        token = int(self._logits(context[len(self._seen) :]).argmax())
+        tokens = [token]
+        while len(tokens) < max_tokens:
+            token = int(self._logits([token]).argmax())
+            tokens.append(token)
+        return Draft(tuple(tokens), DraftSource.MODEL)
+
+    def feedback(self, draft: Draft, n_accepted: int) -> None:
+        """The cache is reconciled with the context at the next ``propose``."""
+
+    def finish(self, output: Sequence[int]) -> None:
+        pass

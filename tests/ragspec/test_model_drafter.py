@@ -1,0 +1,66 @@
+"""Draft-model fallback: exact output whatever the draft model, and a policy that drops it when useless."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ragspec.generator import SpeculativeGenerator
+from ragspec.model_drafter import ModelDrafter, VocabularyMismatchError
+from ragspec.ngram import NgramDrafter
+from ragspec.policy import AdaptivePolicy, FixedPolicy
+
+from tests.ragspec.test_generator import assert_same_or_tie, brute_greedy
+from tests.ragspec.tiny import tiny_model
+
+
+class NoDrafts(NgramDrafter):
+    """An n-gram drafter that never matches, so every draft comes from the draft model."""
+
+    def propose(self, context, max_tokens):  # type: ignore[override]
+        return None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_identical_draft_model_is_fully_accepted_and_exact(seed: int) -> None:
+    target = tiny_model(300, seed)
+    draft = copy.deepcopy(target)
+    prompt = [seed, 17, 4, 250, 3]
+    expected = brute_greedy(target, prompt, 40)
+    gen = SpeculativeGenerator(target, drafter=NoDrafts(), draft_model=draft, policy=FixedPolicy(k=0, model_k=5))
+    for _ in range(2):  # a second request re-uses and rolls back the draft model's cache
+        result = gen.generate(prompt, max_new_tokens=40)
+        assert_same_or_tie(target, prompt, expected, result.token_ids)
+        model = result.stats.by_source["model"]
+        assert model.accepted == model.drafted > 0
+        assert result.stats.forward_passes <= len(expected) // 6 + 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unrelated_draft_model_keeps_output_exact(seed: int) -> None:
+    target, draft = tiny_model(300, seed), tiny_model(300, seed + 100)
+    prompt = [9, 8, 7, seed]
+    expected = brute_greedy(target, prompt, 40)
+    gen = SpeculativeGenerator(target, drafter=NoDrafts(), draft_model=draft, policy=FixedPolicy(k=0, model_k=4))
+    result = gen.generate(prompt, max_new_tokens=40)
+    assert_same_or_tie(target, prompt, expected, result.token_ids)
+    model = result.stats.by_source["model"]
+    assert model.drafted > 0 and model.accepted <= model.drafted // 4
+
+
+def test_adaptive_policy_stops_asking_a_useless_draft_model() -> None:
+    target, draft = tiny_model(300, 1), tiny_model(300, 77)
+    gen = SpeculativeGenerator(target, drafter=NoDrafts(), draft_model=draft, policy=AdaptivePolicy(explore_every=32))
+    result = gen.generate([5, 6, 7], max_new_tokens=120)
+    steps = result.stats.by_source["model"].verify_steps
+    # A few tries while acceptance is learnt, then only the periodic re-check.
+    assert 1 <= steps <= 12, steps
+
+
+def test_vocabulary_mismatch_is_a_clear_error() -> None:
+    target, draft = tiny_model(300, 0), tiny_model(320, 0)
+    with pytest.raises(VocabularyMismatchError, match=r"tiny-320-0.*320 tokens.*tiny-300-0.*300 tokens"):
+        ModelDrafter(draft, target)
+    with pytest.raises(ValueError):
+        SpeculativeGenerator(target, draft_model=draft)
