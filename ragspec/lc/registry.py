@@ -26,6 +26,9 @@ def get_generator(model: str, device: str = "auto", dtype: str = "auto", max_dra
     from ragspec.models import load_model
 
     key = (model, device, dtype)
+    generator = _generators.get((*key, max_draft))
+    if generator is not None:  # the common case: no lock, so a long first load elsewhere never blocks it
+        return generator
     with _lock:  # loading is rare; holding the lock keeps two threads from loading one model twice
         generator = _generators.get((*key, max_draft))
         if generator is None:
