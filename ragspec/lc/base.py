@@ -67,6 +67,12 @@ def check_seed(value: int | None) -> int | None:
     return value
 
 
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_stop(value: Sequence[str] | str | None) -> list[str]:
     if value is None:
         return []
@@ -240,7 +246,7 @@ class RagSpecParams(BaseModel):
             model=model,
             max_tokens=check_max_tokens(kwargs.get("max_tokens", self.max_tokens)),
             stop=tuple(merged_stop),
-            speculative=bool(kwargs.get("speculative", self.speculative)),
+            speculative=check_bool("speculative", kwargs.get("speculative", self.speculative)),
             temperature=check_temperature(kwargs.get("temperature", self.temperature)),
             top_k=check_top_k(kwargs.get("top_k", self.top_k)),
             top_p=check_top_p(kwargs.get("top_p", self.top_p)),

@@ -227,6 +227,10 @@ def test_invalid_call_options(llm):
         llm.invoke(PROMPT, references=[3.5])
     with pytest.raises(ValueError, match="max_tokens"):
         llm.invoke(PROMPT, max_tokens=-1)
+    with pytest.raises(ValueError, match="speculative"):
+        llm.invoke(PROMPT, speculative="no")
+    with pytest.raises(ValueError, match="seed"):
+        llm.invoke(PROMPT, seed=1.5)
 
 
 def test_construction_does_not_load_a_model(monkeypatch):
