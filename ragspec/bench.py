@@ -1,0 +1,366 @@
+"""Side-by-side benchmark: ragspec against transformers' decoding, on identical RAG prompts.
+
+Every method decodes the same prompts in one process, interleaved prompt by prompt (the order
+of methods rotates), so drift in machine speed hits all of them alike. Reported per method:
+decode tokens/s (tokens after the first over the time after the first), the ratio to
+transformers greedy ``generate``, time to first token, new tokens per target forward, draft
+acceptance, drafting time per step, peak resident memory, and whether each output equals
+transformers greedy token for token.
+
+Run ``ragspec bench --help`` (or ``python -m ragspec.bench --help``) for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from ragspec.drafting import Draft, DraftSource
+from ragspec.generator import SpeculativeGenerator
+from ragspec.models import LoadedModel, load_model
+from ragspec.policy import FixedPolicy
+
+DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
+
+# Open-ended requests with no passages: nothing to copy, so drafting must stay out of the way.
+OPEN_ENDED = [
+    "Write a short poem about a lighthouse keeper who collects lost gloves.",
+    "Invent a recipe for a soup made only from autumn vegetables and describe how it tastes.",
+    "Describe an imaginary city where all the streets are canals and the buses are boats.",
+    "Tell a brief story about a robot that learns to whistle.",
+    "Give three unusual ideas for a birthday party in a library.",
+    "Explain to a child why the sky changes colour at sunset.",
+    "Write a letter from a cat to its owner complaining about the new sofa.",
+    "Describe your ideal weekend in the mountains in a few sentences.",
+    "Make up a legend about why owls stay awake at night.",
+    "List some tips for someone learning to ride a bicycle as an adult.",
+]
+
+
+@dataclass
+class Prompt:
+    text: str
+    passages: list[str]
+    kind: str
+
+
+@dataclass
+class Run:
+    new_tokens: int
+    wall_s: float
+    ttft_s: float
+    forwards: int | None = None
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class MethodSummary:
+    method: str
+    decode_tokens_per_s: float
+    ratio_vs_hf_greedy: float
+    ttft_ms: float
+    tokens_per_forward: float | None
+    acceptance_rate: float | None
+    draft_ms_per_step: float | None
+    peak_rss_mb: float
+    identical: int
+    prompts: int
+
+
+# -- workload ---------------------------------------------------------------------------------
+def rag_prompts(lm: LoadedModel, n: int, k: int = 3) -> list[Prompt]:
+    """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
+    from retrievers import FaissVectorStore, HybridRetriever, default_embeddings, load_documents, split_documents
+
+    from ragspec.prompts import qa_messages
+
+    questions = json.loads((DATA / "questions.json").read_text())["questions"][:n]
+    chunks = split_documents(load_documents(DATA / "corpus").documents)
+    store = FaissVectorStore(default_embeddings())
+    store.add_documents(chunks)
+    retriever = HybridRetriever(vectorstore=store, documents=chunks, k=k)
+    prompts = []
+    for q in questions:
+        passages = retriever.invoke(q["question"])
+        text = lm.tokenizer.apply_chat_template(
+            qa_messages(q["question"], passages), tokenize=False, add_generation_prompt=True
+        )
+        prompts.append(Prompt(text, [p.page_content for p in passages], q["kind"]))
+    return prompts
+
+
+def open_prompts(lm: LoadedModel, n: int) -> list[Prompt]:
+    prompts = []
+    for request in OPEN_ENDED[:n]:
+        text = lm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True
+        )
+        prompts.append(Prompt(text, [], "open"))
+    return prompts
+
+
+# -- methods ----------------------------------------------------------------------------------
+class OracleDrafter:
+    """Proposes the target's own greedy continuation: an upper bound for any drafter."""
+
+    def __init__(self) -> None:
+        self.truth: list[int] = []
+        self.prompt_len = 0
+
+    def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
+        self.prompt_len = len(prompt)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        done = len(context) - self.prompt_len
+        tokens = tuple(self.truth[done : done + max_tokens])
+        return Draft(tokens, DraftSource.ORACLE) if tokens else None
+
+    def feedback(self, draft: Draft, n_accepted: int) -> None: ...
+
+    def finish(self, output: Sequence[int]) -> None: ...
+
+
+class _FirstTokenTimer(BaseStreamer):
+    """Notes when ``generate`` emits its first new token (the first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None: ...
+
+
+class _PeakRss:
+    """Samples the process's resident memory in a thread while a method runs."""
+
+    def __enter__(self) -> _PeakRss:
+        self.peak, self._stop = _rss_mb(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss_mb())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mb())
+
+
+def _rss_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def hf_method(lm: LoadedModel, **kwargs: object) -> Callable[[Prompt, int], Run]:
+    eos = lm.tokenizer.eos_token_id
+
+    @torch.inference_mode()
+    def run(prompt: Prompt, max_new_tokens: int) -> Run:
+        ids = torch.tensor([lm.tokenizer.encode(prompt.text)], device=lm.device)
+        timer = _FirstTokenTimer()
+        start = time.perf_counter()
+        out = lm.model.generate(
+            ids, max_new_tokens=max_new_tokens, do_sample=False, streamer=timer,
+            pad_token_id=eos, **kwargs,  # type: ignore[arg-type]
+        )
+        wall = time.perf_counter() - start
+        new = out[0, ids.shape[1] :].tolist()
+        if eos in new:
+            new = new[: new.index(eos)]
+        return Run(len(new), wall, (timer.first or start + wall) - start, token_ids=new)
+
+    return run
+
+
+def ragspec_method(gen: SpeculativeGenerator, speculative: bool, use_passages: bool = True) -> Callable[[Prompt, int], Run]:
+    def run(prompt: Prompt, max_new_tokens: int) -> Run:
+        refs = prompt.passages if use_passages else []
+        r = gen.generate(prompt.text, references=refs, max_new_tokens=max_new_tokens, speculative=speculative)
+        s = r.stats
+        return Run(s.new_tokens, s.wall_s, s.ttft_s, s.forward_passes, s.drafted_tokens, s.accepted_tokens,
+                   s.draft_s, token_ids=r.token_ids)
+
+    return run
+
+
+# -- driver -----------------------------------------------------------------------------------
+def run_benchmark(
+    *,
+    model: str = "default",
+    draft_model: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    questions: int = 30,
+    open_ended: int = 10,
+    max_new_tokens: int = 96,
+    oracle_k: int = 8,
+    progress: Callable[[str], None] = print,
+) -> dict[str, object]:
+    """Run every method on the RAG workload and the open-ended one; returns the report as a dict."""
+    lm = load_model(model, device=device, dtype=dtype)
+    ngram = SpeculativeGenerator(lm)
+    oracle_drafter = OracleDrafter()
+    oracle = SpeculativeGenerator(lm, drafter=oracle_drafter, policy=FixedPolicy(k=oracle_k, min_match=0))
+    methods: dict[str, Callable[[Prompt, int], Run]] = {
+        "hf_greedy": hf_method(lm),
+        "hf_prompt_lookup": hf_method(lm, prompt_lookup_num_tokens=10),
+        "ragspec_plain": ragspec_method(ngram, speculative=False),
+        "ragspec_ngram": ragspec_method(ngram, speculative=True),
+    }
+    if draft_model:
+        both = SpeculativeGenerator(lm, draft_model=draft_model)
+        methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)
+    methods[f"oracle_k{oracle_k}"] = ragspec_method(oracle, speculative=True)
+
+    workloads = {"rag": rag_prompts(lm, questions), "open": open_prompts(lm, open_ended)}
+    report: dict[str, object] = {
+        "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens, "workloads": {},
+    }
+    warm = workloads["rag"][0]
+    for fn in methods.values():  # one untimed run each: allocator and kernel warm-up
+        oracle_drafter.truth = methods["ragspec_plain"](warm, 8).token_ids
+        fn(warm, 8)
+    for name, prompts in workloads.items():
+        runs: dict[str, list[Run]] = {m: [] for m in methods}
+        for i, prompt in enumerate(prompts):
+            # Rotate the order; the oracle goes last because it replays ragspec_plain's output.
+            order = [m for m in methods if not m.startswith("oracle")]
+            order = order[i % len(order) :] + order[: i % len(order)] + [m for m in methods if m.startswith("oracle")]
+            for m in order:
+                if m.startswith("oracle"):
+                    oracle_drafter.truth = runs["ragspec_plain"][-1].token_ids
+                with _PeakRss() as rss:
+                    run = methods[m](prompt, max_new_tokens)
+                run.peak_rss_mb = rss.peak
+                runs[m].append(run)
+            progress(f"[{name} {i + 1}/{len(prompts)}] " + "  ".join(
+                f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
+        report["workloads"][name] = [asdict(s) for s in summarize(runs)]  # type: ignore[index]
+    return report
+
+
+def _tps(runs: Sequence[Run]) -> float:
+    tokens = sum(max(r.new_tokens - 1, 0) for r in runs)
+    seconds = sum(r.wall_s - r.ttft_s for r in runs)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def summarize(runs: dict[str, list[Run]]) -> list[MethodSummary]:
+    base = _tps(runs["hf_greedy"])
+    reference = [r.token_ids for r in runs["hf_greedy"]]
+    out = []
+    for method, rs in runs.items():
+        forwards = sum(r.forwards or 0 for r in rs)
+        drafted = sum(r.drafted for r in rs)
+        steps = sum(max((r.forwards or 1) - 1, 1) for r in rs)
+        tps = _tps(rs)
+        out.append(MethodSummary(
+            method=method,
+            decode_tokens_per_s=round(tps, 2),
+            ratio_vs_hf_greedy=round(tps / base, 3) if base else 0.0,
+            ttft_ms=round(1000 * sum(r.ttft_s for r in rs) / len(rs), 1),
+            tokens_per_forward=round(sum(r.new_tokens for r in rs) / forwards, 2) if forwards else None,
+            acceptance_rate=round(sum(r.accepted for r in rs) / drafted, 3) if drafted else None,
+            draft_ms_per_step=round(1000 * sum(r.draft_s for r in rs) / steps, 3) if forwards else None,
+            peak_rss_mb=round(max(r.peak_rss_mb for r in rs), 1),
+            identical=sum(r.token_ids == ref for r, ref in zip(rs, reference)),
+            prompts=len(rs),
+        ))
+    return out
+
+
+def format_table(rows: Sequence[dict[str, object]]) -> str:
+    cols = ["method", "decode_tokens_per_s", "ratio_vs_hf_greedy", "ttft_ms", "tokens_per_forward",
+            "acceptance_rate", "draft_ms_per_step", "peak_rss_mb", "identical"]
+    heads = ["method", "decode tok/s", "vs HF greedy", "TTFT ms", "tok/forward", "acceptance",
+             "draft ms/step", "peak MB", "identical"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for row in rows:
+        cells = []
+        for c in cols:
+            v = row[c]
+            cells.append(f"{v}/{row['prompts']}" if c == "identical" else "–" if v is None else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, object], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads: dict[str, list[dict[str, object]]] = report["workloads"]  # type: ignore[assignment]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
+    for ax, (name, rows) in zip(axes[0], workloads.items()):
+        names = [str(r["method"]) for r in rows]
+        ratios = [float(r["ratio_vs_hf_greedy"]) for r in rows]  # type: ignore[arg-type]
+        bars = ax.barh(names, ratios, color=["#888" if n.startswith(("hf", "oracle")) else "#2a7" for n in names])
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.bar_label(bars, fmt="%.2fx")
+        ax.invert_yaxis()
+        ax.set_title(f"{name} workload: decode speed vs transformers greedy")
+        ax.set_xlabel(f"ratio ({report['model']}, {report['device']}, {report['dtype']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ragspec bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="default", help="target model (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--draft-model", default=None, help="a same-vocabulary draft model (adds a method)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--questions", type=int, default=30, help="bundled RAG questions to run (max 39)")
+    parser.add_argument("--open-ended", type=int, default=10, help="open-ended prompts with nothing to copy (max 10)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--oracle-k", type=int, default=8, help="tokens the oracle drafter proposes per step")
+    parser.add_argument("--out", default="bench-out", help="directory for report.json and speedup.png")
+    args = parser.parse_args(argv)
+    for name in ("questions", "open_ended", "max_new_tokens", "oracle_k"):
+        if getattr(args, name) < (0 if name == "open_ended" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    report = run_benchmark(
+        model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
+        questions=args.questions, open_ended=args.open_ended, max_new_tokens=args.max_new_tokens,
+        oracle_k=args.oracle_k,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    plot(report, out / "speedup.png")
+    print(f"\n{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads), "
+          f"max_new_tokens={report['max_new_tokens']}")
+    for name, rows in report["workloads"].items():  # type: ignore[union-attr]
+        print(f"\n{name} workload\n{format_table(rows)}")
+    print(f"\nwrote {out / 'report.json'} and {out / 'speedup.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
