@@ -130,6 +130,7 @@ def _guard(run: Any) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from apps.engine import build_index
 
+    _quiet_model_loading()
     bar = _ProgressBar(enabled=not args.no_progress)
     try:
         store, summary = build_index(
@@ -173,12 +174,21 @@ class _ProgressBar:
             self._bar = None
 
 
+def _quiet_model_loading() -> None:
+    """No per-tensor progress bars from transformers between the answer's lines."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _collection(args: argparse.Namespace) -> Collection:
     from apps.engine import Collection
 
     index = Path(args.index)
     if not index.is_dir():
         raise CLIError(f"no index at {index}: build one with 'ragspec ingest PATH... --index {index}'")
+    _quiet_model_loading()
     return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model)
 
 
@@ -268,7 +278,12 @@ def _bench(argv: list[str]) -> int:
         if e.name not in ("ragspec.bench",):
             raise
         raise CLIError("the benchmark is not available in this version of ragspec (ragspec.bench is missing)") from e
-    return int(bench_main(argv) or 0)
+    try:
+        return int(bench_main(argv) or 0)
+    except SystemExit as e:  # its own argparse: 0 after --help, 2 for a usage error (already printed)
+        if e.code is None or isinstance(e.code, int):
+            return int(e.code or 0)
+        raise CLIError(str(e.code)) from None
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def create_app(
             try:
                 await asyncio.wait_for(queue.lock.acquire(), config.queue_timeout_s)
                 acquired = True
-            except TimeoutError:
+            except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
                 yield sse("error", {"message": f"the server is busy: no model free after {config.queue_timeout_s:g} s, try again"})
                 return
             finally:
@@ -277,7 +277,7 @@ def create_app(
                         event = await asyncio.wait_for(anext(events), max(0.0, deadline - time.monotonic()))
                     except StopAsyncIteration:
                         break
-                    except TimeoutError:
+                    except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
                         yield sse("error", {"message": f"the answer took longer than {config.answer_timeout_s:g} s and was stopped"})
                         return
                     if isinstance(event, Token):
