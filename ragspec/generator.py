@@ -3,7 +3,8 @@
 KV cache positions: the cache always holds exactly the tokens before ``pending`` (the newest
 accepted token, whose logits are not computed yet). A verify forward appends ``pending`` and the
 ``k`` drafted tokens; after accepting ``n`` of them the cache is cropped by ``k - n`` entries
-(``Cache.crop`` with a negative count), leaving it again just before the new pending token.
+(``Cache.crop`` with a negative count), leaving it again just before the new pending token. The
+cache writes positions into preallocated buffers (``ragspec.kv_cache``), so a crop is free.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.drafting import Draft, Drafter
+from ragspec.kv_cache import make_cache
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
@@ -262,7 +264,7 @@ class SpeculativeGenerator:
                 self.drafter.begin(prompt_ids, ref_ids)
                 if self.model_drafter is not None:
                     self.model_drafter.begin(prompt_ids, ref_ids)
-                cache = DynamicCache(config=self.lm.model.config)
+                cache = make_cache(self.lm.model.config, len(prompt_ids) + budget + self.max_draft + 1)
                 _, first = acceptor.accept(self._forward(prompt_ids, cache, last_only=True), (), None)
                 new = [first]
                 stats.forward_passes = 1

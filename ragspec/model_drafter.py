@@ -13,11 +13,10 @@ import inspect
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
-
-from ragspec.drafting import Draft, DraftSource
-from ragspec.models import LoadedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+from ragspec.drafting import Draft, DraftSource
+from ragspec.kv_cache import make_cache
+from ragspec.models import LoadedModel
 
 
 class VocabularyMismatchError(ValueError):
@@ -42,7 +41,7 @@ class ModelDrafter:
         check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
         self.lm = draft
         self._cache_kw = "cache" if "cache" in inspect.signature(draft.model.forward).parameters else "past_key_values"
-        self._cache = DynamicCache(config=draft.model.config)
+        self._cache = make_cache(draft.model.config, 1024)  # grows by doubling when needed
         self._seen: list[int] = []  # tokens whose keys/values are in the cache
 
     def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import PromptTooLongError, SpeculativeGenerator
+from ragspec.kv_cache import make_cache
 from ragspec.models import LoadedModel
 from ragspec.policy import AdaptivePolicy, FixedPolicy
 from ragspec.sampling import GreedyAcceptor
@@ -105,18 +106,19 @@ def test_partial_acceptance_and_rollback_keep_output_exact(seed: int) -> None:
     assert result.stats.forward_passes < len(result.token_ids)
 
 
+@pytest.mark.parametrize("capacity", [1, 7, 64])  # 1 and 7 force the buffers to grow
 @torch.inference_mode()
-def test_rollback_leaves_cache_equal_to_a_fresh_prefill() -> None:
+def test_rollback_leaves_cache_equal_to_a_fresh_prefill(capacity: int) -> None:
     lm = tiny_model(257, 3)
     gen = SpeculativeGenerator(lm)
     prompt = [5, 6, 7, 8, 9, 10]
     truth = brute_greedy(lm, prompt, 6)
-    cache = DynamicCache(config=lm.model.config)
+    cache = make_cache(lm.model.config, capacity)
     gen._forward(prompt, cache)
     wrong = (truth[1], truth[2], (truth[3] + 1) % 250, 42, 43)  # two right, then wrong
     new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
     assert (new, n) == ([truth[1], truth[2], truth[3]], 2)
-    fresh = DynamicCache(config=lm.model.config)
+    fresh = DynamicCache(config=lm.model.config)  # transformers' own concatenating cache
     gen._forward(prompt + truth[:3], fresh)
     assert cache.get_seq_length() == fresh.get_seq_length() == len(prompt) + 3
     for got, want in zip(cache.layers, fresh.layers):

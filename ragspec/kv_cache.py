@@ -1,0 +1,74 @@
+"""A KV cache that writes new positions into preallocated buffers instead of concatenating.
+
+transformers' ``DynamicLayer`` appends with ``torch.cat``, which copies the whole cache of every
+layer at every step; on a CPU that copy was the largest single cost of a decoding step (42% of
+a step of the default model in a profile, more than the matrix multiplications). ``BufferLayer``
+keeps one buffer per layer with room for the whole request and returns views of its filled part,
+so a step writes only its new positions. Rolling back (``crop``) just shortens the filled part.
+Values are bit-identical to the concatenating cache: only where they are stored differs.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PretrainedConfig
+from transformers.cache_utils import DynamicLayer
+
+
+class BufferLayer(DynamicLayer):
+    """A ``DynamicLayer`` backed by a buffer of ``capacity`` positions (grown by doubling if exceeded)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = max(capacity, 1)
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._keys = key_states.new_empty((*key_states.shape[:-2], self.capacity, key_states.shape[-1]))
+        self._values = value_states.new_empty((*value_states.shape[:-2], self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            self._grow(max(end, 2 * self.capacity))
+        self._keys[..., self.length : end, :].copy_(key_states)
+        self._values[..., self.length : end, :].copy_(value_states)
+        self._set_length(end)
+        return self.keys, self.values
+
+    def _grow(self, capacity: int) -> None:
+        keys = self._keys.new_empty((*self._keys.shape[:-2], capacity, self._keys.shape[-1]))
+        values = self._values.new_empty((*self._values.shape[:-2], capacity, self._values.shape[-1]))
+        keys[..., : self.length, :].copy_(self._keys[..., : self.length, :])
+        values[..., : self.length, :].copy_(self._values[..., : self.length, :])
+        self._keys, self._values, self.capacity = keys, values, capacity
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        self.keys = self._keys[..., :length, :]
+        self.values = self._values[..., :length, :]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove ``-tokens_to_remove`` positions from the end (transformers' negative convention)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
+        if tokens_to_remove and self.is_initialized:
+            self._set_length(max(self.length + tokens_to_remove, 0))
+
+
+def make_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` whose full-attention layers are ``BufferLayer``s sized for ``capacity`` positions.
+
+    Other layer kinds (sliding windows, linear attention) keep transformers' own implementation.
+    """
+    cache = DynamicCache(config=config)
+    cache.layers = [BufferLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
