@@ -221,13 +221,14 @@ def run_benchmark(
 ) -> dict[str, object]:
     """Run every method on the RAG workload and the open-ended one; returns the report as a dict."""
     lm = load_model(model, device=device, dtype=dtype)
-    ngram = SpeculativeGenerator(lm)
+    # One generator per method: each reuses only its own previous prompt's prefix (the system prompt).
+    plain, ngram = SpeculativeGenerator(lm), SpeculativeGenerator(lm)
     oracle_drafter = OracleDrafter()
     oracle = SpeculativeGenerator(lm, drafter=oracle_drafter, policy=FixedPolicy(k=oracle_k, min_match=0))
     methods: dict[str, Callable[[Prompt, int], Run]] = {
         "hf_greedy": hf_method(lm),
         "hf_prompt_lookup": hf_method(lm, prompt_lookup_num_tokens=10),
-        "ragspec_plain": ragspec_method(ngram, speculative=False),
+        "ragspec_plain": ragspec_method(plain, speculative=False),
         "ragspec_ngram": ragspec_method(ngram, speculative=True),
     }
     if draft_model:

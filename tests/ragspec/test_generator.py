@@ -234,3 +234,31 @@ def test_stats_account_for_every_token() -> None:
     assert s.new_tokens <= s.forward_passes + s.accepted_tokens
     assert 0 < s.ttft_s <= s.wall_s and s.decode_tokens_per_s > 0
     assert s.as_dict()["tokens_per_forward"] == pytest.approx(s.new_tokens / s.forward_passes)
+
+
+def test_prefix_cache_reuses_a_shared_prompt_prefix_exactly() -> None:
+    lm = tiny_model(300, 6)
+    system = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    first, second = system + [7, 7, 8], system + [20, 21]
+    gen = SpeculativeGenerator(lm)
+    a = gen.generate(first, max_new_tokens=20)
+    b = gen.generate(second, max_new_tokens=20)
+    assert (a.stats.cached_prompt_tokens, b.stats.cached_prompt_tokens) == (0, len(system))
+    assert_same_or_tie(lm, second, brute_greedy(lm, second, 20), b.token_ids)
+    again = gen.generate(second, max_new_tokens=20)  # the whole prompt but its last token is reused
+    assert again.stats.cached_prompt_tokens == len(second) - 1 and again.token_ids == b.token_ids
+    off = SpeculativeGenerator(lm, prefix_cache=False)
+    off.generate(first, max_new_tokens=5)
+    assert off.generate(second, max_new_tokens=5).stats.cached_prompt_tokens == 0
+
+
+def test_abandoned_stream_releases_the_model_and_keeps_no_cache() -> None:
+    lm = tiny_model(300, 6)
+    gen = SpeculativeGenerator(lm)
+    prompt = [4, 5, 6, 7, 8]
+    stream = iter(gen.stream(prompt, max_new_tokens=30))
+    next(stream)
+    stream.close()  # e.g. a client disconnected
+    result = gen.generate(prompt, max_new_tokens=30)  # would deadlock if the lock were still held
+    assert result.stats.cached_prompt_tokens == 0
+    assert_same_or_tie(lm, prompt, brute_greedy(lm, prompt, 30), result.token_ids)
