@@ -1,0 +1,33 @@
+"""The benchmark's arithmetic and report shape (the measurements themselves are not tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragspec.bench import Run, format_table, main, summarize
+
+
+def test_summary_ratios_and_identity_count() -> None:
+    runs = {
+        "hf_greedy": [Run(11, 2.0, 1.0, token_ids=[1, 2]), Run(5, 1.5, 0.5, token_ids=[3])],
+        "ragspec_ngram": [Run(11, 1.5, 1.0, forwards=4, drafted=12, accepted=8, draft_s=0.003, token_ids=[1, 2]),
+                          Run(5, 1.0, 0.5, forwards=3, drafted=4, accepted=2, draft_s=0.001, token_ids=[9])],
+    }
+    rows = {s.method: s for s in summarize(runs)}
+    # decode tok/s = tokens after the first / time after the first token, pooled over prompts
+    assert rows["hf_greedy"].decode_tokens_per_s == pytest.approx(14 / 2.0)
+    assert rows["ragspec_ngram"].decode_tokens_per_s == pytest.approx(14 / 1.0)
+    assert rows["ragspec_ngram"].ratio_vs_hf_greedy == pytest.approx(2.0)
+    assert rows["ragspec_ngram"].tokens_per_forward == pytest.approx(16 / 7, abs=0.01)
+    assert rows["ragspec_ngram"].acceptance_rate == pytest.approx(10 / 16, abs=1e-3)
+    assert rows["ragspec_ngram"].draft_ms_per_step == pytest.approx(1000 * 0.004 / 5, abs=1e-3)
+    assert (rows["ragspec_ngram"].identical, rows["hf_greedy"].identical) == (1, 2)
+    assert rows["hf_greedy"].tokens_per_forward is None
+    table = format_table([vars(s) for s in rows.values()])
+    assert "| ragspec_ngram | 14.0 | 2.0 |" in table and "1/2" in table
+
+
+def test_bad_options_are_usage_errors() -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--questions", "0"])
+    assert e.value.code == 2
