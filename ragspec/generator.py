@@ -143,7 +143,8 @@ class SpeculativeGenerator:
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
-        self.drafter: Drafter = drafter if drafter is not None else NgramDrafter()
+        # Earlier answers are a source too: a small model repeats its own phrasing across questions.
+        self.drafter: Drafter = drafter if drafter is not None else NgramDrafter(history_tokens=2048)
         if isinstance(draft_model, str):
             draft_model = load_model(draft_model, device=self.lm.device, dtype=self.lm.dtype)
         self.model_drafter = ModelDrafter(draft_model, self.lm) if draft_model is not None else None
