@@ -192,6 +192,10 @@ class Token:
     """Tokens of the answer so far."""
     steps: int = 0
     """Text pieces so far: about one per target forward (a forward can add several tokens)."""
+    acceptance: float | None = None
+    """Accepted / drafted tokens so far, when the pipeline's stream reports live statistics."""
+    tokens_per_forward: float | None = None
+    """New tokens per target forward so far, when the stream reports live statistics."""
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,11 @@ def _pipeline_events(stream: Any, start: float, count_tokens: Callable[[str], in
             text += delta
             steps += 1
             tokens = count_tokens(text) if count_tokens is not None else steps
-            yield Token(delta, time.perf_counter() - start, tokens, steps)
+            live = getattr(stream, "stats", None)  # live GenerationStats, where the stream exposes them
+            if live is not None and getattr(live, "forward_passes", 0):
+                yield Token(delta, time.perf_counter() - start, tokens, steps, live.acceptance_rate, live.tokens_per_forward)
+            else:
+                yield Token(delta, time.perf_counter() - start, tokens, steps)
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:

@@ -366,6 +366,8 @@ def _live(token: Token) -> dict[str, Any]:
         "tokens": token.tokens,
         "tokens_per_s": round(token.tokens / token.elapsed_s, 2) if token.elapsed_s > 0 else 0.0,
         "tokens_per_step": round(token.tokens / token.steps, 2) if token.steps else 0.0,
+        **({"acceptance": round(token.acceptance, 4)} if token.acceptance is not None else {}),
+        **({"tokens_per_forward": round(token.tokens_per_forward, 3)} if token.tokens_per_forward is not None else {}),
     }
 
 

@@ -159,8 +159,11 @@ async function ask(question) {
       else if (event === "token") {
         text += data.text;
         answer.textContent = text;
-        stats.innerHTML = `streaming… <b>${data.tokens_per_s.toFixed(1)} tokens/s</b> · ` +
-          `${data.tokens} tokens · ≈ ${data.tokens_per_step.toFixed(2)} tokens/forward`;
+        const perForward = data.tokens_per_forward === undefined
+          ? `≈ ${data.tokens_per_step.toFixed(2)}` : data.tokens_per_forward.toFixed(2);
+        const acceptance = data.acceptance === undefined ? "" : ` · acceptance ${(100 * data.acceptance).toFixed(0)}%`;
+        stats.innerHTML = `streaming… <b>${data.tokens_per_s.toFixed(1)} tokens/s</b>${acceptance} · ` +
+          `${data.tokens} tokens · ${perForward} tokens/forward`;
       } else if (event === "done") {
         answer.classList.remove("streaming");
         renderAnswer(answer, data.text || text, data.citations);
