@@ -236,7 +236,9 @@ def run_benchmark(
         methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)
     methods[f"oracle_k{oracle_k}"] = ragspec_method(oracle, speculative=True)
 
-    workloads = {"rag": rag_prompts(lm, questions), "open": open_prompts(lm, open_ended)}
+    workloads = {"rag": rag_prompts(lm, questions)}
+    if open_ended:
+        workloads["open"] = open_prompts(lm, open_ended)
     report: dict[str, object] = {
         "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens, "workloads": {},

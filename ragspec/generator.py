@@ -106,10 +106,14 @@ class GenerationResult:
 
 
 class GenerationStream:
-    """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted."""
+    """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted.
 
-    def __init__(self, steps: Iterator[str]) -> None:
+    ``stats`` is updated after every target forward, so it can be shown live while streaming.
+    """
+
+    def __init__(self, steps: Iterator[str], stats: GenerationStats) -> None:
         self._steps = steps
+        self.stats = stats
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -224,7 +228,9 @@ class SpeculativeGenerator:
                 f"{self.lm.context_length} (prompt and answer together): shorten it or pass fewer passages"
             )
         ref_ids = [self.encode(r, special_tokens=False) for r in references]
-        return GenerationStream(self._run(prompt_ids, ref_ids, max_new_tokens, assembler, acceptor, speculative))
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        steps = self._run(prompt_ids, ref_ids, max_new_tokens, assembler, acceptor, speculative, stats)
+        return GenerationStream(steps, stats)
 
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
         if isinstance(text, str):
@@ -264,10 +270,10 @@ class SpeculativeGenerator:
         assembler: StopTextAssembler,
         acceptor: Acceptor,
         speculative: bool,
+        stats: GenerationStats,
     ) -> Iterator[str]:
         with self._lock:
             start = time.perf_counter()
-            stats = GenerationStats(prompt_tokens=len(prompt_ids))
             budget = min(max_new_tokens, self.lm.context_length - len(prompt_ids))
             finish = "length"
             out: list[int] = []
@@ -286,8 +292,10 @@ class SpeculativeGenerator:
                     update = assembler.add(new)
                     out.extend(new[: update.n_tokens])
                     context.extend(new[: update.n_tokens])
+                    stats.new_tokens = len(out)
+                    stats.wall_s = time.perf_counter() - start
                     if not stats.ttft_s:
-                        stats.ttft_s = time.perf_counter() - start
+                        stats.ttft_s = stats.wall_s
                     if update.delta:
                         yield update.delta
                     if update.stopped:

@@ -262,3 +262,13 @@ def test_abandoned_stream_releases_the_model_and_keeps_no_cache() -> None:
     result = gen.generate(prompt, max_new_tokens=30)  # would deadlock if the lock were still held
     assert result.stats.cached_prompt_tokens == 0
     assert_same_or_tie(lm, prompt, brute_greedy(lm, prompt, 30), result.token_ids)
+
+
+def test_stream_stats_are_live() -> None:
+    lm = tiny_model(300, 2)
+    stream = SpeculativeGenerator(lm).stream([1, 2, 3], max_new_tokens=12, speculative=False)
+    seen = []
+    for _ in stream:
+        seen.append((stream.stats.new_tokens, stream.stats.forward_passes))
+    assert seen[0][0] >= 1 and seen[-1][0] > seen[0][0]  # counts grow while streaming
+    assert stream.result is not None and stream.result.stats is stream.stats
