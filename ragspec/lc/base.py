@@ -153,7 +153,7 @@ class RagSpecParams(BaseModel):
     top_p: float = 1.0
     """Sample only from the smallest set of tokens whose probability reaches top_p; 1 keeps every token."""
     seed: int | None = None
-    """Seed for sampling, for reproducible answers; None draws a fresh one."""
+    """Seed for sampling; None draws a fresh one (drafts change which random numbers are used, so only the same drafts repeat a sample)."""
     stop: list[str] | None = None
     """Stop strings: the answer ends before the first one (call-time ``stop`` is added to these)."""
     device: str = "auto"
