@@ -119,6 +119,12 @@ class GenerationStream:
     def __iter__(self) -> Iterator[str]:
         self.result = yield from self._steps
 
+    def close(self) -> None:
+        """Stop generating (e.g. the client went away); releases the generator for other calls."""
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()
+
 
 class SpeculativeGenerator:
     """Decoding of a target model, sped up by drafts the target verifies in one forward.
@@ -287,6 +293,8 @@ class SpeculativeGenerator:
                 _, first = acceptor.accept(self._forward(prompt_ids[reused:], cache, last_only=True), (), None)
                 new = [first]
                 stats.forward_passes = 1
+                if speculative and getattr(self.policy, "needs_calibration", False):
+                    self._calibrate(cache)
                 while True:
                     new, finish = self._clip(new, budget - len(out))
                     update = assembler.add(new)
@@ -314,6 +322,20 @@ class SpeculativeGenerator:
             stats.new_tokens = len(out)
             stats.wall_s = time.perf_counter() - start
             return GenerationResult(assembler.text, out, finish, stats)
+
+    def _calibrate(self, cache: DynamicCache, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> None:
+        """Time target forwards of several draft lengths on the live cache (then cropped back),
+        once per generator, so the policy starts from real verify costs. About 30 forwards."""
+        seconds: dict[int, float] = {}
+        for k in (k for k in lengths if k <= self.max_draft):
+            times = []
+            for _ in range(3):  # the first run of a shape pays one-off set-up; keep the fastest
+                start = time.perf_counter()
+                self._forward([0] * (k + 1), cache)
+                times.append(time.perf_counter() - start)
+                cache.crop(-(k + 1))
+            seconds[k] = min(times)
+        self.policy.calibrate(seconds)  # type: ignore[attr-defined]
 
     def _take_cache(self, prompt_ids: list[int], capacity: int) -> tuple[DynamicCache, int]:
         """The previous request's cache cropped to the prefix it shares with this prompt, or a new one.

@@ -103,6 +103,7 @@ class AdaptivePolicy:
     prior_cost_slope: float = 0.1
     """Prior verify cost per drafted token, in plain steps, until that length has been timed."""
     _cost: dict[int, float] = field(default_factory=dict)
+    _calibrated: bool = False
     _model_token_cost: float | None = None  # seconds per draft-model token
     _since_model: int = 0  # plain steps since the draft model was last tried
     _acceptance: dict[tuple[str, int], _Acceptance] = field(default_factory=dict)
@@ -120,12 +121,37 @@ class AdaptivePolicy:
             raise ValueError(f"cost_smoothing must be in (0, 1], got {self.cost_smoothing}")
 
     # -- cost -------------------------------------------------------------------------------
+    @property
+    def needs_calibration(self) -> bool:
+        """True until verify costs have been measured (see ``calibrate``)."""
+        return not self._calibrated
+
+    def calibrate(self, seconds: dict[int, float]) -> None:
+        """Seed the cost table with measured forward times for some draft lengths (0 included).
+
+        Verify cost is not smooth in ``k`` on a CPU (in a profile here, verifying 1 or 2 drafted
+        tokens cost more than 4, because small matrix products take a slower BLAS path), so it
+        is measured rather than assumed; lengths between measured ones are interpolated.
+        """
+        if 0 not in seconds:
+            raise ValueError("calibration needs the cost of a plain step (k=0)")
+        self._cost.update(seconds)
+        self._calibrated = True
+
     def relative_cost(self, k: int) -> float:
         """Estimated cost of verifying ``k`` drafted tokens, in plain decoding steps."""
         base = self._cost.get(0)
-        if base is None or k not in self._cost:
-            return 1.0 + self.prior_cost_slope * k if k else 1.0
-        return max(self._cost[k] / base, 1.0)
+        if not k or base is None:
+            return 1.0 + self.prior_cost_slope * k
+        if k in self._cost:
+            return max(self._cost[k] / base, 1.0)
+        below = max((j for j in self._cost if j < k), default=0)
+        above = min((j for j in self._cost if j > k), default=None)
+        low = self._cost[below] / base
+        if above is None:  # beyond the longest measured draft: extend with the prior slope
+            return max(low + self.prior_cost_slope * (k - below), 1.0)
+        high = self._cost[above] / base
+        return max(low + (high - low) * (k - below) / (above - below), 1.0)
 
     # -- acceptance -------------------------------------------------------------------------
     def _stats(self, draft: Draft) -> _Acceptance:

@@ -256,8 +256,8 @@ def test_abandoned_stream_releases_the_model_and_keeps_no_cache() -> None:
     lm = tiny_model(300, 6)
     gen = SpeculativeGenerator(lm)
     prompt = [4, 5, 6, 7, 8]
-    stream = iter(gen.stream(prompt, max_new_tokens=30))
-    next(stream)
+    stream = gen.stream(prompt, max_new_tokens=30)
+    next(iter(stream))
     stream.close()  # e.g. a client disconnected
     result = gen.generate(prompt, max_new_tokens=30)  # would deadlock if the lock were still held
     assert result.stats.cached_prompt_tokens == 0
