@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import re
 import warnings
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,13 +82,18 @@ class Answer:
 class AnswerStream:
     """Iterate for the answer's text deltas; ``answer`` (with citations) is set once it is exhausted.
 
-    ``passages`` are known before the first delta, so sources can be shown up front.
+    ``passages`` are known before the first delta, so sources can be shown up front; ``stats``
+    (the generation's ``GenerationStats``) is updated live from the first delta on.
     """
 
     def __init__(self, events: Iterator[str | Answer], passages: list[Document]) -> None:
         self._events = events
         self.passages = passages
         self.answer: Answer | None = None
+        self.stats: GenerationStats | None = None
+
+    def _started(self, stats: GenerationStats) -> None:
+        self.stats = stats
 
     def __iter__(self) -> Iterator[str]:
         try:
@@ -260,7 +265,9 @@ class DocumentQA:
     def stream(self, question: str) -> AnswerStream:
         """Retrieve now; generate as the returned stream is iterated (see ``AnswerStream``)."""
         request = self._prepare(question)
-        return AnswerStream(self._generate(request), request.passages)
+        stream = AnswerStream(iter(()), request.passages)
+        stream._events = self._generate(request, on_start=stream._started)
+        return stream
 
     async def aask(self, question: str) -> Answer:
         """``ask`` in a worker thread."""
@@ -289,8 +296,10 @@ class DocumentQA:
         options = dataclasses.replace(options, references=tuple(p.page_content for p in passages))
         return _Request(question, passages, prompt_ids, options)
 
-    def _generate(self, request: _Request) -> Iterator[str | Answer]:
-        for event in self.llm.events(request.options, lambda _: request.prompt_ids):
+    def _generate(
+        self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
+    ) -> Iterator[str | Answer]:
+        for event in self.llm.events(request.options, lambda _: request.prompt_ids, on_start):
             if isinstance(event, Finished):
                 yield self._answer(request, event)
             else:

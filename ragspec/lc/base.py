@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from ragspec.lc import registry
 
 if TYPE_CHECKING:
-    from ragspec.generator import GenerationResult, SpeculativeGenerator
+    from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
 
 Reference = Union[str, Document, Sequence[int]]
 """A passage for the drafter: text, a LangChain ``Document`` or token ids."""
@@ -255,12 +255,16 @@ class RagSpecParams(BaseModel):
         )
 
     def events(
-        self, options: CallOptions, build_prompt: Callable[[SpeculativeGenerator], str | list[int]]
+        self,
+        options: CallOptions,
+        build_prompt: Callable[[SpeculativeGenerator], str | list[int]],
+        on_start: Callable[[GenerationStats], None] | None = None,
     ) -> Iterator[str | Finished]:
         """Text deltas of one generation, then a ``Finished`` event.
 
         ``build_prompt`` turns the loaded generator into the prompt (text, or token ids that the
-        model takes as they are). Closing this iterator early ends the generation.
+        model takes as they are). ``on_start`` receives the generation's live stats before the
+        first delta. Closing this iterator early ends the generation.
         """
         generator = self.load(options.model)
         stream = generator.stream(
@@ -274,6 +278,8 @@ class RagSpecParams(BaseModel):
             top_p=options.top_p,
             seed=options.seed,
         )
+        if on_start is not None:
+            on_start(stream.stats)
         steps = iter(stream)
         try:
             yield from steps

@@ -260,3 +260,12 @@ def test_default_model_answers_and_cites_the_right_file(tmp_path):
     assert "7:15" in answer.text
     assert Path(answer.citations[0].source).name == "ferry.txt"
     assert answer.stats.accepted_tokens > 0  # copied spans were drafted and accepted
+
+
+
+def test_answer_stream_exposes_live_stats(qa):
+    stream = qa.stream("When does the ferry leave?")
+    assert stream.stats is None  # nothing generated yet
+    counts = [stream.stats.new_tokens for _ in stream]
+    assert counts and counts[-1] >= counts[0] >= 1
+    assert stream.answer is not None and stream.answer.stats is stream.stats
