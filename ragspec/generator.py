@@ -293,8 +293,6 @@ class SpeculativeGenerator:
                 _, first = acceptor.accept(self._forward(prompt_ids[reused:], cache, last_only=True), (), None)
                 new = [first]
                 stats.forward_passes = 1
-                if speculative and getattr(self.policy, "needs_calibration", False):
-                    self._calibrate(cache)
                 while True:
                     new, finish = self._clip(new, budget - len(out))
                     update = assembler.add(new)
@@ -310,6 +308,8 @@ class SpeculativeGenerator:
                         finish = "stop"
                     if finish != "continue":
                         break
+                    if speculative and getattr(self.policy, "needs_calibration", False):
+                        self._calibrate(cache)  # once per generator, after the first token is out
                     new = self._step(cache, context, budget - len(out), acceptor, speculative, stats)
                 self.drafter.finish(out)
                 if self.model_drafter is not None:
