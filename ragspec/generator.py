@@ -191,7 +191,9 @@ class SpeculativeGenerator:
 
         ``temperature`` 0 is greedy decoding; above 0 tokens are sampled (with optional top-k /
         top-p filtering and a ``seed``) and drafts are verified by rejection sampling, so the
-        output has exactly the distribution of plain sampling.
+        output has exactly the distribution of plain sampling. A seed fixes the sample of plain
+        sampling; with speculation the sample also depends on the drafts (which depend on timing
+        and on earlier answers), so only its distribution is fixed.
         """
         stream = self.stream(
             prompt, references=references, max_new_tokens=max_new_tokens, stop=stop, speculative=speculative,
