@@ -169,6 +169,8 @@ class SpeculativeGenerator:
             eos_ids.add(self.lm.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos_ids)
         self.prefix_cache = prefix_cache
+        if getattr(self.policy, "needs_calibration", False):
+            self._calibrate()
         # The last finished request's KV cache and the tokens it holds (see ``_take_cache``).
         self._kept: tuple[DynamicCache, list[int]] | None = None
         self._lock = threading.Lock()
@@ -310,8 +312,6 @@ class SpeculativeGenerator:
                         finish = "stop"
                     if finish != "continue":
                         break
-                    if speculative and getattr(self.policy, "needs_calibration", False):
-                        self._calibrate(cache)  # once per generator, after the first token is out
                     new = self._step(cache, context, budget - len(out), acceptor, speculative, stats)
                 self.drafter.finish(out)
                 if self.model_drafter is not None:
@@ -325,11 +325,17 @@ class SpeculativeGenerator:
             stats.wall_s = time.perf_counter() - start
             return GenerationResult(assembler.text, out, finish, stats)
 
-    def _calibrate(self, cache: DynamicCache, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> None:
-        """Time target forwards of several draft lengths on the live cache (then cropped back),
-        once per generator, so the policy starts from real verify costs. About 30 forwards."""
+    @torch.inference_mode()
+    def _calibrate(self, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> None:
+        """Time target forwards of several draft lengths after a 128-token context, so that the
+        policy starts from real verify costs (about 30 forwards, once, when the generator is built;
+        later timings refine them)."""
+        lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.lm.context_length)
+        context = min(128, self.lm.context_length - max(lengths) - 1)  # stay inside the position limit
+        cache = make_cache(self.lm.model.config, context + max(lengths) + 1)
+        self._forward([0] * context, cache, last_only=True)
         seconds: dict[int, float] = {}
-        for k in (k for k in lengths if k <= self.max_draft):
+        for k in lengths:
             times = []
             for _ in range(3):  # the first run of a shape pays one-off set-up; keep the fastest
                 start = time.perf_counter()
