@@ -141,6 +141,7 @@ class NgramDrafter:
         self._answers: deque[list[int]] = deque()
         self._history = SuffixAutomaton()
         self._matchers: list[_Matcher] = []
+        self._ref_ids: list[int] = []  # index in ``begin``'s references of each passage matcher
         self._self = SuffixAutomaton()
         self._prompt_len = 0
         self._answer_start = 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ragspec.generator import PromptTooLongError, SpeculativeGenerator
+from ragspec.prompts import qa_messages
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +30,7 @@ def document_prompts(n: int) -> list[tuple[str, list[str]]]:
 
 
 def chat_prompt(gen: SpeculativeGenerator, question: str, passages: list[str]) -> str:
-    context = "\n\n".join(f"[{i + 1}] {p}" for i, p in enumerate(passages))
-    messages = [
-        {"role": "system", "content": "Answer the question using the numbered passages."},
-        {"role": "user", "content": f"{context}\n\nQuestion: {question}"},
-    ]
+    messages = qa_messages(question, passages)  # the pipeline's own numbered-passage prompt
     return gen.lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
