@@ -9,7 +9,6 @@ cache writes positions into preallocated buffers (``ragspec.kv_cache``), so a cr
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.drafting import Draft, Drafter
-from ragspec.kv_cache import make_cache
+from ragspec.forward import make_forward
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
@@ -160,9 +159,7 @@ class SpeculativeGenerator:
         self.model_drafter = ModelDrafter(draft_model, self.lm) if draft_model is not None else None
         self.policy: Policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         self.max_draft = max_draft
-        params = inspect.signature(self.lm.model.forward).parameters
-        # transformers 5.x renamed `past_key_values` to `cache`; accept either.
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._forward = make_forward(self.lm.model, self.lm.device, self.lm.dtype)
         eos = self.lm.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.lm.tokenizer.eos_token_id is not None:
@@ -248,13 +245,6 @@ class SpeculativeGenerator:
         return [int(t) for t in text]
 
     # -- decoding -----------------------------------------------------------------------------
-    def _forward(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
-        x = torch.tensor([ids], device=self.lm.device)  # [1, n]
-        kwargs = {self._cache_kw: cache, "use_cache": True}
-        if last_only:
-            kwargs["logits_to_keep"] = 1
-        return self.lm.model(input_ids=x, **kwargs).logits[0]  # [n or 1, vocab]
-
     def _verify(
         self, cache: DynamicCache, pending: int, draft: Draft | None, acceptor: Acceptor
     ) -> tuple[list[int], int]:
@@ -332,7 +322,7 @@ class SpeculativeGenerator:
         later timings refine them)."""
         lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.lm.context_length)
         context = min(128, self.lm.context_length - max(lengths) - 1)  # stay inside the position limit
-        cache = make_cache(self.lm.model.config, context + max(lengths) + 1)
+        cache = self._forward.new_cache(context + max(lengths) + 1)
         self._forward([0] * context, cache, last_only=True)
         seconds: dict[int, float] = {}
         for k in lengths:
@@ -360,7 +350,7 @@ class SpeculativeGenerator:
             if shared > 0:
                 cache.crop(shared - cache.get_seq_length())
                 return cache, shared
-        return make_cache(self.lm.model.config, capacity), 0
+        return self._forward.new_cache(capacity), 0
 
     def _clip(self, new: list[int], room: int) -> tuple[list[int], str]:
         """Cut newly accepted tokens at EOS and at the token budget."""

@@ -9,13 +9,12 @@ distribution, which keeps rejection sampling exact in sampling mode too.
 
 from __future__ import annotations
 
-import inspect
 from typing import Sequence
 
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from ragspec.drafting import Draft, DraftSource
-from ragspec.kv_cache import make_cache
+from ragspec.forward import make_forward
 from ragspec.models import LoadedModel
 
 
@@ -40,8 +39,8 @@ class ModelDrafter:
     def __init__(self, draft: LoadedModel, target: LoadedModel) -> None:
         check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
         self.lm = draft
-        self._cache_kw = "cache" if "cache" in inspect.signature(draft.model.forward).parameters else "past_key_values"
-        self._cache = make_cache(draft.model.config, 1024)  # grows by doubling when needed
+        self._forward = make_forward(draft.model, draft.device, draft.dtype)
+        self._cache = self._forward.new_cache(1024)  # grows by doubling when needed
         self._seen: list[int] = []  # tokens whose keys/values are in the cache
 
     def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
@@ -50,9 +49,7 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
-        x = torch.tensor([list(tokens)], device=self.lm.device)
-        kwargs = {self._cache_kw: self._cache, "use_cache": True, "logits_to_keep": 1}
-        out = self.lm.model(input_ids=x, **kwargs).logits[0, -1]  # [vocab]
+        out = self._forward(list(tokens), self._cache, last_only=True)[0]  # [vocab]
         self._seen.extend(tokens)
         return out
 

@@ -1,0 +1,75 @@
+"""The lean Llama forward against transformers' own model, which is the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from ragspec.forward import HFForward, LlamaForward, make_forward, pick_linear
+
+CPU, FP32 = torch.device("cpu"), torch.float32
+
+
+def llama(**overrides: object) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = dict(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                  initializer_range=0.2, tie_word_embeddings=False)
+    return LlamaForCausalLM(LlamaConfig(**(config | overrides))).eval()
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"num_key_value_heads": 6},  # no grouping
+    {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}},
+])
+@torch.inference_mode()
+def test_llama_forward_matches_transformers_over_cached_chunks(overrides: dict[str, object]) -> None:
+    model = llama(**overrides)
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    want = model(torch.tensor([ids])).logits[0]  # one cache-free pass over everything
+    fwd = make_forward(model, CPU, FP32)
+    assert isinstance(fwd, LlamaForward)
+    cache = fwd.new_cache(8)  # too small on purpose: the buffers grow
+    # Prefill, single tokens, and multi-token chunks after a cache (the draft-verify shape).
+    got = [fwd(ids[:17], cache), fwd(ids[17:18], cache), fwd(ids[18:27], cache), fwd(ids[27:28], cache),
+           fwd(ids[28:40], cache)]
+    torch.testing.assert_close(torch.cat(got), want, rtol=1e-4, atol=1e-4)
+    assert cache.get_seq_length() == 40
+    cache.crop(-5)  # roll back, then redo the same positions
+    torch.testing.assert_close(fwd(ids[35:40], cache), want[35:40], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fwd(ids[:3], fwd.new_cache(4), last_only=True), want[2:3], rtol=1e-4, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_other_architectures_use_transformers_forward() -> None:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
+    fwd = make_forward(model, CPU, FP32)
+    assert isinstance(fwd, HFForward) and not LlamaForward.supports(model)
+    ids = list(range(10, 30))
+    want = model(torch.tensor([ids])).logits[0]
+    cache = fwd.new_cache(32)
+    got = torch.cat([fwd(ids[:12], cache), fwd(ids[12:13], cache), fwd(ids[13:20], cache)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_rope_is_left_to_transformers() -> None:
+    # Dynamic NTK scaling recomputes its tables from the sequence length: not reproduced here.
+    model = llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    assert isinstance(make_forward(model, CPU, FP32), HFForward)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 9])
+def test_picked_linear_computes_a_linear_layer(rows: int) -> None:
+    linear = pick_linear(CPU, FP32)
+    if torch.backends.mkldnn.is_available():
+        assert linear is not F.linear  # the faster kernel is really used where it exists
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 64, generator=g), torch.randn(40, 64, generator=g), torch.randn(40, generator=g)
+    torch.testing.assert_close(linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(linear(x, w, None), x @ w.T, rtol=1e-5, atol=1e-4)
+    assert pick_linear(CPU, torch.bfloat16) is F.linear
