@@ -311,6 +311,19 @@ def format_table(rows: Sequence[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def headline(rows: Sequence[dict[str, object]], method: str = "ragspec_ngram") -> str:
+    """One line: ``method``'s speed against every other method, and its share of the oracle's."""
+    speed = {str(r["method"]): float(r["decode_tokens_per_s"]) for r in rows}  # type: ignore[arg-type]
+    if not speed.get(method):
+        return ""
+    parts = [f"{speed[method] / v:.2f}x {m}" for m, v in speed.items()
+             if m != method and not m.startswith("oracle") and v > 0]
+    oracle = next((v for m, v in speed.items() if m.startswith("oracle")), 0.0)
+    if oracle > 0:
+        parts.append(f"{speed[method] / oracle:.0%} of the oracle's speed")
+    return f"{method}: " + ", ".join(parts)
+
+
 def plot(report: dict[str, object], path: Path) -> None:
     import matplotlib
 
@@ -360,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads), "
           f"max_new_tokens={report['max_new_tokens']}")
     for name, rows in report["workloads"].items():  # type: ignore[union-attr]
-        print(f"\n{name} workload\n{format_table(rows)}")
+        print(f"\n{name} workload\n{format_table(rows)}\n{headline(rows)}")
     print(f"\nwrote {out / 'report.json'} and {out / 'speedup.png'}")
     return 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragspec.bench import Run, format_table, main, summarize
+from ragspec.bench import Run, format_table, headline, main, summarize
 
 
 def test_summary_ratios_and_identity_count() -> None:
@@ -31,3 +31,10 @@ def test_bad_options_are_usage_errors() -> None:
     with pytest.raises(SystemExit) as e:
         main(["--questions", "0"])
     assert e.value.code == 2
+
+
+def test_headline_compares_against_every_method_and_the_oracle() -> None:
+    rows = [{"method": "hf_greedy", "decode_tokens_per_s": 10.0}, {"method": "hf_prompt_lookup", "decode_tokens_per_s": 12.5},
+            {"method": "ragspec_ngram", "decode_tokens_per_s": 25.0}, {"method": "oracle_k8", "decode_tokens_per_s": 100.0}]
+    assert headline(rows) == "ragspec_ngram: 2.50x hf_greedy, 2.00x hf_prompt_lookup, 25% of the oracle's speed"
+    assert headline(rows[:2]) == ""
