@@ -58,7 +58,7 @@ def measure(gen: SpeculativeGenerator, prompts: list, max_new: int, speculative:
         accepted += model.accepted if model else 0
         outputs.append(r.token_ids)
     return {"tok/s": tokens / seconds, "tok/forward": (tokens + len(prompts)) / forwards,
-            "model drafted": drafted, "model acceptance": accepted / drafted if drafted else float("nan"),
+            "model drafted": drafted, "model acceptance": f"{accepted / drafted:.2f}" if drafted else "–",
             "outputs": outputs}
 
 
@@ -69,7 +69,7 @@ def table(title: str, rows: dict[str, dict[str, float]]) -> None:
     for name, r in rows.items():
         same = sum(a == b for a, b in zip(r["outputs"], base["outputs"]))
         print(f"| {name} | {r['tok/s']:.1f} | {r['tok/s'] / base['tok/s']:.2f}x | {r['tok/forward']:.2f} | "
-              f"{r['model drafted']} | {r['model acceptance']:.2f} | {same}/{len(base['outputs'])} |")
+              f"{r['model drafted']} | {r['model acceptance']} | {same}/{len(base['outputs'])} |")
 
 
 def main() -> int:

@@ -92,7 +92,8 @@ class LlamaForward:
         return (
             type(model).__name__ == "LlamaForCausalLM"
             and getattr(cfg, "hidden_act", None) == "silu"
-            and rope.get("rope_type", "default") != "dynamic"  # its tables depend on the sequence length
+            # These recompute their rotary tables from the sequence length; the rest are static.
+            and rope.get("rope_type", "default") not in ("dynamic", "longrope")
             and getattr(model.lm_head, "bias", None) is None
         )
 
