@@ -231,9 +231,11 @@ def run_benchmark(
         "ragspec_plain": ragspec_method(plain, speculative=False),
         "ragspec_ngram": ragspec_method(ngram, speculative=True),
     }
+    generators = [plain, ngram, oracle]
     if draft_model:
         both = SpeculativeGenerator(lm, draft_model=draft_model)
         methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)
+        generators.append(both)
     methods[f"oracle_k{oracle_k}"] = ragspec_method(oracle, speculative=True)
 
     workloads = {"rag": rag_prompts(lm, questions)}
@@ -241,12 +243,15 @@ def run_benchmark(
         workloads["open"] = open_prompts(lm, open_ended)
     report: dict[str, object] = {
         "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens, "workloads": {},
+        "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
+        "ragspec_forward": plain._forward.description, "workloads": {},
     }
     warm = workloads["rag"][0]
     for fn in methods.values():  # one untimed run each: allocator and kernel warm-up
         oracle_drafter.truth = methods["ragspec_plain"](warm, 8).token_ids
         fn(warm, 8)
+    for gen in generators:  # the warm-up prompt is also measured: its keys and values must not be reused
+        gen.clear_cache()
     for name, prompts in workloads.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         for i, prompt in enumerate(prompts):
@@ -371,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "speedup.png")
     print(f"\n{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads), "
-          f"max_new_tokens={report['max_new_tokens']}")
+          f"max_new_tokens={report['max_new_tokens']}, ragspec: {report.get('ragspec_forward')}")
     for name, rows in report["workloads"].items():  # type: ignore[union-attr]
         print(f"\n{name} workload\n{format_table(rows)}\n{headline(rows)}")
     print(f"\nwrote {out / 'report.json'} and {out / 'speedup.png'}")

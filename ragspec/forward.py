@@ -36,6 +36,9 @@ Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Ten
 class Forward(Protocol):
     """Runs the model on ``ids`` after the positions in ``cache`` and appends them to it."""
 
+    description: str
+    """Which implementation runs (shown in benchmark reports)."""
+
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         """Logits ``[len(ids), vocab]`` (``[1, vocab]`` with ``last_only``)."""
         ...
@@ -66,6 +69,7 @@ class HFForward:
     def __init__(self, model: PreTrainedModel, device: torch.device) -> None:
         self.model = model
         self.device = device
+        self.description = "transformers forward"
         # transformers 5.x renamed `past_key_values` to `cache`; accept either.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -102,6 +106,7 @@ class LlamaForward:
         self.config = cfg
         self.device = device
         self.linear = pick_linear(device, dtype)
+        self.description = f"lean Llama forward ({'oneDNN' if self.linear is _onednn_linear else 'F.linear'} products)"
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.layers = list(inner.layers)

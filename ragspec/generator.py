@@ -239,6 +239,13 @@ class SpeculativeGenerator:
         steps = self._run(prompt_ids, ref_ids, max_new_tokens, assembler, acceptor, speculative, stats)
         return GenerationStream(steps, stats)
 
+    def clear_cache(self) -> None:
+        """Forget the keys and values kept from earlier requests (the next prompt starts cold)."""
+        with self._lock:
+            self._kept = None
+            if self.model_drafter is not None:
+                self.model_drafter.clear_cache()
+
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
         if isinstance(text, str):
             return list(self.lm.tokenizer.encode(text, add_special_tokens=special_tokens))

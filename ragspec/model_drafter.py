@@ -40,12 +40,16 @@ class ModelDrafter:
         check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
         self.lm = draft
         self._forward = make_forward(draft.model, draft.device, draft.dtype)
-        self._cache = self._forward.new_cache(1024)  # grows by doubling when needed
-        self._seen: list[int] = []  # tokens whose keys/values are in the cache
+        self.clear_cache()
 
     def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
         # Keep the cache across requests: a shared prompt prefix (system prompt) is reused.
         pass
+
+    def clear_cache(self) -> None:
+        """Forget every cached position."""
+        self._cache = self._forward.new_cache(1024)  # grows by doubling when needed
+        self._seen: list[int] = []  # tokens whose keys/values are in the cache
 
     @torch.inference_mode()
     def _logits(self, tokens: Sequence[int]) -> torch.Tensor:

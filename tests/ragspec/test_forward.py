@@ -32,7 +32,7 @@ def test_llama_forward_matches_transformers_over_cached_chunks(overrides: dict[s
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     want = model(torch.tensor([ids])).logits[0]  # one cache-free pass over everything
     fwd = make_forward(model, CPU, FP32)
-    assert isinstance(fwd, LlamaForward)
+    assert isinstance(fwd, LlamaForward) and fwd.description.startswith("lean Llama forward")
     cache = fwd.new_cache(8)  # too small on purpose: the buffers grow
     # Prefill, single tokens, and multi-token chunks after a cache (the draft-verify shape).
     got = [fwd(ids[:17], cache), fwd(ids[17:18], cache), fwd(ids[18:27], cache), fwd(ids[27:28], cache),
@@ -50,6 +50,7 @@ def test_other_architectures_use_transformers_forward() -> None:
     model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
     fwd = make_forward(model, CPU, FP32)
     assert isinstance(fwd, HFForward) and not LlamaForward.supports(model)
+    assert fwd.description == "transformers forward"
     ids = list(range(10, 30))
     want = model(torch.tensor([ids])).logits[0]
     cache = fwd.new_cache(32)

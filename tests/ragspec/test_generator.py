@@ -247,6 +247,9 @@ def test_prefix_cache_reuses_a_shared_prompt_prefix_exactly() -> None:
     assert_same_or_tie(lm, second, brute_greedy(lm, second, 20), b.token_ids)
     again = gen.generate(second, max_new_tokens=20)  # the whole prompt but its last token is reused
     assert again.stats.cached_prompt_tokens == len(second) - 1 and again.token_ids == b.token_ids
+    gen.clear_cache()
+    cold = gen.generate(second, max_new_tokens=20)
+    assert cold.stats.cached_prompt_tokens == 0 and cold.token_ids == b.token_ids
     off = SpeculativeGenerator(lm, prefix_cache=False)
     off.generate(first, max_new_tokens=5)
     assert off.generate(second, max_new_tokens=5).stats.cached_prompt_tokens == 0

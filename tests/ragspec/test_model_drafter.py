@@ -29,7 +29,10 @@ def test_identical_draft_model_is_fully_accepted_and_exact(seed: int) -> None:
     prompt = [seed, 17, 4, 250, 3]
     expected = brute_greedy(target, prompt, 40)
     gen = SpeculativeGenerator(target, drafter=NoDrafts(), draft_model=draft, policy=FixedPolicy(k=0, model_k=5))
-    for _ in range(2):  # a second request re-uses and rolls back the draft model's cache
+    for i in range(3):  # a second request re-uses and rolls back the draft model's cache; a third starts cold
+        if i == 2:
+            gen.clear_cache()
+            assert gen.model_drafter is not None and gen.model_drafter._seen == []
         result = gen.generate(prompt, max_new_tokens=40)
         assert_same_or_tie(target, prompt, expected, result.token_ids)
         model = result.stats.by_source["model"]
