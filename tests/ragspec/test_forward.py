@@ -42,6 +42,32 @@ def test_llama_forward_matches_transformers_over_cached_chunks(overrides: dict[s
     cache.crop(-5)  # roll back, then redo the same positions
     torch.testing.assert_close(fwd(ids[35:40], cache), want[35:40], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fwd(ids[:3], fwd.new_cache(4), last_only=True), want[2:3], rtol=1e-4, atol=1e-4)
+    # Fusing the projections left the model itself computing exactly what it did.
+    assert torch.equal(model(torch.tensor([ids])).logits[0], want)
+
+
+@torch.inference_mode()
+def test_fused_weights_share_the_models_storage_and_are_built_once() -> None:
+    model = llama(attention_bias=True)
+    first, second = LlamaForward(model, CPU, FP32), LlamaForward(model, CPU, FP32)
+    assert first.fused == second.fused  # the same objects: one set of fused weights per model
+    (qkv, gate_up), layer = first.fused[0], model.model.layers[0]
+    att = layer.self_attn
+    for fused, linears in ((qkv, [att.q_proj, att.k_proj, att.v_proj]), (gate_up, [layer.mlp.gate_proj, layer.mlp.up_proj])):
+        storage = fused.weight.untyped_storage().data_ptr()
+        assert all(lin.weight.untyped_storage().data_ptr() == storage for lin in linears)
+        assert fused.weight.shape[0] == sum(lin.out_features for lin in linears)
+    assert qkv.bias is not None and att.v_proj.bias.untyped_storage().data_ptr() == qkv.bias.untyped_storage().data_ptr()
+
+
+def test_replaced_projection_layers_are_left_to_transformers() -> None:
+    class Custom(torch.nn.Linear):  # e.g. a quantized or adapter-wrapped layer
+        pass
+
+    model = llama()
+    old = model.model.layers[1].mlp.up_proj
+    model.model.layers[1].mlp.up_proj = Custom(old.in_features, old.out_features, bias=False)
+    assert isinstance(make_forward(model, CPU, FP32), HFForward)
 
 
 @torch.inference_mode()
