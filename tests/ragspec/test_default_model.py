@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ragspec.forward import LlamaForward
 from ragspec.generator import PromptTooLongError, SpeculativeGenerator
+from ragspec.models import load_model
 from ragspec.prompts import qa_messages
 
 pytestmark = pytest.mark.integration
@@ -74,3 +76,20 @@ def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGene
 def test_prompt_longer_than_context_names_the_limit(generator: SpeculativeGenerator) -> None:
     with pytest.raises(PromptTooLongError, match="at most 8192"):
         generator.generate("word " * 9000)
+
+
+def _resident_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+@torch.inference_mode()
+def test_fusing_projections_replaces_weights_instead_of_adding_memory() -> None:
+    lm = load_model("default", device="cpu", dtype="float32")
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight  # still tied after the copy
+    lm.model(torch.tensor([[1, 2, 3]]))  # touch every weight page
+    before = _resident_mb()
+    LlamaForward(lm.model, lm.device, lm.dtype)
+    # The fused q/k/v and gate/up weights are ~280 MB; the replaced ones must be released.
+    assert _resident_mb() - before < 100
