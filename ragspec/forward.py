@@ -7,8 +7,8 @@ MKL, whose small-row-count products are slow here: the 576x49152 output head tak
 row, 21 ms for two and 18.5 ms for nine, and the whole model 57 ms for one token, 98 ms for two
 and 113 ms for nine. oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on the same weights
 takes 4.0 / 5.1 / 7.8 ms for the head. Verifying a draft multiplies few rows, so this is exactly
-the shape speculative decoding lives on. transformers' module tree adds ~8 ms of Python per
-step on top (hooks, mask construction, rotary tables recomputed per call).
+the shape speculative decoding lives on. transformers' module tree adds ~2 ms per step on top
+(hooks, mask construction, rotary tables recomputed per call).
 
 ``LlamaForward`` replays a ``LlamaForCausalLM``'s computation with the model's own weight tensors
 (nothing copied): RMSNorm, rotary embedding, grouped-query SDPA attention, SiLU MLP, the same

@@ -323,12 +323,12 @@ class SpeculativeGenerator:
             return GenerationResult(assembler.text, out, finish, stats)
 
     @torch.inference_mode()
-    def _calibrate(self, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> None:
+    def _calibrate(self, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), context: int = 128) -> None:
         """Time target forwards of several draft lengths after a 128-token context, so that the
         policy starts from real verify costs (about 30 forwards, once, when the generator is built;
         later timings refine them)."""
         lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.lm.context_length)
-        context = min(128, self.lm.context_length - max(lengths) - 1)  # stay inside the position limit
+        context = min(context, self.lm.context_length - max(lengths) - 1)  # stay inside the position limit
         cache = self._forward.new_cache(context + max(lengths) + 1)
         self._forward([0] * context, cache, last_only=True)
         seconds: dict[int, float] = {}
