@@ -71,6 +71,20 @@ def test_replaced_projection_layers_are_left_to_transformers() -> None:
 
 
 @torch.inference_mode()
+def test_bfloat16_path_matches_transformers() -> None:
+    # The dtype a GPU runs by default: F.linear products and transformers' norm arithmetic.
+    model = llama().to(torch.bfloat16)
+    ids = list(range(5, 35))
+    want = model(torch.tensor([ids])).logits[0].float()
+    fwd = make_forward(model, CPU, torch.bfloat16)
+    assert isinstance(fwd, LlamaForward) and fwd.linear is F.linear
+    cache = fwd.new_cache(64)
+    got = torch.cat([fwd(ids[:20], cache), fwd(ids[20:21], cache), fwd(ids[21:30], cache)]).float()
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+@torch.inference_mode()
 def test_other_architectures_use_transformers_forward() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
