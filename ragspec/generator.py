@@ -324,7 +324,7 @@ class SpeculativeGenerator:
 
     @torch.inference_mode()
     def _calibrate(self, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), context: int = 128) -> None:
-        """Time target forwards of several draft lengths after a 128-token context, so that the
+        """Time target forwards of several draft lengths after ``context`` tokens, so that the
         policy starts from real verify costs (about 30 forwards, once, when the generator is built;
         later timings refine them)."""
         lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.lm.context_length)

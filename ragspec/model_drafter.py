@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
 from ragspec.drafting import Draft, DraftSource
 from ragspec.forward import make_forward
 from ragspec.models import LoadedModel
@@ -81,4 +82,4 @@ class ModelDrafter:
         """The cache is reconciled with the context at the next ``propose``."""
 
     def finish(self, output: Sequence[int]) -> None:
-        pass
+        """The cache is kept for the next request's shared prefix."""

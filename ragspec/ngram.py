@@ -161,29 +161,34 @@ class NgramDrafter:
             for m in self._matchers:
                 m.advance(token)
 
-    def longest_match(self, context: Sequence[int], max_tokens: int) -> Match | None:
-        """The longest suffix match over all references (ties broken by source priority)."""
+    def matches(self, context: Sequence[int], max_tokens: int) -> list[Match]:
+        """Per reference, the longest suffix match that has a continuation, in source priority
+        order: passages, earlier answers, then the running context (prompt and output)."""
         self._sync(context)
-        best: Match | None = None
+        found: list[Match] = []
         n_passages = len(self._ref_ids)
         for i, m in enumerate(self._matchers):
-            if m.length < self.min_match or (best is not None and m.length <= best.length):
+            if m.length < self.min_match:
                 continue
             length, tokens = m.sam.continuation(m.state, m.length, max_tokens)
-            if length >= self.min_match and (best is None or length > best.length):
+            if length >= self.min_match:
                 if i < n_passages:
-                    best = Match(length, tokens, DraftSource.PASSAGE, self._ref_ids[i])
+                    found.append(Match(length, tokens, DraftSource.PASSAGE, self._ref_ids[i]))
                 else:
-                    best = Match(length, tokens, DraftSource.HISTORY, None)
+                    found.append(Match(length, tokens, DraftSource.HISTORY, None))
         sam = self._self
         state = sam.link[sam.last] if sam.last else 0
         length = sam.length[state] if state > 0 else 0
-        if length >= self.min_match and (best is None or length > best.length):
+        if length >= self.min_match:
             end = sam.first_end[state]
             tokens = tuple(sam.tokens[end + 1 : end + 1 + max_tokens])
             source = DraftSource.PROMPT if end + 1 < self._prompt_len else DraftSource.OUTPUT
-            best = Match(length, tokens, source, None)
-        return best
+            found.append(Match(length, tokens, source, None))
+        return found
+
+    def longest_match(self, context: Sequence[int], max_tokens: int) -> Match | None:
+        """The longest suffix match over all references (ties broken by source priority)."""
+        return max(self.matches(context, max_tokens), key=lambda m: m.length, default=None)
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
         if max_tokens <= 0:
