@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragspec.bench import open_prompts, rag_prompts  # noqa: E402
+from apps.bench import open_prompts, rag_prompts  # noqa: E402
 from ragspec.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.models import LoadedModel, load_model  # noqa: E402
 from ragspec.ngram import NgramDrafter  # noqa: E402

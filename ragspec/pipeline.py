@@ -31,7 +31,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 
 from ragspec.lc.base import CallOptions, Finished, RagSpecParams
-from ragspec.lc.bridge import iterate_in_thread
+from ragspec.bridge import iterate_in_thread
 from ragspec.prompts import QA_SYSTEM_PROMPT, qa_messages, qa_text_prompt
 
 if TYPE_CHECKING:

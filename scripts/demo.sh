@@ -2,4 +2,4 @@
 # The main job: a document Q&A demo on the embedded default models (offline).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
-exec python -m ragspec.demo "$@"
+exec python -m apps.demo "$@"

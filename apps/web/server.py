@@ -253,7 +253,7 @@ def create_app(
         )
 
     async def _answer(session: Session, answerer: Answerer, question: str) -> AsyncIterator[str]:
-        from ragspec.lc.bridge import iterate_in_thread
+        from ragspec.bridge import iterate_in_thread
 
         queue.waiting += 1
         acquired = False

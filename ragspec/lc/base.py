@@ -24,7 +24,7 @@ from langchain_core.documents import Document
 from langchain_core.messages.ai import UsageMetadata
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ragspec.lc import registry
+from ragspec import registry
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator

@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from ragspec.lc.base import CallOptions, Finished, RagSpecParams
-from ragspec.lc.bridge import iterate_in_thread
+from ragspec.bridge import iterate_in_thread
 from ragspec.lc.messages import chat_prompt_ids
 
 

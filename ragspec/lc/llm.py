@@ -10,7 +10,7 @@ from langchain_core.language_models import LLM, LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from ragspec.lc.base import CallOptions, Finished, RagSpecParams
-from ragspec.lc.bridge import iterate_in_thread
+from ragspec.bridge import iterate_in_thread
 
 
 class RagSpecLLM(LLM, RagSpecParams):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from apps.engine import CitationView, Event, Finished, SpeedStats, Token
-from ragspec import cli
+from apps import cli
 
 DOC = """# Harbour notes
 
@@ -25,13 +25,13 @@ Tickets cost four pounds for adults and are sold on board.
 def run_cli(*args: str, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(
-        [sys.executable, "-m", "ragspec.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "apps.cli", *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
 def test_console_script_is_declared() -> None:
     (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == "ragspec"]
-    assert entry.value == "ragspec.cli:main"
+    assert entry.value == "apps.cli:main"
 
 
 @pytest.mark.parametrize("command", [[], ["ingest"], ["ask"], ["chat"], ["serve"]])
@@ -44,9 +44,9 @@ def test_help_on_every_command(command: list[str], capsys: pytest.CaptureFixture
 def test_bench_is_delegated(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["bench", "--help"])
     captured = capsys.readouterr()
-    if importlib.util.find_spec("ragspec.bench") is None:
+    if importlib.util.find_spec("apps.bench") is None:
         assert code == 1 and captured.err.strip() == (
-            "ragspec: error: the benchmark is not available in this version of ragspec (ragspec.bench is missing)"
+            "ragspec: error: the benchmark is not available in this version of ragspec (apps.bench is missing)"
         )
     else:
         assert code == 0 and "usage" in captured.out.lower()

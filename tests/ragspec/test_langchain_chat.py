@@ -211,7 +211,7 @@ def test_import_ragspec_is_light_and_exports_lazily():
 async def test_iterate_in_thread_keeps_context_and_propagates_errors():
     import contextvars
 
-    from ragspec.lc.bridge import iterate_in_thread
+    from ragspec.bridge import iterate_in_thread
 
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
     var.set("caller")

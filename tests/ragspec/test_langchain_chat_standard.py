@@ -25,7 +25,7 @@ def tiny_model_dir() -> str:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from ragspec.lc import registry
+    from ragspec import registry
 
     tokenizer = registry.get_generator("default").lm.tokenizer
     torch.manual_seed(0)

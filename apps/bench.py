@@ -7,7 +7,7 @@ transformers greedy ``generate``, time to first token, new tokens per target for
 acceptance, drafting time per step, peak resident memory, and whether each output equals
 transformers greedy token for token.
 
-Run ``ragspec bench --help`` (or ``python -m ragspec.bench --help``) for the options.
+Run ``ragspec bench --help`` (or ``python -m apps.bench --help``) for the options.
 """
 
 from __future__ import annotations

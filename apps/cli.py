@@ -273,11 +273,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _bench(argv: list[str]) -> int:
     try:
-        from ragspec.bench import main as bench_main
+        from apps.bench import main as bench_main
     except ImportError as e:
-        if e.name not in ("ragspec.bench",):
+        if e.name not in ("apps.bench",):
             raise
-        raise CLIError("the benchmark is not available in this version of ragspec (ragspec.bench is missing)") from e
+        raise CLIError("the benchmark is not available in this version of ragspec (apps.bench is missing)") from e
     try:
         return int(bench_main(argv) or 0)
     except SystemExit as e:  # its own argparse: 0 after --help, 2 for a usage error (already printed)

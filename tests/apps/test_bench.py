@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragspec.bench import Run, format_table, headline, main, summarize
+from apps.bench import Run, format_table, headline, main, summarize
 
 
 def test_summary_ratios_and_identity_count() -> None:

@@ -5,7 +5,7 @@ streams as it is generated, followed by its citations and the speculative decodi
 every question is answered again with plain decoding, to show that the answers are identical and
 how much faster speculative decoding was.
 
-    python -m ragspec.demo ["your own question" ...]
+    python -m apps.demo ["your own question" ...]
 """
 
 from __future__ import annotations
