@@ -11,25 +11,31 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from contextlib import contextmanager
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache
 
+from ragspec.config import GenerationConfig
 from ragspec.drafting import Draft, Drafter
 from ragspec.forward import make_forward
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import AdaptivePolicy, Policy
-from ragspec.sampling import Acceptor, SamplingParams, make_acceptor
-from ragspec.text import StopTextAssembler
+from ragspec.sampling import Acceptor, make_acceptor
+from ragspec.text import StopTextAssembler, clean_text
 
 
 class PromptTooLongError(ValueError):
     """The prompt does not fit the model's context window."""
+
+
+class GeneratorBusyError(RuntimeError):
+    """The generator is decoding another request (a generator decodes one request at a time)."""
 
 
 @dataclass
@@ -102,15 +108,19 @@ class GenerationResult:
     finish_reason: str
     """``"stop"`` (a stop string), ``"eos"``, or ``"length"`` (max_new_tokens or the context)."""
     stats: GenerationStats
+    model: str = ""
+    """Name of the model that produced it."""
 
 
 class GenerationStream:
     """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted.
 
+    A stream holds its generator from the first delta until it is exhausted or closed; use it as
+    a context manager (``with gen.stream(prompt) as s: ...``) so that an early exit releases it.
     ``stats`` is updated after every target forward, so it can be shown live while streaming.
     """
 
-    def __init__(self, steps: Iterator[str], stats: GenerationStats) -> None:
+    def __init__(self, steps: Generator[str, None, GenerationResult], stats: GenerationStats) -> None:
         self._steps = steps
         self.stats = stats
         self.result: GenerationResult | None = None
@@ -118,11 +128,15 @@ class GenerationStream:
     def __iter__(self) -> Iterator[str]:
         self.result = yield from self._steps
 
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop generating (e.g. the client went away); releases the generator for other calls."""
-        close = getattr(self._steps, "close", None)
-        if close is not None:
-            close()
+        self._steps.close()
 
 
 class SpeculativeGenerator:
@@ -148,9 +162,17 @@ class SpeculativeGenerator:
         prefix_cache: bool = True,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
+        config: GenerationConfig | None = None,
+        busy_timeout_s: float = 300.0,
     ) -> None:
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        if not busy_timeout_s >= 0:
+            raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s}")
+        self.config = config if config is not None else GenerationConfig()
+        """Defaults of every call; per-call options merge into it."""
+        self.busy_timeout_s = busy_timeout_s
+        """How long a request waits for another thread's request to finish before ``GeneratorBusyError``."""
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
         # Earlier answers are a source too: a small model repeats its own phrasing across questions.
         self.drafter: Drafter = drafter if drafter is not None else NgramDrafter(history_tokens=2048)
@@ -171,61 +193,47 @@ class SpeculativeGenerator:
         # The last finished request's KV cache and the tokens it holds (see ``_take_cache``).
         self._kept: tuple[DynamicCache, list[int]] | None = None
         self._lock = threading.Lock()
+        self._owner: int | None = None  # thread id of the request holding ``_lock``
 
     # -- public API ---------------------------------------------------------------------------
     def generate(
         self,
         prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
         *,
         references: Sequence[str | Sequence[int]] = (),
-        max_new_tokens: int = 256,
-        stop: Sequence[str] = (),
-        speculative: bool = True,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        **options: Any,
     ) -> GenerationResult:
         """Generate a completion of ``prompt``; ``references`` are passages to draft from.
 
-        ``temperature`` 0 is greedy decoding; above 0 tokens are sampled (with optional top-k /
-        top-p filtering and a ``seed``) and drafts are verified by rejection sampling, so the
-        output has exactly the distribution of plain sampling. A seed fixes the sample of plain
-        sampling; with speculation the sample also depends on the drafts (which depend on timing
-        and on earlier answers), so only its distribution is fixed.
+        ``config`` (default: the generator's ``config``) is merged with ``options``
+        (``max_new_tokens=``, ``stop=``, ``temperature=``, ... see ``GenerationConfig``).
+        Greedy output is the target's own greedy output; sampled output has the distribution of
+        plain sampling (drafts are verified by rejection sampling).
         """
-        stream = self.stream(
-            prompt, references=references, max_new_tokens=max_new_tokens, stop=stop, speculative=speculative,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        )
-        for _ in stream:
-            pass
+        with self.stream(prompt, config, references=references, **options) as stream:
+            for _ in stream:
+                pass
         assert stream.result is not None
         return stream.result
 
     def stream(
         self,
         prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
         *,
         references: Sequence[str | Sequence[int]] = (),
-        max_new_tokens: int = 256,
-        stop: Sequence[str] = (),
-        speculative: bool = True,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
+        **options: Any,
     ) -> GenerationStream:
         """Like ``generate`` but yields text deltas as they are accepted; see ``GenerationStream``.
 
-        Arguments are checked here, before any work starts.
+        Arguments are checked here, before any work starts. The generator is taken on the first
+        delta: a request from another thread waits up to ``busy_timeout_s`` for it, and one from a
+        thread that still has an open stream of this generator fails at once (``GeneratorBusyError``).
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if isinstance(stop, str):
-            stop = [stop]
-        acceptor = make_acceptor(SamplingParams(temperature, top_k, top_p, seed), self.lm.device)
-        assembler = StopTextAssembler(self.lm.tokenizer, stop)
+        config = (config if config is not None else self.config).merged(options)
+        acceptor = make_acceptor(config, self.lm.device)
+        assembler = StopTextAssembler(self.lm.tokenizer, config.stop)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -236,20 +244,40 @@ class SpeculativeGenerator:
             )
         ref_ids = [self.encode(r, special_tokens=False) for r in references]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        steps = self._run(prompt_ids, ref_ids, max_new_tokens, assembler, acceptor, speculative, stats)
+        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, stats)
         return GenerationStream(steps, stats)
 
     def clear_cache(self) -> None:
         """Forget the keys and values kept from earlier requests (the next prompt starts cold)."""
-        with self._lock:
+        with self._hold():
             self._kept = None
             if self.model_drafter is not None:
                 self.model_drafter.clear_cache()
 
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
+        """Token ids of ``text`` (lone surrogates, which no tokenizer takes, become U+FFFD); ids pass through."""
         if isinstance(text, str):
-            return list(self.lm.tokenizer.encode(text, add_special_tokens=special_tokens))
+            return list(self.lm.tokenizer.encode(clean_text(text), add_special_tokens=special_tokens))
         return [int(t) for t in text]
+
+    @contextmanager
+    def _hold(self) -> Iterator[None]:
+        """Hold the generator for one request (see ``stream`` for who waits and who fails)."""
+        if self._owner == threading.get_ident():
+            raise GeneratorBusyError(
+                "this thread still has an open stream of this generator: exhaust or close it first "
+                "(`with generator.stream(...) as s:` closes it on exit)"
+            )
+        if not self._lock.acquire(timeout=self.busy_timeout_s):
+            raise GeneratorBusyError(
+                f"the generator stayed busy with another request for {self.busy_timeout_s:g} s; try again later"
+            )
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._owner = None
+            self._lock.release()
 
     # -- decoding -----------------------------------------------------------------------------
     def _verify(
@@ -273,15 +301,14 @@ class SpeculativeGenerator:
         self,
         prompt_ids: list[int],
         ref_ids: list[list[int]],
-        max_new_tokens: int,
+        config: GenerationConfig,
         assembler: StopTextAssembler,
         acceptor: Acceptor,
-        speculative: bool,
         stats: GenerationStats,
-    ) -> Iterator[str]:
-        with self._lock:
+    ) -> Generator[str, None, GenerationResult]:
+        with self._hold():
             start = time.perf_counter()
-            budget = min(max_new_tokens, self.lm.context_length - len(prompt_ids))
+            budget = min(config.max_new_tokens, self.lm.context_length - len(prompt_ids))
             finish = "length"
             out: list[int] = []
             context = list(prompt_ids)  # prompt + out, kept as one list for the drafter
@@ -309,7 +336,7 @@ class SpeculativeGenerator:
                         finish = "stop"
                     if finish != "continue":
                         break
-                    new = self._step(cache, context, budget - len(out), acceptor, speculative, stats)
+                    new = self._step(cache, context, budget - len(out), acceptor, config.speculative, stats)
                 self.drafter.finish(out)
                 if self.model_drafter is not None:
                     self.model_drafter.finish(out)
@@ -320,7 +347,7 @@ class SpeculativeGenerator:
                 yield tail
             stats.new_tokens = len(out)
             stats.wall_s = time.perf_counter() - start
-            return GenerationResult(assembler.text, out, finish, stats)
+            return GenerationResult(assembler.text, out, finish, stats, self.lm.name)
 
     @torch.inference_mode()
     def _calibrate(self, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), context: int = 128) -> None:

@@ -24,22 +24,36 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from ragspec.lc.base import CallOptions, Finished, RagSpecParams
 from ragspec.bridge import iterate_in_thread
+from ragspec.config import CallOptions
 from ragspec.prompts import QA_SYSTEM_PROMPT, qa_messages, qa_text_prompt
+from ragspec.registry import LocalModel
+from ragspec.text import clean_text
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-    from ragspec.generator import GenerationStats
+    from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
     from retrievers import FaissVectorStore
+
+
+@runtime_checkable
+class GenerationSource(Protocol):
+    """Where answers come from: a loaded generator and the defaults of each call.
+
+    ``ragspec.registry.LocalModel``, ``ChatRagSpec`` and ``RagSpecLLM`` are generation sources.
+    """
+
+    def load(self, model: str | None = None) -> SpeculativeGenerator: ...
+
+    def call_options(self, stop: Sequence[str] | None, options: Any) -> CallOptions: ...
 
 __all__ = ["Answer", "AnswerStream", "AsyncAnswerStream", "Citation", "ContextBudgetWarning", "DocumentQA"]
 
@@ -83,7 +97,8 @@ class AnswerStream:
     """Iterate for the answer's text deltas; ``answer`` (with citations) is set once it is exhausted.
 
     ``passages`` are known before the first delta, so sources can be shown up front; ``stats``
-    (the generation's ``GenerationStats``) is updated live from the first delta on.
+    (the generation's ``GenerationStats``) is updated live from the first delta on. Use it as a
+    context manager (``with qa.stream(q) as s:``) so that stopping early frees the model.
     """
 
     def __init__(self, events: Iterator[str | Answer], passages: list[Document]) -> None:
@@ -103,9 +118,19 @@ class AnswerStream:
                 else:
                     yield event
         finally:
-            close = getattr(self._events, "close", None)
-            if close is not None:
-                close()  # stopping early ends the generation and frees the model
+            self.close()  # stopping early ends the generation and frees the model
+
+    def __enter__(self) -> AnswerStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop generating; frees the model for the next request."""
+        close = getattr(self._events, "close", None)
+        if close is not None:
+            close()
 
 
 class AsyncAnswerStream:
@@ -114,13 +139,12 @@ class AsyncAnswerStream:
     Retrieval and generation run in a worker thread, so the event loop never blocks.
     """
 
-    def __init__(self, qa: DocumentQA, question: str) -> None:
-        self._qa = qa
-        self._question = question
+    def __init__(self, make_events: Callable[[], Iterator[str | Answer]]) -> None:
+        self._make_events = make_events
         self.answer: Answer | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        async for event in iterate_in_thread(lambda: self._qa._events(self._question)):
+        async for event in iterate_in_thread(self._make_events):
             if isinstance(event, Answer):
                 self.answer = event
             else:
@@ -153,22 +177,22 @@ class DocumentQA:
     def __init__(
         self,
         retriever: BaseRetriever,
-        llm: RagSpecParams | None = None,
+        llm: GenerationSource | None = None,
         *,
         system_prompt: str = QA_SYSTEM_PROMPT,
         snippet_chars: int = 240,
     ) -> None:
-        """``llm`` is a ``ChatRagSpec`` or ``RagSpecLLM``; its settings (model, max_tokens, stop,
-        sampling, speculative) apply to every answer. Default: ``ChatRagSpec()``."""
+        """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM`` or ``LocalModel``; its settings (model,
+        max_tokens, stop, sampling, speculative) apply to every answer. Default: ``LocalModel()``
+        (the default model, greedy, 256 new tokens at most)."""
         if not isinstance(retriever, BaseRetriever):
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
-            from ragspec.lc import ChatRagSpec
-
-            llm = ChatRagSpec()
-        if not isinstance(llm, RagSpecParams):
+            llm = LocalModel()
+        if not isinstance(llm, GenerationSource):
             raise ValueError(
-                f"llm must be a ragspec ChatRagSpec or RagSpecLLM (the drafter needs the passages), got {type(llm).__name__}"
+                "llm must be a ragspec ChatRagSpec, RagSpecLLM or LocalModel (the drafter needs the passages), "
+                f"got {type(llm).__name__}"
             )
         if snippet_chars < 1:
             raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
@@ -183,7 +207,7 @@ class DocumentQA:
         cls,
         paths: str | Path | Sequence[str | Path],
         *,
-        llm: RagSpecParams | None = None,
+        llm: GenerationSource | None = None,
         embeddings: Embeddings | None = None,
         k: int = 4,
         chunk_size: int = 256,
@@ -219,7 +243,7 @@ class DocumentQA:
         cls,
         directory: str | Path,
         *,
-        llm: RagSpecParams | None = None,
+        llm: GenerationSource | None = None,
         embeddings: Embeddings | None = None,
         k: int = 4,
         **kwargs: Any,
@@ -238,7 +262,7 @@ class DocumentQA:
         documents: list[Document] | None = None,
         k: int = 4,
         hybrid: bool = True,
-        llm: RagSpecParams | None = None,
+        llm: GenerationSource | None = None,
         **kwargs: Any,
     ) -> DocumentQA:
         """Retrieve from ``store``: fused with BM25 over ``documents`` (default: the store's own) when ``hybrid``."""
@@ -254,59 +278,69 @@ class DocumentQA:
         return cls(retriever, llm, **kwargs)
 
     # -- answering ------------------------------------------------------------------------------
-    def ask(self, question: str) -> Answer:
-        """Answer ``question`` from the retrieved passages."""
-        stream = self.stream(question)
-        for _ in stream:
-            pass
+    def ask(self, question: str, *, k: int | None = None, **options: Any) -> Answer:
+        """Answer ``question`` from the retrieved passages.
+
+        ``k`` overrides the number of passages retrieved; ``options`` (``max_tokens``,
+        ``temperature``, ... as in ``GenerationConfig``) override the llm's settings for this answer.
+        """
+        with self.stream(question, k=k, **options) as stream:
+            for _ in stream:
+                pass
         assert stream.answer is not None
         return stream.answer
 
-    def stream(self, question: str) -> AnswerStream:
+    def stream(self, question: str, *, k: int | None = None, **options: Any) -> AnswerStream:
         """Retrieve now; generate as the returned stream is iterated (see ``AnswerStream``)."""
-        request = self._prepare(question)
+        request = self._prepare(question, k, options)
         stream = AnswerStream(iter(()), request.passages)
         stream._events = self._generate(request, on_start=stream._started)
         return stream
 
-    async def aask(self, question: str) -> Answer:
+    async def aask(self, question: str, *, k: int | None = None, **options: Any) -> Answer:
         """``ask`` in a worker thread."""
-        return await asyncio.to_thread(self.ask, question)
+        return await asyncio.to_thread(lambda: self.ask(question, k=k, **options))
 
-    def astream(self, question: str) -> AsyncAnswerStream:
+    def astream(self, question: str, *, k: int | None = None, **options: Any) -> AsyncAnswerStream:
         """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
-        return AsyncAnswerStream(self, question)
+        return AsyncAnswerStream(lambda: self._generate(self._prepare(question, k, options)))
 
     def as_runnable(self) -> Runnable[str, Answer]:
         """A LangChain ``Runnable`` taking a question string and returning an ``Answer``."""
         return RunnableLambda(self.ask, afunc=self.aask, name="DocumentQA")
 
     # -- steps ----------------------------------------------------------------------------------
-    def _events(self, question: str) -> Iterator[str | Answer]:
-        return self._generate(self._prepare(question))
-
-    def _prepare(self, question: str) -> _Request:
+    def _prepare(self, question: str, k: int | None, options: dict[str, Any]) -> _Request:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be a non-empty string")
-        passages = list(self.retriever.invoke(question))
-        options = self.llm.call_options(None, {})
-        generator = self.llm.load(options.model)
-        budget = generator.lm.context_length - options.max_tokens
-        passages, prompt_ids = self._fit(generator.lm.tokenizer, question, passages, budget)
-        options = dataclasses.replace(options, references=tuple(p.page_content for p in passages))
-        return _Request(question, passages, prompt_ids, options)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        question = clean_text(question)
+        base = self.llm.call_options(None, {})
+        if "max_tokens" in options:
+            options["max_new_tokens"] = options.pop("max_tokens")
+        call = dataclasses.replace(base, config=base.config.merged(options))
+        passages = list(self.retriever.invoke(question) if k is None else self.retriever.invoke(question, k=k))
+        generator = self.llm.load(call.model)
+        max_tokens = call.config.max_new_tokens
+        passages, prompt_ids = self._fit(generator.lm.tokenizer, question, passages, max_tokens, generator.lm.context_length)
+        call = dataclasses.replace(call, references=tuple(p.page_content for p in passages))
+        return _Request(question, passages, prompt_ids, call)
 
     def _generate(
         self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
     ) -> Iterator[str | Answer]:
-        for event in self.llm.events(request.options, lambda _: request.prompt_ids, on_start):
-            if isinstance(event, Finished):
-                yield self._answer(request, event)
-            else:
-                yield event
+        options = request.options
+        generator = self.llm.load(options.model)
+        with generator.stream(request.prompt_ids, options.config, references=options.references) as stream:
+            if on_start is not None:
+                on_start(stream.stats)
+            yield from stream
+        assert stream.result is not None
+        yield self._answer(request, stream.result)
 
-    def _answer(self, request: _Request, finished: Finished) -> Answer:
-        text = finished.result.text
+    def _answer(self, request: _Request, result: GenerationResult) -> Answer:
+        text = result.text
         numbers, rule = choose_citations(text, request.passages)
         citations = [self._citation(n, request.passages[n - 1]) for n in numbers]
         return Answer(
@@ -315,8 +349,8 @@ class DocumentQA:
             citations=citations,
             passages=request.passages,
             citation_rule=rule,
-            finish_reason=finished.result.finish_reason,
-            stats=finished.result.stats,
+            finish_reason=result.finish_reason,
+            stats=result.stats,
         )
 
     def _citation(self, number: int, passage: Document) -> Citation:
@@ -344,9 +378,10 @@ class DocumentQA:
         return list(tokenizer.encode(qa_text_prompt(question, passages, self.system_prompt)))
 
     def _fit(
-        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], budget: int
+        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], max_tokens: int, context: int
     ) -> tuple[list[Document], list[int]]:
-        """Drop the lowest-ranked passages, then truncate the top one, until the prompt fits ``budget``."""
+        """Drop the lowest-ranked passages, then truncate the top one, until the prompt leaves room for ``max_tokens``."""
+        budget = context - max_tokens
         kept = list(passages)
         ids = self._prompt_ids(tokenizer, question, kept)
         while len(ids) > budget and len(kept) > 1:
@@ -368,12 +403,12 @@ class DocumentQA:
         if len(ids) > budget:
             raise ValueError(
                 f"the question alone needs {len(ids)} prompt tokens, but with max_tokens="
-                f"{self.llm.max_tokens} only {budget} fit the model's context: shorten the question or lower max_tokens"
+                f"{max_tokens} only {budget} fit the model's context: shorten the question or lower max_tokens"
             )
         if len(kept) < len(passages) or truncated:
             dropped = len(passages) - len(kept)
             warnings.warn(
-                f"{len(passages)} passages do not fit the context window with room for {self.llm.max_tokens} answer "
+                f"{len(passages)} passages do not fit the context window with room for {max_tokens} answer "
                 f"tokens: dropped the {dropped} lowest-ranked" + (" and truncated the top one" if truncated else ""),
                 ContextBudgetWarning,
                 stacklevel=4,

@@ -9,7 +9,11 @@ calls, so sharing one between instances is safe from any thread.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ragspec.config import CallOptions, GenerationConfig
 
 if TYPE_CHECKING:
     from ragspec.generator import SpeculativeGenerator
@@ -44,3 +48,29 @@ def clear() -> None:
     with _lock:
         _models.clear()
         _generators.clear()
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model by name, loaded on first use and shared through this registry, with the defaults of its calls.
+
+    ``DocumentQA`` takes one of these, or a ``ChatRagSpec`` / ``RagSpecLLM`` (which behave alike).
+    """
+
+    model: str = "default"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_draft: int = 16
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+
+    def load(self, model: str | None = None) -> SpeculativeGenerator:
+        return get_generator(model or self.model, self.device, self.dtype, self.max_draft)
+
+    def call_options(self, stop: Sequence[str] | None = None, options: Mapping[str, Any] | None = None) -> CallOptions:
+        """This model's defaults with ``options`` (generation options, ``model=``) merged in; ``stop`` is added."""
+        options = dict(options or {})
+        model = options.pop("model", self.model)
+        config = self.config.merged(options)
+        if stop:
+            config = config.merged(stop=(*config.stop, *stop))
+        return CallOptions(model, config)

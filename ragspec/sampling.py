@@ -12,35 +12,14 @@ with ``x`` removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Temperature 0 is greedy decoding; top_k 0 and top_p 1 switch those filters off."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from ragspec.config import GenerationConfig
 
 
-def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def warp(logits: torch.Tensor, params: GenerationConfig) -> torch.Tensor:
     """Sampling distribution for each row of ``logits`` (``[n, vocab]`` -> ``[n, vocab]``, fp32)."""
     scores = logits.float() / params.temperature
     if params.top_k and params.top_k < scores.shape[-1]:
@@ -82,7 +61,7 @@ class GreedyAcceptor:
 class RejectionSampler:
     """Lossless speculative sampling (see the module docstring)."""
 
-    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+    def __init__(self, params: GenerationConfig, device: torch.device) -> None:
         self.params = params
         self.rng = torch.Generator(device=device)
         if params.seed is None:
@@ -113,5 +92,5 @@ class RejectionSampler:
         return len(drafted), self.sample(p[len(drafted)])
 
 
-def make_acceptor(params: SamplingParams, device: torch.device) -> Acceptor:
+def make_acceptor(params: GenerationConfig, device: torch.device) -> Acceptor:
     return GreedyAcceptor() if params.greedy else RejectionSampler(params, device)

@@ -16,6 +16,16 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 _REPLACEMENT = "\ufffd"
 
 
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (from undecodable bytes: ``surrogateescape``, bad JSON escapes)
+    replaced by U+FFFD, so that tokenizers, which take valid Unicode only, accept it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join(_REPLACEMENT if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
 @dataclass
 class TextUpdate:
     """What one batch of accepted tokens changed."""

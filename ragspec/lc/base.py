@@ -16,15 +16,16 @@ them, streamed or not.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from langchain_core.documents import Document
 from langchain_core.messages.ai import UsageMetadata
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragspec import registry
+from ragspec.config import CallOptions, GenerationConfig, GenerationConfigError
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
@@ -34,53 +35,21 @@ Reference = Union[str, Document, Sequence[int]]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_RENAMED = {"max_tokens": "max_new_tokens"}
+"""LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative")
 
 
-def check_max_tokens(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_tokens must be a positive integer, got {value!r}")
-    return value
-
-
-def check_temperature(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy decoding), got {value!r}")
-    return float(value)
-
-
-def check_top_k(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 keeps every token), got {value!r}")
-    return value
-
-
-def check_top_p(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {value!r}")
-    return float(value)
-
-
-def check_seed(value: int | None) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"seed must be an integer or None, got {value!r}")
-    return value
-
-
-def check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def check_stop(value: Sequence[str] | str | None) -> list[str]:
-    if value is None:
-        return []
-    items = [value] if isinstance(value, str) else list(value)
-    for s in items:
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
-    return items
+@contextmanager
+def _langchain_names() -> Iterator[None]:
+    """Re-raise a ``GenerationConfigError`` with the parameter names a LangChain user passed."""
+    try:
+        yield
+    except GenerationConfigError as e:
+        message = str(e)
+        for ours, theirs in _RENAMED.items():
+            message = message.replace(theirs, ours)
+        raise GenerationConfigError(message) from e
 
 
 def to_reference(ref: object) -> str | list[int]:
@@ -96,43 +65,17 @@ def to_reference(ref: object) -> str | list[int]:
     )
 
 
-@dataclass(frozen=True)
-class CallOptions:
-    """Everything one call needs, after merging fields, call-time options and ``stop``."""
-
-    model: str
-    max_tokens: int
-    stop: tuple[str, ...]
-    speculative: bool
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: int | None
-    references: tuple[str | list[int], ...] = ()
+def usage(result: GenerationResult) -> UsageMetadata:
+    """LangChain's token usage of one generation."""
+    s = result.stats
+    return UsageMetadata(
+        input_tokens=s.prompt_tokens, output_tokens=s.new_tokens, total_tokens=s.prompt_tokens + s.new_tokens
+    )
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The last event of a generation: its result and the model that produced it."""
-
-    result: GenerationResult
-    model_name: str
-
-    @property
-    def usage(self) -> UsageMetadata:
-        s = self.result.stats
-        return UsageMetadata(
-            input_tokens=s.prompt_tokens, output_tokens=s.new_tokens, total_tokens=s.prompt_tokens + s.new_tokens
-        )
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """``response_metadata`` / ``generation_info`` of the answer."""
-        return {
-            "model_name": self.model_name,
-            "finish_reason": self.result.finish_reason,
-            "speculative": self.result.stats.as_dict(),
-        }
+def response_metadata(result: GenerationResult) -> dict[str, Any]:
+    """``response_metadata`` / ``generation_info`` of one generation."""
+    return {"model_name": result.model, "finish_reason": result.finish_reason, "speculative": result.stats.as_dict()}
 
 
 class RagSpecParams(BaseModel):
@@ -144,7 +87,7 @@ class RagSpecParams(BaseModel):
     """Draft tokens from the references and verify them in one forward; ``False`` decodes one token per forward (same output, slower)."""
     max_draft: int = Field(default=16, ge=1, le=256)
     """Most tokens proposed per verify step (the adaptive policy often proposes fewer)."""
-    max_tokens: int = 256
+    max_tokens: int = Field(default=256, ge=1)
     """Most new tokens per answer."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy decoding."""
@@ -163,30 +106,10 @@ class RagSpecParams(BaseModel):
     generator: Any = Field(default=None, exclude=True)
     """A ready ``SpeculativeGenerator`` to use instead of loading ``model`` (e.g. one with a custom drafter)."""
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _v_max_tokens(cls, v: int) -> int:
-        return check_max_tokens(v)
-
-    @field_validator("temperature")
-    @classmethod
-    def _v_temperature(cls, v: float) -> float:
-        return check_temperature(v)
-
-    @field_validator("top_k")
-    @classmethod
-    def _v_top_k(cls, v: int) -> int:
-        return check_top_k(v)
-
-    @field_validator("top_p")
-    @classmethod
-    def _v_top_p(cls, v: float) -> float:
-        return check_top_p(v)
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _v_stop(cls, v: Sequence[str] | str | None) -> list[str] | None:
-        return None if v is None else check_stop(v)
+    @model_validator(mode="after")
+    def _v_generation(self) -> RagSpecParams:
+        self.generation_config()  # one set of rules, and messages that name the parameter
+        return self
 
     @field_validator("device")
     @classmethod
@@ -227,66 +150,64 @@ class RagSpecParams(BaseModel):
         return self.generator.lm.name if self.generator is not None else self.model
 
     # -- calls ----------------------------------------------------------------------------------
+    def generation_config(self) -> GenerationConfig:
+        """The fields as a validated ``GenerationConfig`` (``max_tokens`` is its ``max_new_tokens``)."""
+        with _langchain_names():
+            return GenerationConfig(
+                max_new_tokens=self.max_tokens,
+                stop=tuple(self.stop or ()),
+                speculative=self.speculative,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                seed=self.seed,
+            )
+
     def call_options(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> CallOptions:
-        """Merge fields with call-time options; unknown options are an error, not ignored."""
+        """Merge fields with call-time options; unknown options are an error, not ignored.
+
+        Call-time ``stop`` strings are added to the ``stop`` field's.
+        """
         unknown = sorted(set(kwargs) - set(CALL_OPTIONS))
         if unknown:
             raise ValueError(
                 f"{type(self).__name__} got unsupported option(s) {', '.join(unknown)}; "
                 f"supported per call: stop, {', '.join(CALL_OPTIONS)}"
             )
-        merged_stop = list(dict.fromkeys([*(self.stop or []), *check_stop(stop)]))
+        overrides = {_RENAMED.get(k, k): v for k, v in kwargs.items() if k not in ("references", "model")}
+        if "max_new_tokens" in overrides and overrides["max_new_tokens"] == 0:
+            raise GenerationConfigError("max_tokens must be >= 1, got 0")
+        with _langchain_names():
+            config = self.generation_config().merged(overrides)
+            if stop is not None:
+                config = config.merged(stop=(*config.stop, *GenerationConfig(stop=stop).stop))
         refs = kwargs.get("references") or ()
         if isinstance(refs, (str, Document)):
             refs = [refs]
         model = kwargs.get("model", self.model)
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
-        return CallOptions(
-            model=model,
-            max_tokens=check_max_tokens(kwargs.get("max_tokens", self.max_tokens)),
-            stop=tuple(merged_stop),
-            speculative=check_bool("speculative", kwargs.get("speculative", self.speculative)),
-            temperature=check_temperature(kwargs.get("temperature", self.temperature)),
-            top_k=check_top_k(kwargs.get("top_k", self.top_k)),
-            top_p=check_top_p(kwargs.get("top_p", self.top_p)),
-            seed=check_seed(kwargs.get("seed", self.seed)),
-            references=tuple(to_reference(r) for r in refs),
-        )
+        return CallOptions(model=model, config=config, references=tuple(to_reference(r) for r in refs))
 
     def events(
         self,
         options: CallOptions,
         build_prompt: Callable[[SpeculativeGenerator], str | list[int]],
         on_start: Callable[[GenerationStats], None] | None = None,
-    ) -> Iterator[str | Finished]:
-        """Text deltas of one generation, then a ``Finished`` event.
+    ) -> Iterator[str | GenerationResult]:
+        """Text deltas of one generation, then its ``GenerationResult``.
 
         ``build_prompt`` turns the loaded generator into the prompt (text, or token ids that the
         model takes as they are). ``on_start`` receives the generation's live stats before the
         first delta. Closing this iterator early ends the generation.
         """
         generator = self.load(options.model)
-        stream = generator.stream(
-            build_prompt(generator),
-            references=options.references,
-            max_new_tokens=options.max_tokens,
-            stop=options.stop,
-            speculative=options.speculative,
-            temperature=options.temperature,
-            top_k=options.top_k,
-            top_p=options.top_p,
-            seed=options.seed,
-        )
-        if on_start is not None:
-            on_start(stream.stats)
-        steps = iter(stream)
-        try:
-            yield from steps
-        finally:
-            steps.close()  # type: ignore[attr-defined]
+        with generator.stream(build_prompt(generator), options.config, references=options.references) as stream:
+            if on_start is not None:
+                on_start(stream.stats)
+            yield from stream
         assert stream.result is not None
-        yield Finished(stream.result, generator.lm.name)
+        yield stream.result
 
     def ls_params(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """LangSmith's standard parameters, honouring per-call overrides."""

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from ragspec.lc.base import CallOptions, Finished, RagSpecParams
+from ragspec.config import CallOptions
+from ragspec.lc.base import RagSpecParams, response_metadata, usage
+
+if TYPE_CHECKING:
+    from ragspec.generator import GenerationResult
 from ragspec.bridge import iterate_in_thread
 from ragspec.lc.messages import chat_prompt_ids
 
@@ -44,23 +48,23 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         return LangSmithParams(ls_model_type="chat", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
 
     # -- events -> chunks ----------------------------------------------------------------------
-    def _events(self, messages: list[BaseMessage], options: CallOptions) -> Iterator[str | Finished]:
+    def _events(self, messages: list[BaseMessage], options: CallOptions) -> Iterator[str | GenerationResult]:
         return self.events(options, lambda g: chat_prompt_ids(g.lm.tokenizer, messages, g.lm.name))
 
     @staticmethod
-    def _chunk(event: str | Finished) -> ChatGenerationChunk:
+    def _chunk(event: str | GenerationResult) -> ChatGenerationChunk:
         if isinstance(event, str):
             return ChatGenerationChunk(message=AIMessageChunk(content=event))
         return ChatGenerationChunk(
             message=AIMessageChunk(
-                content="", usage_metadata=event.usage, response_metadata=event.metadata, chunk_position="last"
+                content="", usage_metadata=usage(event), response_metadata=response_metadata(event), chunk_position="last"
             )
         )
 
     @staticmethod
-    def _result(event: Finished) -> ChatResult:
+    def _result(event: GenerationResult) -> ChatResult:
         message = AIMessage(
-            content=event.result.text, usage_metadata=event.usage, response_metadata=event.metadata
+            content=event.text, usage_metadata=usage(event), response_metadata=response_metadata(event)
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -74,7 +78,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
     ) -> ChatResult:
         options = self.call_options(stop, kwargs)
         for event in self._events(messages, options):
-            if isinstance(event, Finished):
+            if not isinstance(event, str):
                 return self._result(event)
             if run_manager is not None:
                 run_manager.on_llm_new_token(event, chunk=self._chunk(event))
@@ -89,7 +93,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
     ) -> ChatResult:
         options = self.call_options(stop, kwargs)
         async for event in iterate_in_thread(lambda: self._events(messages, options)):
-            if isinstance(event, Finished):
+            if not isinstance(event, str):
                 return self._result(event)
             if run_manager is not None:
                 await run_manager.on_llm_new_token(event, chunk=self._chunk(event))

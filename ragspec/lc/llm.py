@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LLM, LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
-from ragspec.lc.base import CallOptions, Finished, RagSpecParams
+from ragspec.config import CallOptions
+from ragspec.lc.base import RagSpecParams, response_metadata, usage
+
+if TYPE_CHECKING:
+    from ragspec.generator import GenerationResult
 from ragspec.bridge import iterate_in_thread
 
 
@@ -39,22 +43,22 @@ class RagSpecLLM(LLM, RagSpecParams):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         return LangSmithParams(ls_model_type="llm", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
 
-    def _events(self, prompt: str, options: CallOptions) -> Iterator[str | Finished]:
+    def _events(self, prompt: str, options: CallOptions) -> Iterator[str | GenerationResult]:
         return self.events(options, lambda _: prompt)
 
     @staticmethod
-    def _info(event: Finished) -> dict[str, Any]:
-        return {**event.metadata, "usage": dict(event.usage)}
+    def _info(event: GenerationResult) -> dict[str, Any]:
+        return {**response_metadata(event), "usage": dict(usage(event))}
 
     @staticmethod
-    def _llm_result(finished: list[Finished]) -> LLMResult:
-        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    def _llm_result(finished: list[GenerationResult]) -> LLMResult:
+        total = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         for f in finished:
-            for key in usage:
-                usage[key] += f.usage[key]  # type: ignore[literal-required]
-        generations = [[Generation(text=f.result.text, generation_info=RagSpecLLM._info(f))] for f in finished]
-        model = finished[0].model_name if finished else None
-        return LLMResult(generations=generations, llm_output={"token_usage": usage, "model_name": model})
+            for key, value in usage(f).items():
+                total[key] += value  # type: ignore[operator]
+        generations = [[Generation(text=f.text, generation_info=RagSpecLLM._info(f))] for f in finished]
+        model = finished[0].model if finished else None
+        return LLMResult(generations=generations, llm_output={"token_usage": total, "model_name": model})
 
     # -- LangChain hooks -----------------------------------------------------------------------
     def _call(
@@ -74,10 +78,10 @@ class RagSpecLLM(LLM, RagSpecParams):
         **kwargs: Any,
     ) -> LLMResult:
         options = self.call_options(stop, kwargs)
-        finished: list[Finished] = []
+        finished: list[GenerationResult] = []
         for prompt in prompts:
             for event in self._events(prompt, options):
-                if isinstance(event, Finished):
+                if not isinstance(event, str):
                     finished.append(event)
                 elif run_manager is not None:
                     run_manager.on_llm_new_token(event)
@@ -91,10 +95,10 @@ class RagSpecLLM(LLM, RagSpecParams):
         **kwargs: Any,
     ) -> LLMResult:
         options = self.call_options(stop, kwargs)
-        finished: list[Finished] = []
+        finished: list[GenerationResult] = []
         for prompt in prompts:
             async for event in iterate_in_thread(lambda p=prompt: self._events(p, options)):
-                if isinstance(event, Finished):
+                if not isinstance(event, str):
                     finished.append(event)
                 elif run_manager is not None:
                     await run_manager.on_llm_new_token(event)
@@ -129,7 +133,7 @@ class RagSpecLLM(LLM, RagSpecParams):
             yield chunk
 
     @classmethod
-    def _chunk(cls, event: str | Finished) -> GenerationChunk:
+    def _chunk(cls, event: str | GenerationResult) -> GenerationChunk:
         if isinstance(event, str):
             return GenerationChunk(text=event)
         return GenerationChunk(text="", generation_info=cls._info(event))

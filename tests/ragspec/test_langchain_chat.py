@@ -16,7 +16,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from ragspec.lc import ChatRagSpec, RagSpecLLM, registry
+from ragspec import registry
+from ragspec.lc import ChatRagSpec, RagSpecLLM
 
 MAX = 16
 MESSAGES = [SystemMessage("Be brief."), HumanMessage("Where is Kestrel Lane?")]

@@ -256,10 +256,8 @@ def test_sampling_settings_reach_the_generator(lc_tiny_generator, expected, monk
     assert llm.invoke(PROMPT, seed=8, speculative=False) != first  # near-uniform random model
     assert llm.invoke(PROMPT, temperature=0.0) == expected
     assert llm.invoke(PROMPT, top_k=1) == expected  # sampling among one token is greedy
-    seen: list[dict] = []
+    seen: list = []
     original = lc_tiny_generator.stream
-    monkeypatch.setattr(lc_tiny_generator, "stream", lambda p, **kw: seen.append(kw) or original(p, **kw))
+    monkeypatch.setattr(lc_tiny_generator, "stream", lambda p, config, **kw: seen.append(config) or original(p, config, **kw))
     llm.invoke(PROMPT, top_p=0.5, top_k=3)
-    assert {k: seen[0][k] for k in ("temperature", "top_k", "top_p", "seed")} == {
-        "temperature": 1.0, "top_k": 3, "top_p": 0.5, "seed": 7
-    }
+    assert (seen[0].temperature, seen[0].top_k, seen[0].top_p, seen[0].seed, seen[0].max_new_tokens) == (1.0, 3, 0.5, 7, MAX)

@@ -122,9 +122,9 @@ def test_passages_go_to_the_drafter_each_as_a_reference(qa, lc_tiny_generator, m
     seen: list[tuple] = []
     original = lc_tiny_generator.stream
 
-    def spy(prompt, **kwargs):
+    def spy(prompt, *args, **kwargs):
         seen.append(tuple(kwargs["references"]))
-        return original(prompt, **kwargs)
+        return original(prompt, *args, **kwargs)
 
     monkeypatch.setattr(lc_tiny_generator, "stream", spy)
     qa.ask("When does it leave?")
@@ -174,7 +174,7 @@ def test_invalid_arguments(qa, lc_tiny_generator):
         qa.ask("   ")
     with pytest.raises(ValueError, match="BaseRetriever"):
         DocumentQA(object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="ChatRagSpec or RagSpecLLM"):
+    with pytest.raises(ValueError, match="ChatRagSpec, RagSpecLLM or LocalModel"):
         DocumentQA(FixedRetriever(passages=[]), llm=object())  # type: ignore[arg-type]
 
 

@@ -14,7 +14,8 @@ from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import SpeculativeGenerator
 from ragspec.models import LoadedModel
 from ragspec.policy import FixedPolicy
-from ragspec.sampling import SamplingParams, warp
+from ragspec.config import GenerationConfig
+from ragspec.sampling import warp
 
 from tests.ragspec.tiny import EOS, tiny_model
 
@@ -25,7 +26,7 @@ PROMPT = [11, 42, 7, 99]
 
 
 @torch.inference_mode()
-def exact_distribution(lm: LoadedModel, params: SamplingParams, n: int) -> dict[tuple[int, ...], float]:
+def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
     """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration.
 
     Sampling EOS ends an output early (EOS itself is not returned).
@@ -93,13 +94,12 @@ class RandomModelDrafter:
         return Draft(tuple(tokens), DraftSource.MODEL, probs=self.q.expand(max_tokens, -1))
 
 
-def sample_counts(lm: LoadedModel, params: SamplingParams, drafter: object | None, n: int) -> Counter:
+def sample_counts(lm: LoadedModel, params: GenerationConfig, drafter: object | None, n: int) -> Counter:
     gen = SpeculativeGenerator(lm, drafter=drafter, policy=FixedPolicy(k=n - 1, min_match=0))
     counts: Counter = Counter()
     for seed in range(RUNS):
-        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
-        result = gen.generate(PROMPT, max_new_tokens=n, speculative=drafter is not None,
-                              temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
+        config = params.merged(max_new_tokens=n, speculative=drafter is not None, seed=seed)
+        result = gen.generate(PROMPT, config)
         counts[tuple(result.token_ids)] += 1
     return counts
 
@@ -110,8 +110,8 @@ def lm() -> LoadedModel:
 
 
 CASES = {
-    "top_k": SamplingParams(temperature=1.3, top_k=4),
-    "top_p": SamplingParams(temperature=0.9, top_p=0.7),
+    "top_k": GenerationConfig(temperature=1.3, top_k=4),
+    "top_p": GenerationConfig(temperature=0.9, top_p=0.7),
 }
 
 
@@ -140,7 +140,7 @@ def test_speculative_sampling_matches_plain_sampling(lm: LoadedModel, case: str,
 def test_warp_matches_a_brute_force_filter() -> None:
     torch.manual_seed(0)
     logits = torch.randn(5, 50)
-    for params in [SamplingParams(0.7, 5), SamplingParams(1.0, 0, 0.6), SamplingParams(1.7, 8, 0.3)]:
+    for params in [GenerationConfig(temperature=0.7, top_k=5), GenerationConfig(temperature=1.0, top_p=0.6), GenerationConfig(temperature=1.7, top_k=8, top_p=0.3)]:
         probs = warp(logits, params)
         for row, p in zip(logits, probs):
             ranked = sorted(range(50), key=lambda i: -float(row[i]))
@@ -157,11 +157,11 @@ def test_warp_matches_a_brute_force_filter() -> None:
             torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-6)
 
 
-def test_greedy_sampling_params_and_validation() -> None:
-    assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
+def test_greedy_config_and_validation() -> None:
+    assert GenerationConfig().greedy and not GenerationConfig(temperature=0.5).greedy
     for bad in [dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)]:
         with pytest.raises(ValueError):
-            SamplingParams(**bad)
+            GenerationConfig(**bad)
 
 
 def test_seeded_sampling_is_reproducible(lm: LoadedModel) -> None:

@@ -1,0 +1,117 @@
+"""One validated generation config: every entry point builds it once; per-call overrides merge into it.
+
+``GenerationConfig`` is checked when it is built (types and ranges, with messages that name the
+parameter), so nothing deep in the decoding loop meets a float token budget or a NaN
+temperature. ``merged(**overrides)`` returns a new config; an unknown name is an error, not
+ignored. The LangChain classes, the pipeline, the CLI and the web app all build one of these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+MIN_TEMPERATURE = 1e-3
+"""Smallest sampling temperature; below it logits / temperature overflows fp32. Use 0 for greedy."""
+MAX_SEED = 2**63 - 1
+
+
+class GenerationConfigError(ValueError):
+    """A generation parameter has the wrong type or is out of range; the message names it."""
+
+
+def _integer(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GenerationConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise GenerationConfigError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GenerationConfigError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def stop_strings(value: object) -> tuple[str, ...]:
+    """``None``, one string or a sequence of non-empty strings, as a tuple."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, Sequence):
+        raise GenerationConfigError(f"stop must be a string or a list of strings, got {value!r}")
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise GenerationConfigError(f"stop strings must be non-empty strings, got {s!r}")
+    return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to decode: the token budget, stop strings, sampling and whether to speculate.
+
+    ``temperature`` 0 is greedy decoding; above 0 (at least ``MIN_TEMPERATURE``) tokens are
+    sampled, optionally restricted to the ``top_k`` most likely (0: all) and to the smallest set
+    whose probability reaches ``top_p`` (1: all). A ``seed`` fixes plain sampling; speculative
+    sampling has the same distribution but its sample also depends on the drafts.
+    """
+
+    max_new_tokens: int = 256
+    """Most new tokens; fewer when the context window ends first."""
+    stop: tuple[str, ...] = ()
+    """The answer ends before the first of these strings."""
+    speculative: bool = True
+    """Draft and verify; ``False`` decodes one token per forward (same output, slower)."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise in place once, here
+        set_(self, "max_new_tokens", _integer("max_new_tokens", self.max_new_tokens, 0))
+        set_(self, "stop", stop_strings(self.stop))
+        if not isinstance(self.speculative, bool):
+            raise GenerationConfigError(f"speculative must be True or False, got {self.speculative!r}")
+        temperature = _number("temperature", self.temperature)
+        if temperature != 0 and not temperature >= MIN_TEMPERATURE:
+            raise GenerationConfigError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature!r}"
+            )
+        set_(self, "temperature", temperature)
+        set_(self, "top_k", _integer("top_k", self.top_k, 0))
+        top_p = _number("top_p", self.top_p)
+        if not 0 < top_p <= 1:
+            raise GenerationConfigError(f"top_p must be in (0, 1] (1 keeps every token), got {self.top_p!r}")
+        set_(self, "top_p", top_p)
+        if self.seed is not None and _integer("seed", self.seed, 0) > MAX_SEED:
+            raise GenerationConfigError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def merged(self, overrides: Mapping[str, Any] | None = None, /, **kwargs: Any) -> GenerationConfig:
+        """A copy with ``overrides`` (and ``kwargs``) applied; names not in the config are an error."""
+        changes = {**(overrides or {}), **kwargs}
+        unknown = sorted(set(changes) - FIELDS)
+        if unknown:
+            raise GenerationConfigError(
+                f"unknown generation option(s) {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}"
+            )
+        return replace(self, **changes) if changes else self
+
+
+FIELDS = frozenset(f.name for f in fields(GenerationConfig))
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """One request's settings: which model, how to decode, and the passages to draft from."""
+
+    model: str
+    config: GenerationConfig
+    references: tuple[str | list[int], ...] = ()

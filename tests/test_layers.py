@@ -1,0 +1,93 @@
+"""Layers point one way: retrievers -> ragspec core -> ragspec.lc -> apps.
+
+Every import statement counts, also the lazy ones inside functions and under ``TYPE_CHECKING``
+(a lazy import still makes a cycle between packages). A module may import its own layer and
+the layers below it, never one above.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["retrievers", "ragspec", "ragspec.lc", "apps"]
+FACADE = Path("ragspec/__init__.py")
+"""The public entry point: ``ragspec.ChatRagSpec`` etc. resolve lazily by name (its ``TYPE_CHECKING``
+imports name them for type checkers); no module of a layer imports through it."""
+
+
+def layer_of(module: str) -> int | None:
+    """Index in ``LAYERS`` of the most specific layer ``module`` belongs to (None: not ours)."""
+    found = None
+    for i, name in enumerate(LAYERS):
+        if module == name or module.startswith(name + "."):
+            found = i
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importing package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+            found += [(node.lineno, f"{name}.{alias.name}") for alias in node.names]  # `from ragspec import lc`
+    return found
+
+
+def sources() -> list[Path]:
+    return sorted(p for top in ("retrievers", "ragspec", "apps") for p in (ROOT / top).rglob("*.py"))
+
+
+def violations(path: Path) -> list[str]:
+    module = module_name(path)
+    own = layer_of(module)
+    assert own is not None
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    bad, lines = [], set()
+    for line, imported in imported_modules(ast.parse(path.read_text(encoding="utf-8")), package):
+        target = layer_of(imported)
+        if target is not None and target > own and line not in lines:  # one report per statement
+            lines.add(line)
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {imported} ({LAYERS[target]} is above {LAYERS[own]})")
+    return bad
+
+
+def test_no_module_imports_a_layer_above_it() -> None:
+    assert sources(), "no sources found"
+    bad = [v for path in sources() if path.relative_to(ROOT) != FACADE for v in violations(path)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from ragspec.lc.base import RagSpecParams\n", ["imports ragspec.lc.base"]),
+        ("import apps.engine\n", ["imports apps.engine"]),
+        ("def f():\n    from ragspec import lc\n", ["imports ragspec.lc"]),
+        ("from ragspec.config import GenerationConfig\nfrom retrievers import BM25Retriever\n", []),
+    ],
+)
+def test_the_check_sees_upward_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, expected: list[str]) -> None:
+    core = tmp_path / "ragspec"
+    core.mkdir()
+    (core / "probe.py").write_text(source)
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    found = violations(core / "probe.py")
+    assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found)), found
