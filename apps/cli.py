@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-upload-mb", type=_positive, default=10, help="largest uploaded file in MiB (default: 10)")
     serve.add_argument("--allow-folders", action=argparse.BooleanOptionalAction, default=None,
                        help="let the page index folders on the server (default: only when bound to loopback)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every /api request; needed to bind a non-loopback "
+                            "address (default: the RAGSPEC_API_KEY environment variable, which other local users "
+                            "cannot see in the process list)")
+    serve.add_argument("--trusted-host", action="append", default=[], metavar="NAME",
+                       help="also answer requests whose Host is NAME, e.g. the name a reverse proxy forwards "
+                            "(repeatable; default: localhost names and the bound address)")
 
     commands.add_parser("bench", help="speedup benchmark (see 'ragspec bench --help')", add_help=False)
     return parser
@@ -253,12 +260,21 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from apps.web.server import AppConfig, is_loopback, serve
+    from apps.web.security import require_key_off_loopback
+    from apps.web.server import AppConfig, is_loopback, serve, trusted_hosts_for
 
+    api_key = args.api_key if args.api_key is not None else os.environ.get("RAGSPEC_API_KEY") or None
+    require_key_off_loopback(args.host, api_key)
     allow_folders = is_loopback(args.host) if args.allow_folders is None else args.allow_folders
-    if not is_loopback(args.host):
-        print(f"{PROG}: warning: binding {args.host}: anyone who can reach it can upload and ask", file=sys.stderr)
-    config = AppConfig(max_file_bytes=args.max_upload_mb * 2**20, max_tokens=args.max_tokens, allow_folders=allow_folders)
+    config = AppConfig(
+        max_file_bytes=args.max_upload_mb * 2**20,
+        max_tokens=args.max_tokens,
+        allow_folders=allow_folders,
+        trusted_hosts=trusted_hosts_for(args.host, args.trusted_host),
+        api_key=api_key,
+    )
+    if allow_folders and not is_loopback(args.host):
+        print(f"{PROG}: warning: --allow-folders on {args.host}: anyone with the API key can index server folders", file=sys.stderr)
     preload = None
     if args.index is not None:
         from apps.engine import Collection
@@ -266,7 +282,8 @@ def _serve(args: argparse.Namespace) -> int:
         if not Path(args.index).is_dir():
             raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
         preload = Collection(args.index, max_tokens=args.max_tokens)
-    print(f"ragspec web app on http://{args.host}:{args.port}/ (Ctrl-C to stop)", file=sys.stderr)
+    locked = " (API key required)" if api_key else ""
+    print(f"ragspec web app on http://{args.host}:{args.port}/{locked} (Ctrl-C to stop)", file=sys.stderr)
     serve(args.host, args.port, config=config, preload=preload)
     return 0
 

@@ -3,15 +3,26 @@
 Endpoints (all JSON unless said otherwise; the session is the ``ragspec_session`` cookie):
 
 - ``GET /``: the page. ``GET /static/...``: its script and style sheet.
-- ``GET /api/session``: this session's documents (creates the session).
-- ``POST /api/documents``: multipart upload (field ``files``); 413 when a file or the request is
-  too large, 415 for a file type that cannot be indexed.
+- ``GET /api/session``: this session's documents (never creates a session; ``"expired": true``
+  when the cookie names a session that is gone).
+- ``POST /api/documents``: multipart upload (field ``files``); 413 when a file, the request or
+  the session's uploads are too large, 415 for a file type that cannot be indexed. Every file is
+  kept: an unusable name gets a safe one and a name already taken gets a `` (2)`` suffix, each
+  said in ``notices``.
 - ``POST /api/folder``: ``{"path": "..."}`` indexes a folder on the server (only when enabled,
   which it is by default only for a loopback-bound server).
 - ``DELETE /api/documents``: forget this session's documents and conversation.
 - ``POST /api/ask``: ``{"question": "..."}`` answers as ``text/event-stream`` with events
   ``queued``, ``token``, ``done`` (citations and stats) and ``error``.
 - ``GET /api/health``.
+
+Errors are ``{"error": message}`` (plus ``"code": "session_expired"`` on the 410 of a session
+that expired). Sessions are made only by the POSTs above, at most ``max_sessions`` at once
+(then 503, no session is evicted), and expire after ``session_ttl_s`` idle.
+
+Every request first passes ``apps.web.security.Guard``: trusted ``Host``, same-origin
+state-changing requests, the API key on ``/api/`` when one is set, and body-size limits enforced
+while the body streams in. See docs/threat-model.md.
 
 Generation is serialized (one model, one answer at a time; others wait in a queue with a
 timeout), each answer has a time limit, and a client that goes away stops its generation.
@@ -30,19 +41,29 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from apps.engine import AppError, Collection, Finished, IndexSummary, Token, build_index
-from apps.web.sessions import Answerer, Backend, Session, SessionStore
+from apps.web.security import (
+    LOCAL_HOSTS,
+    Guard,
+    SecurityPolicy,
+    is_loopback,
+    require_key_off_loopback,
+    trusted_hosts_for,
+)
+from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, SessionStore
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "ragspec_session"
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 DEFAULT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
+MAX_NAME_CHARS = 120
+__all__ = ["AppConfig", "DefaultBackend", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +73,18 @@ class AppConfig:
     max_file_bytes: int = 10 * 2**20
     """Largest uploaded file (413 beyond)."""
     max_request_bytes: int = 50 * 2**20
-    """Largest upload request (413 beyond)."""
+    """Largest upload request (413 beyond, as soon as that much has arrived)."""
+    max_body_bytes: int = 2**20
+    """Largest body of any other request (413 beyond)."""
+    max_session_bytes: int = 100 * 2**20
+    """Most bytes of uploaded files one session keeps (413 beyond)."""
     max_files: int = 50
     allowed_suffixes: tuple[str, ...] = DEFAULT_SUFFIXES
     """File types accepted for upload (415 otherwise)."""
     max_sessions: int = 32
+    """Most sessions at once; a new one beyond gets a 503 (none is evicted)."""
     session_ttl_s: float = 3600.0
+    """A session idle this long is dropped with its files."""
     queue_timeout_s: float = 120.0
     """How long a question waits for the model before it gives up."""
     answer_timeout_s: float = 300.0
@@ -67,9 +94,17 @@ class AppConfig:
     allow_folders: bool = True
     """Allow ``POST /api/folder`` (reads any folder the server process can read)."""
     secure_cookie: bool = False
+    trusted_hosts: tuple[str, ...] = LOCAL_HOSTS
+    """Names accepted in the ``Host`` header; ``trusted_hosts_for(bind_address)`` makes the list."""
+    api_key: str | None = field(default=None, repr=False)
+    """When set, every ``/api/`` request needs ``Authorization: Bearer KEY``."""
 
     def __post_init__(self) -> None:
-        for name in ("max_file_bytes", "max_request_bytes", "max_files", "max_sessions", "max_tokens", "max_question_chars"):
+        names = (
+            "max_file_bytes", "max_request_bytes", "max_body_bytes", "max_session_bytes", "max_files", "max_sessions",
+            "max_tokens", "max_question_chars",
+        )  # fmt: skip
+        for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("session_ttl_s", "queue_timeout_s", "answer_timeout_s"):
@@ -77,6 +112,16 @@ class AppConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.allowed_suffixes or any(not s.startswith(".") for s in self.allowed_suffixes):
             raise ValueError(f"allowed_suffixes must be non-empty suffixes like '.md', got {self.allowed_suffixes!r}")
+        self.security()  # checks trusted_hosts and api_key
+
+    def security(self) -> SecurityPolicy:
+        """The request checks this config asks for (uploads get their own body limit)."""
+        return SecurityPolicy(
+            trusted_hosts=self.trusted_hosts,
+            api_key=self.api_key,
+            max_body_bytes=self.max_body_bytes,
+            body_limits={"/api/documents": self.max_request_bytes},
+        )
 
 
 @dataclass
@@ -127,6 +172,14 @@ class EventStream(StreamingResponse):
                 await aclose()
 
 
+class ApiError(HTTPException):
+    """An error answered as ``{"error": message, "code": code}``."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, message, headers=headers)
+        self.code = code
+
+
 def create_app(
     config: AppConfig | None = None,
     *,
@@ -139,6 +192,9 @@ def create_app(
     backend = backend or DefaultBackend(max_tokens=config.max_tokens)
     store = SessionStore(sessions_root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
     queue = _Queue()
+    gone = f"your session expired (idle for more than {config.session_ttl_s / 60:g} min, or the server restarted)"
+    expired_message = f"{gone} and its documents are gone: upload them again"
+    replaced_notice = f"{gone}: its documents are gone, and only these are indexed now"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -149,28 +205,38 @@ def create_app(
     app.state.config = config
     app.state.sessions = store
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.add_middleware(_Guard, config=config)
+    app.add_middleware(_SessionCookie, secure=config.secure_cookie)
+    app.add_middleware(Guard, policy=config.security())  # outermost: nothing reaches the app unchecked
 
-    def session_of(request: Request) -> Session:
+    def live_session(request: Request) -> Session | None:
+        """The request's session; None without one. A cookie naming a gone session clears the cookie."""
         session = store.get(request.cookies.get(COOKIE))
-        if session is None:
-            session = store.create()
-            request.state.new_session = session.id
+        if session is None and COOKIE in request.cookies:
+            request.state.session_cookie = "clear"
         return session
 
-    def describe(session: Session) -> dict[str, Any]:
-        summary = session.summary
+    def new_session(request: Request) -> Session:
+        try:
+            session = store.create()
+        except SessionLimitError as e:
+            raise ApiError(503, str(e), code="too_many_sessions", headers={"Retry-After": str(e.retry_after_s)}) from e
+        request.state.session_cookie = session.id
+        return session
+
+    def describe(session: Session | None, notices: Sequence[str] = (), expired: bool = False) -> dict[str, Any]:
+        summary = session.summary if session else None
         return {
-            "documents": [_display(f, session) for f in summary.files] if summary else [],
+            "documents": [_display(f, session) for f in summary.files] if summary and session else [],
             "chunks": summary.chunks if summary else 0,
             "skipped": [{"path": Path(s.path).name, "reason": s.reason} for s in summary.skipped] if summary else [],
+            "notices": list(notices),
             "preloaded": preload is not None,
-            "turns": len(session.history),
+            "turns": len(session.history) if session else 0,
+            **({"expired": True, "message": expired_message} if expired else {}),
         }
 
     @app.get("/", include_in_schema=False)
-    async def page(request: Request) -> FileResponse:
-        session_of(request)  # the page's own requests then carry the cookie
+    async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     @app.get("/api/health")
@@ -179,11 +245,11 @@ def create_app(
 
     @app.get("/api/session")
     async def get_session(request: Request) -> dict[str, Any]:
-        return describe(session_of(request))
+        session = live_session(request)
+        return describe(session, expired=session is None and COOKIE in request.cookies)
 
     @app.post("/api/documents")
     async def upload(request: Request, files: list[UploadFile]) -> dict[str, Any]:
-        session = session_of(request)
         if not files:
             raise HTTPException(400, "no files in the upload (field 'files')")
         if len(files) > config.max_files:
@@ -196,35 +262,68 @@ def create_app(
                 )
             if upload_file.size is not None and upload_file.size > config.max_file_bytes:
                 raise HTTPException(413, f"{upload_file.filename!r} is larger than {_mib(config.max_file_bytes)}")
-        async with session.lock:
+        session, notices = _session_for_change(request)
+        async with session.lock, _dropped_if_unused(request, session):
+            incoming = sum(f.size or 0 for f in files)  # the multipart parser counts every file's bytes
+            if _folder_bytes(session.uploads) + incoming > config.max_session_bytes:
+                raise HTTPException(
+                    413, f"this session's uploads would pass {_mib(config.max_session_bytes)}: clear the documents first"
+                )
             session.uploads.mkdir(parents=True, exist_ok=True)
             for upload_file in files:
-                name = _safe_name(upload_file.filename or "upload")
+                filename = upload_file.filename or "upload"
                 data = await upload_file.read(config.max_file_bytes + 1)
                 if len(data) > config.max_file_bytes:
-                    raise HTTPException(413, f"{upload_file.filename!r} is larger than {_mib(config.max_file_bytes)}")
-                (session.uploads / name).write_bytes(data)
+                    raise HTTPException(413, f"{filename!r} is larger than {_mib(config.max_file_bytes)}")
+                target = _free_name(session.uploads, _safe_name(filename))
+                shown = Path(filename.replace("\\", "/")).name
+                if target.name != shown:
+                    taken = target.name != _safe_name(filename)
+                    notices.append(
+                        f"{shown!r} was saved as {target.name!r}"
+                        + (": a file of that name is already uploaded" if taken else ": its name had characters a file name cannot keep")
+                    )
+                target.write_bytes(data)
             await _reindex(session, [session.uploads])
-            return describe(session)
+            return describe(session, notices)
 
     @app.post("/api/folder")
     async def add_folder(request: Request, body: FolderBody) -> dict[str, Any]:
         if not config.allow_folders:
             raise HTTPException(403, "indexing server folders is disabled; upload the files instead")
-        session = session_of(request)
         folder = Path(body.path).expanduser()
         if not folder.is_dir():
             raise HTTPException(404, f"no such folder on the server: {body.path}")
-        async with session.lock:
+        session, notices = _session_for_change(request)
+        async with session.lock, _dropped_if_unused(request, session):
             paths = [folder, session.uploads] if session.uploads.is_dir() else [folder]
             await _reindex(session, paths)
-            return describe(session)
+            return describe(session, notices)
+
+    @asynccontextmanager
+    async def _dropped_if_unused(request: Request, session: Session) -> AsyncIterator[None]:
+        """Drop a session made for this request when the request fails before storing anything."""
+        try:
+            yield
+        except BaseException:
+            if getattr(request.state, "session_cookie", None) == session.id and not any(session.uploads.glob("*")):
+                store.discard(session)
+                request.state.session_cookie = None
+            raise
+
+    def _session_for_change(request: Request) -> tuple[Session, list[str]]:
+        """The session to change, made now if there is none (its earlier one may have expired)."""
+        session = live_session(request)
+        if session is not None:
+            return session, []
+        return new_session(request), [replaced_notice] if COOKIE in request.cookies else []
 
     @app.delete("/api/documents")
     async def reset(request: Request) -> dict[str, Any]:
-        session = session_of(request)
-        async with session.lock:
-            session.reset()
+        session = live_session(request)
+        if session is not None:
+            async with session.lock:
+                session.reset()
         return describe(session)
 
     async def _reindex(session: Session, paths: list[Path]) -> None:
@@ -237,15 +336,19 @@ def create_app(
 
     @app.post("/api/ask")
     async def ask(request: Request, body: AskBody) -> Response:
-        session = session_of(request)
         question = body.question.strip()
         if not question:
             raise HTTPException(422, "the question is empty")
         if len(question) > config.max_question_chars:
             raise HTTPException(413, f"the question is longer than {config.max_question_chars} characters")
-        answerer = session.answerer or preload
+        session = live_session(request)
+        if session is None and COOKIE in request.cookies:
+            raise ApiError(410, expired_message, code="session_expired")
+        answerer = (session.answerer if session else None) or preload
         if answerer is None:
             raise HTTPException(409, "no documents yet: upload files or index a folder first")
+        if session is None:
+            session = new_session(request)  # keeps the conversation with the preloaded index
         return EventStream(
             _answer(session, answerer, question),
             media_type="text/event-stream",
@@ -305,46 +408,75 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+        code = getattr(exc, "code", None)
+        body = {"error": exc.detail, **({"code": code} if code else {})}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _invalid_request(exc)
 
     return app
 
 
-class _Guard:
-    """Pure ASGI middleware (streams and disconnects pass through untouched).
+class _SessionCookie:
+    """Pure ASGI middleware (streams and disconnects pass through untouched) for the session cookie.
 
-    Sets the session cookie on the response of the request that created the session, and
-    answers 413 to an upload whose declared size is over the limit before reading its body.
+    Sets it on the response of the request that made a session (``request.state.session_cookie``
+    holds the id) and deletes it when the request named a session that is gone (``"clear"``).
     """
 
-    def __init__(self, app: Any, config: AppConfig) -> None:
+    def __init__(self, app: Any, secure: bool = False) -> None:
         self.app = app
-        self.config = config
+        self.secure = secure
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["method"] == "POST" and scope["path"] == "/api/documents":
-            length = dict(scope["headers"]).get(b"content-length", b"0")
-            if length.isdigit() and int(length) > self.config.max_request_bytes:
-                response = JSONResponse(
-                    {"error": f"the upload is larger than {_mib(self.config.max_request_bytes)}"}, status_code=413
-                )
-                await response(scope, receive, send)
-                return
         state = scope.setdefault("state", {})
 
         async def send_with_cookie(message: dict[str, Any]) -> None:
-            new = state.get("new_session")
-            if message["type"] == "http.response.start" and new:
+            value = state.get("session_cookie")
+            if message["type"] == "http.response.start" and value:
                 cookie = Response()
-                cookie.set_cookie(COOKIE, new, httponly=True, samesite="strict", secure=self.config.secure_cookie)
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], *[(k, v) for k, v in cookie.raw_headers if k == b"set-cookie"]]
+                if value == "clear":
+                    cookie.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=self.secure)
+                else:
+                    cookie.set_cookie(COOKIE, value, httponly=True, samesite="strict", secure=self.secure)
+                message["headers"] = [*message.get("headers", []), *[(k, v) for k, v in cookie.raw_headers if k == b"set-cookie"]]
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+
+def _invalid_request(exc: RequestValidationError) -> JSONResponse:
+    """A 400/422 naming the bad field; never echoes the input (it may not even encode)."""
+    problems = []
+    status = 422
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
+        if error.get("type") == "string_unicode":
+            status = 400
+            problems.append(f"{where}: not valid text (a lone surrogate such as \\ud800); send valid Unicode")
+        else:
+            problems.append(f"{where}: {error.get('msg', 'invalid')}")
+    return JSONResponse({"error": "; ".join(problems) or "invalid request"}, status_code=status)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    """``folder / name``, or ``name (2)``, ``name (3)``... when that is taken."""
+    target = folder / name
+    stem, suffix = Path(name).stem, Path(name).suffix
+    n = 2
+    while target.exists():
+        target = folder / f"{stem} ({n}){suffix}"
+        n += 1
+    return target
 
 
 def _shown(citation: dict[str, Any], session: Session) -> dict[str, Any]:
@@ -372,18 +504,25 @@ def _live(token: Token) -> dict[str, Any]:
 
 
 def _safe_name(filename: str) -> str:
-    """A file name without folders or odd characters (the upload's own path is never trusted)."""
+    """A file name without folders or odd characters (the upload's own path is never trusted).
+
+    The suffix is kept (lower case), so the file is still indexed by its type: ``..txt`` becomes
+    ``upload.txt``, not ``txt``.
+    """
     name = Path(filename.replace("\\", "/")).name
-    cleaned = "".join(c if c.isalnum() or c in "-_. " else "_" for c in name).strip(" .")
-    return cleaned or "upload"
+    stem, dot, suffix = name.rpartition(".")
+    if not dot:
+        stem, suffix = name, ""
+
+    def clean(part: str) -> str:
+        return "".join(c if c.isalnum() or c in "-_. ()" else "_" for c in part).strip(" .")
+
+    stem, suffix = clean(stem)[:MAX_NAME_CHARS].strip(" .") or "upload", clean(suffix).lower()
+    return f"{stem}.{suffix}" if suffix else stem
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:g} MiB"
-
-
-def is_loopback(host: str) -> bool:
-    return host in LOOPBACK or host.startswith("127.")
 
 
 def serve(
@@ -394,8 +533,13 @@ def serve(
     preload: Answerer | None = None,
     log_level: str = "info",
 ) -> None:
-    """Run the app with uvicorn until interrupted."""
+    """Run the app with uvicorn until interrupted.
+
+    Without ``config``: folders only on loopback, and the hosts ``trusted_hosts_for(host)``.
+    Raises ``InsecureBindError`` for a non-loopback ``host`` without ``config.api_key``.
+    """
     import uvicorn
 
-    config = config or AppConfig(allow_folders=is_loopback(host))
+    config = config or AppConfig(allow_folders=is_loopback(host), trusted_hosts=trusted_hosts_for(host))
+    require_key_off_loopback(host, config.api_key)
     uvicorn.run(create_app(config, preload=preload), host=host, port=port, log_level=log_level)

@@ -1,19 +1,20 @@
 """Per-browser sessions: each has its own upload folder, index and conversation.
 
 A session is named by a random id kept in an HttpOnly cookie; nothing one session uploads or
-asks is reachable from another. Sessions idle longer than ``ttl_s`` and the least recently used
-ones beyond ``max_sessions`` are dropped together with their files.
+asks is reachable from another. Sessions idle longer than ``ttl_s`` are dropped together with
+their files. At most ``max_sessions`` live at once: beyond that ``create`` raises
+``SessionLimitError`` (the web app answers 503) instead of dropping a session someone is using.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import shutil
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,17 @@ class Session:
         self.history.clear()
 
 
+class SessionLimitError(RuntimeError):
+    """Every session slot is taken by a session that is still in use."""
+
+    def __init__(self, max_sessions: int, retry_after_s: int) -> None:
+        super().__init__(
+            f"the server already holds {max_sessions} active sessions, its limit; "
+            f"try again in {retry_after_s} s (an idle session expires) or ask its operator to raise the limit"
+        )
+        self.retry_after_s = retry_after_s
+
+
 class SessionStore:
     """Sessions by id, bounded in number and idle time."""
 
@@ -73,7 +85,7 @@ class SessionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -86,20 +98,27 @@ class SessionStore:
             session = self._sessions.get(session_id or "")
             if session is not None:
                 session.last_used = time.monotonic()
-                self._sessions.move_to_end(session.id)
             return session
 
     def create(self) -> Session:
+        """A new session; ``SessionLimitError`` when ``max_sessions`` are live (none is evicted)."""
         with self._lock:
             self._expire()
-            while len(self._sessions) >= self.max_sessions:
-                _, oldest = self._sessions.popitem(last=False)
-                shutil.rmtree(oldest.root, ignore_errors=True)
+            if len(self._sessions) >= self.max_sessions:
+                oldest = min(s.last_used for s in self._sessions.values())
+                raise SessionLimitError(self.max_sessions, max(1, math.ceil(self.ttl_s - (time.monotonic() - oldest))))
             session_id = secrets.token_urlsafe(24)
             root = self.root / session_id
             root.mkdir()
             session = self._sessions[session_id] = Session(session_id, root)
             return session
+
+    def discard(self, session: Session) -> None:
+        """Drop a session and its files now (one made for a request that then failed)."""
+        with self._lock:
+            if self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+        shutil.rmtree(session.root, ignore_errors=True)
 
     def _expire(self) -> None:
         now = time.monotonic()

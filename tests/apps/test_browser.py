@@ -8,6 +8,7 @@ nothing downloads a browser. The server and the page talk over 127.0.0.1 only. S
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from apps.web.server import AppConfig, DefaultBackend, create_app
-from tests.apps.conftest import LiveServer
+from tests.apps.conftest import LiveServer, ScriptedBackend
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.integration
@@ -87,4 +88,37 @@ def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Pat
         if shot:
             time.sleep(0.3)
             page.screenshot(path=shot)
+        page.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_page_works_under_its_content_security_policy_and_asks_for_the_api_key(browser: object, tmp_path: Path) -> None:
+    key = secrets.token_urlsafe(24)
+    app = create_app(AppConfig(api_key=key), backend=ScriptedBackend(), sessions_root=tmp_path)
+    with LiveServer(app) as server:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if "Content Security Policy" in m.text else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(server.url + "/")
+        page.wait_for_selector("#key-form:not([hidden])")  # the server said 401: the page asks for the key
+        page.fill("#api-key", key)
+        page.click("#key-btn")
+        page.wait_for_selector("#key-form", state="hidden")
+        page.set_input_files("#files", [{"name": "..txt", "mimeType": "text/plain", "buffer": b"The trial lasts six months."}])
+        page.click("#upload-btn")
+        page.wait_for_selector("#doc-list li")
+        assert page.inner_text("#doc-list") == "upload.txt"
+        assert "'..txt' was saved as 'upload.txt'" in page.inner_text("#notice-list")
+        page.fill("#question", "How long is the trial?")
+        page.click("#ask-btn")
+        page.wait_for_selector(".citation")
+        assert page.inner_text(".answer") == "The trial lasts six months [1]."
+        assert "tokens/s" in page.inner_text(".stats")
+        assert problems == []  # nothing the page does is blocked by its policy
+        # ... and the policy is in force: a script injected into the page does not run
+        injected = "() => { const s = document.createElement('script'); s.textContent = 'window.x = 1'; document.body.append(s); return window.x }"
+        assert page.evaluate(injected) is None
+        page.wait_for_timeout(200)
+        assert len(problems) == 1 and "Content Security Policy" in problems[0]
         page.close()

@@ -54,16 +54,18 @@ def client_for(server: LiveServer) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=30)
 
 
-def test_page_is_served_and_sets_an_httponly_session_cookie(server: LiveServer) -> None:
+def test_page_is_served_and_the_first_upload_sets_an_httponly_session_cookie(server: LiveServer) -> None:
     with client_for(server) as c:
         page = c.get("/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert 'id="ask-form"' in page.text and "/static/app.js" in page.text
-        cookie = page.headers.get("set-cookie", "")
-        assert "ragspec_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
         assert c.get("/static/app.js").status_code == 200
+        assert "set-cookie" not in page.headers and "set-cookie" not in c.get("/api/session").headers  # GETs make no session
+        r = upload(c, "notes.md")
+        cookie = r.headers.get("set-cookie", "")
+        assert "ragspec_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
         again = c.get("/api/session")
-        assert again.json()["documents"] == [] and "set-cookie" not in again.headers  # same session kept
+        assert again.json()["documents"] == ["notes.md"] and "set-cookie" not in again.headers  # same session kept
 
 
 def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: LiveServer, backend: ScriptedBackend) -> None:

@@ -14,14 +14,43 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-async function errorText(response) {
+// -- API key: asked for once when the server answers 401, kept in sessionStorage (this tab only)
+const KEY_STORE = "ragspec-api-key";
+
+async function api(url, options = {}) {
+  const key = sessionStorage.getItem(KEY_STORE);
+  const headers = { ...(options.headers || {}) };
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch(url, { ...options, headers });
+  if (response.status === 401) {
+    sessionStorage.removeItem(KEY_STORE);
+    $("key-form").hidden = false;
+    $("api-key").focus();
+  }
+  return response;
+}
+
+$("key-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const key = $("api-key").value.trim();
+  if (!key) return;
+  sessionStorage.setItem(KEY_STORE, key);
+  $("api-key").value = "";
+  $("key-form").hidden = true;
+  loadSession();
+});
+
+async function errorBody(response) {
+  // {message, code}: the server's {"error": ..., "code": ...}, or the status text.
   try {
     const body = await response.json();
-    return body.error || body.detail || response.statusText;
+    return { message: body.error || body.detail || response.statusText, code: body.code };
   } catch {
-    return response.statusText;
+    return { message: response.statusText };
   }
 }
+
+const EMPTY = { documents: [], chunks: 0, skipped: [], notices: [], preloaded: false };
 
 function showSession(info) {
   const list = $("doc-list");
@@ -34,6 +63,8 @@ function showSession(info) {
   }
   $("skipped-box").hidden = info.skipped.length === 0;
   $("skipped-list").replaceChildren(...info.skipped.map((s) => el("li", {}, `${s.path}: ${s.reason}`)));
+  $("notice-list").replaceChildren(...(info.notices || []).map((n) => el("li", {}, n)));
+  if (info.expired) setStatus(info.message, true);
 }
 
 function setStatus(text, isError = false) {
@@ -44,9 +75,11 @@ function setStatus(text, isError = false) {
 async function send(url, options, button) {
   button.disabled = true;
   try {
-    const response = await fetch(url, options);
+    const response = await api(url, options);
     if (!response.ok) {
-      setStatus(`Error ${response.status}: ${await errorText(response)}`, true);
+      const error = await errorBody(response);
+      if (error.code === "session_expired") showSession(EMPTY);
+      setStatus(`Error ${response.status}: ${error.message}`, true);
       return;
     }
     showSession(await response.json());
@@ -134,13 +167,15 @@ async function ask(question) {
   $("conversation").append(turn);
   turn.scrollIntoView({ block: "end" });
 
-  const response = await fetch("/api/ask", {
+  const response = await api("/api/ask", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ question }),
   });
   if (!response.ok) {
+    const error = await errorBody(response);
+    if (error.code === "session_expired") showSession(EMPTY);
     answer.classList.remove("streaming");
     answer.classList.add("error");
-    answer.textContent = `Error ${response.status}: ${await errorText(response)}`;
+    answer.textContent = `Error ${response.status}: ${error.message}`;
     stats.textContent = "";
     return;
   }
@@ -199,4 +234,8 @@ $("ask-form").addEventListener("submit", async (ev) => {
   }
 });
 
-fetch("/api/session").then((r) => r.json()).then(showSession).catch(() => {});
+function loadSession() {
+  api("/api/session").then((r) => (r.ok ? r.json().then(showSession) : null)).catch(() => {});
+}
+
+loadSession();
