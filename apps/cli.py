@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -124,11 +126,25 @@ def _guard(run: Any) -> int:
     except Exception as e:  # noqa: BLE001 - every failure becomes one clear line
         if os.environ.get("RAGSPEC_DEBUG"):
             raise
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        known = isinstance(e, CLIError) or type(e).__module__.split(".")[0] in ("apps", "retrievers", "ragspec")
-        prefix = "" if known or isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: "
-        print(f"{PROG}: error: {prefix}{message}", file=sys.stderr)
+        print(_error_line(e), file=sys.stderr)
         return 1
+
+
+def _error_line(e: Exception) -> str:
+    """``ragspec: error: ...``: the first line of the message, with the type where it helps."""
+    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    known = isinstance(e, CLIError) or type(e).__module__.split(".")[0] in ("apps", "retrievers", "ragspec")
+    prefix = "" if known or isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: "
+    return f"{PROG}: error: {prefix}{message}"
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _clean_text(text: str) -> str:
+    """Text that encodes as UTF-8: each byte that was not UTF-8 (Python keeps it in argv and stdin
+    as a surrogate escape) and each lone surrogate becomes U+FFFD."""
+    return _SURROGATES.sub("\ufffd", text)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -223,9 +239,10 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
 
 
 def _ask(args: argparse.Namespace) -> int:
-    if not args.question.strip():
+    question = _clean_text(args.question)
+    if not question.strip():
         raise CLIError("the question is empty")
-    _print_answer(_collection(args), args.question, [], sys.stdout, stats=not args.no_stats)
+    _print_answer(_collection(args), question, [], sys.stdout, stats=not args.no_stats)
     return 0
 
 
@@ -233,6 +250,9 @@ def _chat(args: argparse.Namespace) -> int:
     collection = _collection(args)
     history: list[tuple[str, str]] = []
     interactive = sys.stdin.isatty()
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="replace")  # a line that is not UTF-8 is asked with U+FFFD, not fatal
     if interactive:
         print("Ask about your documents. /reset forgets the conversation, /exit leaves.")
     while True:
@@ -242,7 +262,7 @@ def _chat(args: argparse.Namespace) -> int:
             if interactive:
                 print()
             return 0
-        question = line.strip()
+        question = _clean_text(line).strip()
         if not question:
             continue
         if question in ("/exit", "/quit"):
@@ -254,7 +274,14 @@ def _chat(args: argparse.Namespace) -> int:
         if not interactive:
             print(f"you> {question}")
         sys.stdout.write("ragspec> ")
-        finished = _print_answer(collection, question, history, sys.stdout)
+        try:
+            finished = _print_answer(collection, question, history, sys.stdout)
+        except Exception as e:  # noqa: BLE001 - one question failed: say so, keep the session
+            print(flush=True)
+            if os.environ.get("RAGSPEC_DEBUG"):
+                traceback.print_exc()
+            print(_error_line(e), file=sys.stderr, flush=True)
+            continue
         history.append((question, finished.text))
         print()
 
