@@ -352,10 +352,18 @@ class SpeculativeGenerator:
     @torch.inference_mode()
     def _calibrate(self, lengths: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), context: int = 128) -> None:
         """Time target forwards of several draft lengths after ``context`` tokens, so that the
-        policy starts from real verify costs (about 30 forwards, once, when the generator is built;
-        later timings refine them)."""
+        policy starts from real verify costs (about 30 forwards when the generator is built; later
+        timings refine them). The timings are cached on disk per model and machine
+        (``ragspec.calibration``), so only the first generator of a model on a machine waits."""
+        from ragspec import calibration
+
         lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.lm.context_length)
         context = min(context, self.lm.context_length - max(lengths) - 1)  # stay inside the position limit
+        key = calibration.calibration_key(self.lm, self._forward.description, lengths, context)
+        cached = calibration.load(key)
+        if cached is not None:
+            self.policy.calibrate(cached)  # type: ignore[attr-defined]
+            return
         cache = self._forward.new_cache(context + max(lengths) + 1)
         self._forward([0] * context, cache, last_only=True)
         seconds: dict[int, float] = {}
@@ -367,6 +375,7 @@ class SpeculativeGenerator:
                 times.append(time.perf_counter() - start)
                 cache.crop(-(k + 1))
             seconds[k] = min(times)
+        calibration.save(key, seconds)
         self.policy.calibrate(seconds)  # type: ignore[attr-defined]
 
     def _take_cache(self, prompt_ids: list[int], capacity: int) -> tuple[DynamicCache, int]:

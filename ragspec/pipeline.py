@@ -21,14 +21,14 @@ import asyncio
 import dataclasses
 import re
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableConfig
 
 from ragspec.bridge import iterate_in_thread
 from ragspec.config import CallOptions
@@ -55,7 +55,9 @@ class GenerationSource(Protocol):
 
     def call_options(self, stop: Sequence[str] | None, options: Any) -> CallOptions: ...
 
-__all__ = ["Answer", "AnswerStream", "AsyncAnswerStream", "Citation", "ContextBudgetWarning", "DocumentQA"]
+__all__ = [
+    "Answer", "AnswerStream", "AsyncAnswerStream", "Citation", "ContextBudgetWarning", "DocumentQA", "DocumentQARunnable",
+]  # fmt: skip
 
 
 class ContextBudgetWarning(UserWarning):
@@ -149,6 +151,93 @@ class AsyncAnswerStream:
                 self.answer = event
             else:
                 yield event
+
+
+class DocumentQARunnable(Runnable[str, Answer]):
+    """``DocumentQA`` as a LangChain ``Runnable``: a question string in, an ``Answer`` out.
+
+    ``invoke``/``ainvoke``/``batch``/``abatch`` return ``Answer`` objects. ``stream``/``astream``
+    (and ``transform`` inside a chain) yield the answer's text deltas as ``str`` chunks and end
+    with one ``Answer`` chunk (text, citations, passages, stats)::
+
+        for chunk in qa.as_runnable().stream("When does the ferry leave?"):
+            if isinstance(chunk, str):
+                print(chunk, end="")
+            else:
+                answer = chunk  # the last chunk
+
+    Keyword arguments of the calls (or of ``.bind(...)``) are ``DocumentQA.ask``'s: ``k`` and the
+    generation options (``max_tokens``, ``temperature``, ...). Callbacks see one chain run whose
+    output is the ``Answer``.
+    """
+
+    name = "DocumentQA"
+
+    def __init__(self, qa: DocumentQA) -> None:
+        self.qa = qa
+
+    @property
+    def InputType(self) -> type[str]:  # noqa: N802 - LangChain's name
+        return str
+
+    @property
+    def OutputType(self) -> type[Answer]:  # noqa: N802 - LangChain's name
+        return Answer
+
+    def invoke(self, input: str, config: RunnableConfig | None = None, **kwargs: Any) -> Answer:
+        return self._call_with_config(lambda question: self.qa.ask(_question([question]), **kwargs), input, config)
+
+    async def ainvoke(self, input: str, config: RunnableConfig | None = None, **kwargs: Any) -> Answer:
+        return await self._acall_with_config(
+            lambda question: self.qa.aask(_question([question]), **kwargs), input, config
+        )
+
+    def stream(  # type: ignore[override]  # str deltas, then the Answer
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[str | Answer]:
+        return self.transform(iter([input]), config, **kwargs)
+
+    def transform(  # type: ignore[override]
+        self, input: Iterator[str], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[str | Answer]:
+        yield from self._transform_stream_with_config(input, self._answer_stream, config, **kwargs)
+
+    async def astream(  # type: ignore[override]
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[str | Answer]:
+        async def one() -> AsyncIterator[str]:
+            yield input
+
+        async for chunk in self.atransform(one(), config, **kwargs):
+            yield chunk
+
+    async def atransform(  # type: ignore[override]
+        self, input: AsyncIterator[str], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[str | Answer]:
+        async for chunk in self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs):
+            yield chunk
+
+    def _answer_stream(self, chunks: Iterator[str], k: int | None = None, **options: Any) -> Iterator[str | Answer]:
+        with self.qa.stream(_question(chunks), k=k, **options) as stream:
+            yield from stream
+        assert stream.answer is not None
+        yield stream.answer
+
+    async def _aanswer_stream(
+        self, chunks: AsyncIterator[str], k: int | None = None, **options: Any
+    ) -> AsyncIterator[str | Answer]:
+        question = _question([c async for c in chunks])
+        async for event in iterate_in_thread(lambda: self.qa._events(question, k, options)):
+            yield event
+
+
+def _question(chunks: Iterable[object]) -> str:
+    """The question from its input chunks (a chain may stream a string in pieces)."""
+    parts = list(chunks)
+    if not all(isinstance(p, str) for p in parts):
+        kinds = ", ".join(sorted({type(p).__name__ for p in parts}))
+        raise ValueError(f"DocumentQA's runnable takes a question string, got {kinds}")
+    return "".join(parts)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -303,13 +392,17 @@ class DocumentQA:
 
     def astream(self, question: str, *, k: int | None = None, **options: Any) -> AsyncAnswerStream:
         """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
-        return AsyncAnswerStream(lambda: self._generate(self._prepare(question, k, options)))
+        return AsyncAnswerStream(lambda: self._events(question, k, options))
 
-    def as_runnable(self) -> Runnable[str, Answer]:
-        """A LangChain ``Runnable`` taking a question string and returning an ``Answer``."""
-        return RunnableLambda(self.ask, afunc=self.aask, name="DocumentQA")
+    def as_runnable(self) -> DocumentQARunnable:
+        """This pipeline as a LangChain ``Runnable[str, Answer]`` (see ``DocumentQARunnable``)."""
+        return DocumentQARunnable(self)
 
     # -- steps ----------------------------------------------------------------------------------
+    def _events(self, question: str, k: int | None, options: dict[str, Any]) -> Iterator[str | Answer]:
+        """Retrieve, then the answer's text deltas, then the ``Answer`` (for worker threads)."""
+        return self._generate(self._prepare(question, k, options))
+
     def _prepare(self, question: str, k: int | None, options: dict[str, Any]) -> _Request:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be a non-empty string")

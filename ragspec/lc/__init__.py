@@ -2,13 +2,15 @@
 
 Both load their model lazily on the first call and share it with every other instance that has
 the same ``(model, device, dtype)``. See ``ragspec.lc.base`` for the per-call options
-(``references=``, overrides) they accept.
+(``references=``, overrides) they accept, and ``ragspec.lc.chains.answer_from_context`` for
+handing retrieved documents to them as references inside an LCEL chain.
 """
 
 from __future__ import annotations
 
-from ragspec.lc.base import CALL_OPTIONS, Reference
+from ragspec.lc.base import CALL_OPTIONS, Reference, load_options
+from ragspec.lc.chains import answer_from_context
 from ragspec.lc.chat import ChatRagSpec
 from ragspec.lc.llm import RagSpecLLM
 
-__all__ = ["CALL_OPTIONS", "ChatRagSpec", "RagSpecLLM", "Reference"]
+__all__ = ["CALL_OPTIONS", "ChatRagSpec", "RagSpecLLM", "Reference", "answer_from_context", "load_options"]

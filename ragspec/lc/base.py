@@ -11,10 +11,20 @@ or of ``.bind(...)``):
 
 ``stop`` given at call time is added to the ``stop`` field; generation ends before the first of
 them, streamed or not.
+
+Construction is strict: an unknown or misspelt field is an error that names it (and the field it
+probably meant). There is no ``model_kwargs``: every generation setting is a typed field above,
+validated when the object is built, and the decoding loop takes nothing else.
+
+Both models are serializable the LangChain way (``dumpd``/``dumps``, ``load``/``loads``): the
+fields are the constructor arguments, except ``generator`` (a live object), which is left out.
+Loading needs ``valid_namespaces=["ragspec"]`` and an allowlist that names the ragspec classes;
+see ``load_options``.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +38,8 @@ from ragspec import registry
 from ragspec.config import CallOptions, GenerationConfig, GenerationConfigError
 
 if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
     from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
 
 Reference = Union[str, Document, Sequence[int]]
@@ -38,6 +50,25 @@ _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _RENAMED = {"max_tokens": "max_new_tokens"}
 """LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative")
+_GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "speculative", "max_draft")
+LC_NAMESPACE = ["ragspec", "lc"]
+"""Where ``dumpd`` records the ragspec classes: ``["ragspec", "lc", "ChatRagSpec"]``."""
+_LC_CLASSES = ("ChatRagSpec", "RagSpecLLM")
+
+
+def load_options() -> dict[str, Any]:
+    """Keyword arguments for ``langchain_core.load.load``/``loads`` that revive ragspec models.
+
+    langchain-core only revives classes on an allowlist; its ``"core"`` and ``"all"`` lists name
+    langchain-core's classes and the partner packages it knows, not ragspec. This keeps the
+    ``"core"`` list (prompts, parsers, runnables, messages) and adds the two ragspec models::
+
+        chain = loads(dumps(prompt | ChatRagSpec()), **load_options())
+
+    Only load what you serialized yourself: loading builds objects. No secrets are involved.
+    """
+    paths = {(*LC_NAMESPACE, name): (*LC_NAMESPACE, name) for name in _LC_CLASSES}
+    return {"valid_namespaces": LC_NAMESPACE[:1], "allowed_objects": "core", "additional_import_mappings": paths}
 
 
 @contextmanager
@@ -81,6 +112,8 @@ def response_metadata(result: GenerationResult) -> dict[str, Any]:
 class RagSpecParams(BaseModel):
     """Fields and call handling shared by the LLM and the chat model (a mixin)."""
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     model: str = "default"
     """Target model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local model directory, a ``.gguf`` file, or a Hugging Face id available offline."""
     speculative: bool = True
@@ -105,6 +138,32 @@ class RagSpecParams(BaseModel):
     """``"auto"`` (bf16 on CUDA, fp32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
     generator: Any = Field(default=None, exclude=True)
     """A ready ``SpeculativeGenerator`` to use instead of loading ``model`` (e.g. one with a custom drafter)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v_known_fields(cls, data: Any) -> Any:
+        """Unknown constructor arguments are an error that names them (pydantic's ``extra="forbid"``
+        would too; this says which field was probably meant)."""
+        if not isinstance(data, Mapping):
+            return data
+        known = {name for name, f in cls.model_fields.items()} | {
+            f.alias for f in cls.model_fields.values() if f.alias
+        }
+        unknown = [k for k in data if k not in known]
+        if not unknown:
+            return data
+        problems = []
+        for name in unknown:
+            if name == "model_kwargs":
+                problems.append(
+                    "model_kwargs is not supported: every generation setting is a field "
+                    f"({', '.join(_GENERATION_FIELDS)}), checked when the model is built; pass them directly "
+                    "(or per call, e.g. .bind(temperature=0.7))"
+                )
+                continue
+            close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
+            problems.append(f"unknown field {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"{cls.__name__}: " + "; ".join(problems))
 
     @model_validator(mode="after")
     def _v_generation(self) -> RagSpecParams:
@@ -143,6 +202,17 @@ class RagSpecParams(BaseModel):
         if self.generator is not None and model in (None, self.model):
             return self.generator
         return registry.get_generator(model or self.model, self.device, self.dtype, self.max_draft)
+
+    # -- tokens ---------------------------------------------------------------------------------
+    def model_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by the model's own tokenizer (no special tokens added).
+
+        Loads the model on first use (shared, as for a call); ``custom_get_token_ids`` wins when set.
+        """
+        custom = getattr(self, "custom_get_token_ids", None)
+        if custom is not None:
+            return list(custom(text))
+        return self.load().encode(text, special_tokens=False)
 
     @property
     def model_name(self) -> str:

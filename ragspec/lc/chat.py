@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -10,13 +10,15 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
+from pydantic import ConfigDict
+
+from ragspec.bridge import iterate_in_thread
 from ragspec.config import CallOptions
-from ragspec.lc.base import RagSpecParams, response_metadata, usage
+from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
+from ragspec.lc.messages import chat_prompt_ids
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult
-from ragspec.bridge import iterate_in_thread
-from ragspec.lc.messages import chat_prompt_ids
 
 
 class ChatRagSpec(BaseChatModel, RagSpecParams):
@@ -33,12 +35,34 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         chat.invoke(messages, references=[doc.page_content for doc in passages])
     """
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     streaming: bool = False
     """Stream internally in ``invoke`` (callbacks get chunks either way)."""
 
     @property
     def _llm_type(self) -> str:
         return "ragspec-chat"
+
+    # -- serialization and token counting ------------------------------------------------------
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return list(LC_NAMESPACE)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by the model's own tokenizer (loads the model on first use)."""
+        return self.model_token_ids(text)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
+        """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model gets them."""
+        if tools:
+            raise ValueError("ChatRagSpec has no tool calling, so it cannot count tool schemas; pass tools=None")
+        generator = self.load()
+        return len(chat_prompt_ids(generator.lm.tokenizer, messages, generator.lm.name))
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

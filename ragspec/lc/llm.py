@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LLM, LangSmithParams
+from langchain_core.messages import BaseMessage, get_buffer_string
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from pydantic import ConfigDict
 
+from ragspec.bridge import iterate_in_thread
 from ragspec.config import CallOptions
-from ragspec.lc.base import RagSpecParams, response_metadata, usage
+from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult
-from ragspec.bridge import iterate_in_thread
 
 
 class RagSpecLLM(LLM, RagSpecParams):
@@ -32,9 +34,31 @@ class RagSpecLLM(LLM, RagSpecParams):
         llm.invoke("Passage: ...\\nQuestion: ...\\nAnswer:")
     """
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     @property
     def _llm_type(self) -> str:
         return "ragspec"
+
+    # -- serialization and token counting ------------------------------------------------------
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return list(LC_NAMESPACE)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by the model's own tokenizer (loads the model on first use)."""
+        return self.model_token_ids(text)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
+        """Prompt tokens of ``messages`` as this LLM gets them: LangChain's one-string rendering
+        (``get_buffer_string``), encoded as a prompt."""
+        if tools:
+            raise ValueError("RagSpecLLM has no tool calling, so it cannot count tool schemas; pass tools=None")
+        return len(self.load().encode(get_buffer_string(messages), special_tokens=True))
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

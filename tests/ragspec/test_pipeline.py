@@ -43,12 +43,14 @@ PASSAGES = [
 
 
 class FixedRetriever(BaseRetriever):
-    """Returns the same passages for every question."""
+    """Returns the same passages (the first ``k`` when it is given) for every question."""
 
     passages: list[Document]
 
-    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        return list(self.passages)
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
+    ) -> list[Document]:
+        return list(self.passages)[:k]
 
 
 @pytest.fixture
@@ -162,11 +164,65 @@ async def test_async(qa):
     assert "".join(deltas) == want.text and stream.answer.citations == want.citations
 
 
-def test_as_runnable(qa):
+def test_as_runnable_invoke_and_batch(qa):
     runnable = qa.as_runnable()
     want = qa.ask("When does it leave?")
-    assert runnable.invoke("When does it leave?").text == want.text
+    got = runnable.invoke("When does it leave?")
+    assert isinstance(got, Answer) and got.text == want.text and got.citations == want.citations
     assert [a.text for a in runnable.batch(["When does it leave?", "When does it leave?"])] == [want.text] * 2
+    # Per-call options, directly or bound.
+    assert runnable.invoke("When does it leave?", max_tokens=3).stats.new_tokens == 3
+    assert len(runnable.bind(k=2).invoke("When does it leave?").passages) == 2
+
+
+def test_as_runnable_streams_text_deltas_then_the_answer(qa):
+    want = qa.ask("When does it leave?")
+    chunks = list(qa.as_runnable().stream("When does it leave?"))
+    *deltas, last = chunks
+    assert len(deltas) > 1 and all(isinstance(d, str) for d in deltas)
+    assert "".join(deltas) == want.text
+    assert isinstance(last, Answer) and last.text == want.text and last.citations == want.citations
+
+
+def test_as_runnable_inside_a_chain_streams_and_reports_the_answer(qa):
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tracers.base import BaseTracer
+
+    class Runs(BaseTracer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.outputs: dict[str, object] = {}
+
+        def _persist_run(self, run) -> None:
+            pass
+
+        def _on_chain_end(self, run) -> None:
+            self.outputs[run.name] = run.outputs
+
+    want = qa.ask("When does it leave?")
+    chain = RunnableLambda(lambda q: q.strip()) | qa.as_runnable().bind(max_tokens=12)
+    tracer = Runs()
+    chunks = list(chain.stream("  When does it leave?  ", config={"callbacks": [tracer]}))
+    assert "".join(c for c in chunks if isinstance(c, str)) == want.text
+    assert isinstance(chunks[-1], Answer)
+    assert tracer.outputs["DocumentQA"]["output"].text == want.text  # the run's output is the Answer
+    text_chain = qa.as_runnable() | RunnableLambda(lambda answer: answer.text)
+    assert text_chain.invoke("When does it leave?") == want.text
+
+
+async def test_as_runnable_async(qa):
+    runnable = qa.as_runnable()
+    want = qa.ask("When does it leave?")
+    assert (await runnable.ainvoke("When does it leave?")).text == want.text
+    chunks = [c async for c in runnable.astream("When does it leave?")]
+    assert "".join(c for c in chunks[:-1]) == want.text and len(chunks) > 2
+    assert isinstance(chunks[-1], Answer) and chunks[-1].citations == want.citations
+    assert [a.text for a in await runnable.abatch(["When does it leave?"] * 2)] == [want.text] * 2
+
+
+def test_as_runnable_takes_a_question_string(qa):
+    with pytest.raises(ValueError, match="question string, got dict"):
+        qa.as_runnable().invoke({"question": "q"})  # type: ignore[arg-type]
 
 
 def test_invalid_arguments(qa, lc_tiny_generator):
