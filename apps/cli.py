@@ -232,6 +232,8 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
         for c in finished.citations:
             where = " · ".join(x for x in (c.title, c.location) if x)
             out.write(f"  [{c.number}] {c.source}" + (f" ({where})" if where else "") + "\n")
+    if not finished.supported:
+        out.write("\nUnsupported: no passage backs this answer (it cites none and copies from none); check it yourself.\n")
     if stats:
         out.write(f"\n{finished.stats.line()}\n")
     out.flush()

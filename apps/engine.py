@@ -205,6 +205,8 @@ class Finished:
     text: str
     citations: list[CitationView]
     stats: SpeedStats
+    supported: bool = True
+    """False when no passage backs the answer (it cites none and copies from none); then ``citations`` is empty."""
 
 
 Event = Union[Token, Finished]
@@ -310,4 +312,4 @@ def _pipeline_events(stream: Any, start: float, count_tokens: Callable[[str], in
     if answer is None:  # the stream was cut short
         return
     stats = SpeedStats.from_any(answer.stats)
-    yield Finished(answer.text, [citation_view(c, answer.passages) for c in answer.citations], stats)
+    yield Finished(answer.text, [citation_view(c, answer.passages) for c in answer.citations], stats, answer.supported)

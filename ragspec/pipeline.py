@@ -6,9 +6,11 @@ passage to the drafter as its own reference so that copied spans cost one forwar
 tokens. The answer comes with citations, chosen by this rule:
 
 1. the passages the answer cites by number (``[2]``, ``[1, 3]``), in order of first mention;
-2. otherwise the passages the answer copies from: those sharing a run of at least
-   ``min(6, words in the answer)`` consecutive words with it (and at least 3), in rank order;
-3. otherwise the top-ranked passage.
+2. otherwise the passages the answer copies a substantial span from: a run of
+   ``min(6, words in the answer)`` consecutive words (at least 4, two of them not stop words
+   such as "the" or "is") that the passage also holds, in rank order;
+3. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
+   passage is shown to back it. A passage is never cited just for being retrieved.
 
 Passages that do not fit the model's context window together with the answer budget are
 dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
@@ -90,9 +92,14 @@ class Answer:
     passages: list[Document]
     """The passages in the prompt, in order: ``passages[0]`` is ``[1]``."""
     citation_rule: str
-    """Which rule chose the citations: ``"cited"``, ``"copied"``, ``"top"`` or ``"none"`` (no passages)."""
+    """Which rule chose the citations: ``"cited"``, ``"copied"``, or ``"unsupported"`` (no citations)."""
     finish_reason: str
     stats: GenerationStats
+
+    @property
+    def supported(self) -> bool:
+        """Whether a passage backs the answer: it cites one by number or copies a substantial span of one."""
+        return bool(self.citations)
 
 
 class AnswerStream:
@@ -523,13 +530,29 @@ def cited_numbers(text: str, n_passages: int) -> list[int]:
     return found
 
 
-def copied_numbers(text: str, passages: Sequence[Document], max_run: int = 6, min_run: int = 3) -> list[int]:
-    """Passages sharing a run of ``min(max_run, words in text)`` consecutive words with ``text`` (rank order)."""
+_STOP_WORDS = frozenset(
+    "a an and are as at be been but by do does for from had has have he her his i if in is it its "
+    "not of on or she so than that the their them then there they this to was we were what when "
+    "which who will with you your".split()
+)
+
+
+def copied_numbers(
+    text: str, passages: Sequence[Document], max_run: int = 6, min_run: int = 4, min_content: int = 2
+) -> list[int]:
+    """Passages that hold a run of ``min(max_run, words in text)`` consecutive words of ``text``
+    (at least ``min_run``, with at least ``min_content`` words that are not stop words), in rank order."""
     words = [w.lower() for w in _WORD.findall(text)]
     run = min(max_run, len(words))
     if run < min_run:
         return []
-    answer_runs = {tuple(words[i : i + run]) for i in range(len(words) - run + 1)}
+    answer_runs = {
+        tuple(words[i : i + run])
+        for i in range(len(words) - run + 1)
+        if sum(w not in _STOP_WORDS for w in words[i : i + run]) >= min_content
+    }
+    if not answer_runs:
+        return []
     found = []
     for number, passage in enumerate(passages, start=1):
         pw = [w.lower() for w in _WORD.findall(passage.page_content)]
@@ -539,11 +562,10 @@ def copied_numbers(text: str, passages: Sequence[Document], max_run: int = 6, mi
 
 
 def choose_citations(text: str, passages: Sequence[Document]) -> tuple[list[int], str]:
-    """Passage numbers to cite and the rule that chose them (see the module docstring)."""
-    if not passages:
-        return [], "none"
+    """Passage numbers to cite and the rule that chose them (see the module docstring);
+    ``([], "unsupported")`` when no passage backs the answer."""
     if numbers := cited_numbers(text, len(passages)):
         return numbers, "cited"
     if numbers := copied_numbers(text, passages):
         return numbers, "copied"
-    return [1], "top"
+    return [], "unsupported"

@@ -13,7 +13,8 @@ Endpoints (all JSON unless said otherwise; the session is the ``ragspec_session`
   which it is by default only for a loopback-bound server).
 - ``DELETE /api/documents``: forget this session's documents and conversation.
 - ``POST /api/ask``: ``{"question": "..."}`` answers as ``text/event-stream`` with events
-  ``queued``, ``token``, ``done`` (citations and stats) and ``error``.
+  ``queued``, ``token``, ``done`` (citations, ``supported``: false when no passage backs the
+  answer, and stats) and ``error``.
 - ``GET /api/health``.
 
 Errors are ``{"error": message}`` (plus ``"code": "session_expired"`` on the 410 of a session
@@ -391,6 +392,7 @@ def create_app(
                             "done",
                             {
                                 "text": event.text,
+                                "supported": event.supported,
                                 "citations": [_shown(c.as_dict(), session) for c in event.citations],
                                 "stats": event.stats.as_dict(),
                             },

@@ -54,6 +54,8 @@ class ScriptedAnswerer:
     words: Sequence[str] = ("The", " trial", " lasts", " six", " months", " [1]", ".")
     delay_s: float = 0.01
     label: str = "doc"
+    supported: bool = True
+    """False: the answer is one no passage backs (no citations)."""
     started: int = 0
     finished: int = 0
     closed: int = 0
@@ -74,9 +76,10 @@ class ScriptedAnswerer:
                 time.sleep(self.delay_s)
                 text += word
                 yield Token(word, (i + 1) * self.delay_s, i + 1, i + 1)
-            citation = CitationView(1, f"{self.label}.md", "char 0", self.label, f"passage of {self.label}")
+            citations = [CitationView(1, f"{self.label}.md", "char 0", self.label, f"passage of {self.label}")]
             self.finished += 1
-            yield Finished(text, [citation], SpeedStats(len(self.words), 50.0, 0.5, 2.0, 0.2))
+            stats = SpeedStats(len(self.words), 50.0, 0.5, 2.0, 0.2)
+            yield Finished(text, citations if self.supported else [], stats, supported=self.supported)
         finally:
             self.active -= 1
             if self.finished < self.started:
@@ -89,11 +92,12 @@ class ScriptedBackend:
 
     delay_s: float = 0.01
     words: Sequence[str] = ScriptedAnswerer.words
+    supported: bool = True
     answerers: list[ScriptedAnswerer] = field(default_factory=list)
 
     def index(self, paths: Sequence[Path], workdir: Path) -> tuple[ScriptedAnswerer, IndexSummary]:
         files = sorted(str(p.name) for path in paths for p in (path.iterdir() if path.is_dir() else [path]))
-        answerer = ScriptedAnswerer(words=self.words, delay_s=self.delay_s, label="+".join(files))
+        answerer = ScriptedAnswerer(words=self.words, delay_s=self.delay_s, label="+".join(files), supported=self.supported)
         self.answerers.append(answerer)
         return answerer, IndexSummary(files=files, chunks=len(files))
 

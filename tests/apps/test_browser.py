@@ -122,3 +122,20 @@ def test_the_page_works_under_its_content_security_policy_and_asks_for_the_api_k
         page.wait_for_timeout(200)
         assert len(problems) == 1 and "Content Security Policy" in problems[0]
         page.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_unsupported_answer_is_marked_on_the_page(browser: object, tmp_path: Path) -> None:
+    backend = ScriptedBackend(words=["The capital of Peru", " is Lima."], supported=False)
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        page.goto(server.url + "/")
+        page.set_input_files("#files", [{"name": "timetable.txt", "mimeType": "text/plain", "buffer": b"Ferry at 7:15."}])
+        page.click("#upload-btn")
+        page.wait_for_selector("#doc-list li")
+        page.fill("#question", "What is the capital of Peru?")
+        page.click("#ask-btn")
+        page.wait_for_selector(".citations .unsupported")
+        assert "Unsupported: no passage backs this answer" in page.inner_text(".citations")
+        assert page.query_selector(".citation") is None
+        page.close()

@@ -109,6 +109,27 @@ def test_chat_keeps_the_conversation_and_resets(monkeypatch: pytest.MonkeyPatch,
     assert "10.0 tokens/s · acceptance 50% · 1.50 tokens/forward" in out
 
 
+class UnsupportedCollection:
+    """Answers with something no passage backs."""
+
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        yield Token("The capital of Peru is Lima.", 0.1, 7, 1)
+        yield Finished("The capital of Peru is Lima.", [], SpeedStats(7, 10.0, 0.0, 1.0, 0.7), supported=False)
+
+
+def test_an_unsupported_answer_is_said_to_be_unsupported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_collection", lambda args: UnsupportedCollection())
+    assert cli.main(["ask", "What is the capital of Peru?"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The capital of Peru is Lima.\n")
+    assert "Sources:" not in out and "Unsupported: no passage backs this answer" in out
+    monkeypatch.setattr(cli, "_collection", lambda args: FakeCollection())
+    assert cli.main(["ask", "ferries?"]) == 0
+    assert "Unsupported" not in capsys.readouterr().out
+
+
 @pytest.mark.integration
 def test_ingest_then_ask_and_chat_with_the_default_models(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

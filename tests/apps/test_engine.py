@@ -63,6 +63,13 @@ def test_events_are_tokens_then_one_finished_with_full_passages() -> None:
     assert finished.stats == SpeedStats(6, 5.0, 0.75, 2.0, 1.5)  # 5 decode tokens in 1 s; 3 of 4 drafted accepted
 
 
+def test_an_unsupported_answer_finishes_unsupported() -> None:
+    *_, finished = _pipeline_events(FakeStream(["Lima."], make_answer("Lima.", [])), 0.0)
+    assert isinstance(finished, Finished) and finished.supported is False and finished.citations == []
+    *_, cited = _pipeline_events(FakeStream(["[2]"], make_answer("[2]", [cite(2)])), 0.0)
+    assert cited.supported is True
+
+
 def test_live_statistics_are_passed_on_when_the_stream_has_them() -> None:
     stream = FakeStream(["a", "b"], make_answer("ab", []), live=True)
     tokens = [e for e in _pipeline_events(stream, 0.0) if isinstance(e, Token)]

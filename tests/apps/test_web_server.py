@@ -81,11 +81,20 @@ def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: L
         tokens = [d["tokens"] for k, d in got if k == "token"]
         assert tokens == sorted(tokens) and tokens[-1] == 7 and all(d["tokens_per_s"] > 0 for k, d in got if k == "token")
         done = got[-1][1]
-        assert done["text"] == text
+        assert done["text"] == text and done["supported"] is True
         assert done["citations"][0]["number"] == 1 and done["citations"][0]["text"] == "passage of notes.md"
         assert done["stats"]["acceptance"] == 0.5 and done["stats"]["tokens_per_forward"] == 2.0
         ask(c, "And after that?")
         assert backend.answerers[0].histories == [[], [("How long is the trial?", text)]]
+
+
+def test_an_unsupported_answer_is_marked_and_cites_nothing(tmp_path: Path) -> None:
+    backend = ScriptedBackend(words=["The capital of Peru", " is Lima."], supported=False)
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server, client_for(server) as c:
+        upload(c, "timetable.md", b"Ferry departures: 7:15 and 9:40.")
+        kind, done = ask(c, "What is the capital of Peru?")[-1]
+    assert kind == "done" and done["supported"] is False and done["citations"] == []
+    assert done["text"] == "The capital of Peru is Lima."
 
 
 def test_upload_type_and_size_limits(server: LiveServer) -> None:

@@ -80,13 +80,43 @@ def test_copied_numbers():
     assert copied_numbers("Telescopes for two weeks at a time.", PASSAGES) == [3]
     assert copied_numbers("the ferry", PASSAGES) == []  # too short to call it copying
     assert copied_numbers("Mill Street sells rye bread on Tuesdays", PASSAGES[:1]) == []
+    # A shared run of stop words and one content word is not a copied span.
+    assert copied_numbers("It is in the hall of it.", [doc("And it is in the hall of the town.", "x")]) == []
+    assert copied_numbers("It is in the town hall of it.", [doc("And it is in the town hall of the town.", "x")]) == [1]
 
 
 def test_citation_rule_order():
     assert choose_citations("At 7:15 [3].", PASSAGES) == ([3], "cited")
     assert choose_citations("lends telescopes to its members for two weeks", PASSAGES) == ([3], "copied")
-    assert choose_citations("I do not know.", PASSAGES) == ([1], "top")
-    assert choose_citations("Anything", []) == ([], "none")
+    assert choose_citations("I do not know.", PASSAGES) == ([], "unsupported")
+    assert choose_citations("Anything", []) == ([], "unsupported")
+
+
+TIMETABLE = [
+    doc("Ferry timetable. Dunmore harbour departures: 7:15, 9:40 and 13:05 on weekdays; "
+        "8:30 and 16:00 on Sundays. Tickets are sold on board.", "/docs/timetable.txt"),
+    doc("The Gannet Island crossing takes forty minutes in calm weather.", "/docs/crossing.txt"),
+]
+
+
+def test_an_answer_no_passage_backs_is_unsupported_and_cites_nothing():
+    assert choose_citations("The capital of Peru is Lima.", TIMETABLE) == ([], "unsupported")
+
+
+def test_an_answer_that_copies_a_span_cites_that_passage():
+    answer = "On Sundays the ferry leaves at 8:30 and 16:00 on Sundays, and tickets are sold on board."
+    assert choose_citations(answer, TIMETABLE) == ([1], "copied")
+    assert choose_citations("The crossing takes forty minutes in calm weather.", TIMETABLE) == ([2], "copied")
+
+
+def test_answer_supported_follows_its_citations(qa, monkeypatch):
+    import ragspec.pipeline as pipeline
+
+    unsupported = qa.ask("What is the capital of Peru?")  # the random model's nonsense backs nothing
+    assert (unsupported.supported, unsupported.citations, unsupported.citation_rule) == (False, [], "unsupported")
+    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages: ([2], "copied"))
+    supported = qa.ask("What is the capital of Peru?")
+    assert supported.supported and [c.number for c in supported.citations] == [2]
 
 
 # -- answering ---------------------------------------------------------------------------------
@@ -100,9 +130,16 @@ def test_ask_answers_from_the_numbered_prompt(qa, lc_tiny_generator):
     assert answer.passages == PASSAGES
     assert answer.stats.prompt_tokens == want.stats.prompt_tokens
     assert answer.finish_reason == "length"
-    # Nonsense from the random model cites nothing and copies nothing: the top passage is cited.
-    assert answer.citation_rule == "top"
-    [c] = answer.citations
+    # Nonsense from the random model cites nothing and copies nothing: no citation at all.
+    assert (answer.citation_rule, answer.citations, answer.supported) == ("unsupported", [], False)
+
+
+def test_citations_describe_their_passage(lc_tiny_generator, monkeypatch):
+    import ragspec.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages: ([1], "cited"))
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=4))
+    [c] = qa.ask("When does it leave?").citations
     assert (c.number, c.source, c.start_index, c.page, c.title, c.chunk_id) == (1, "/docs/ferry.txt", 0, None, None, "c-ferry")
     assert c.text == FERRY
 

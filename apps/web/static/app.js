@@ -208,6 +208,10 @@ async function ask(question) {
           b.addEventListener("click", () => openPassage(c, b));
           return el("li", {}, b);
         }));
+        if (data.supported === false) {
+          citeList.append(el("li", { class: "unsupported" },
+            "Unsupported: no passage backs this answer (it cites none and copies from none). Check it against your documents."));
+        }
         stats.innerHTML = statsLine(data.stats);
       } else if (event === "error") {
         answer.classList.remove("streaming");
