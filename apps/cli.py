@@ -152,7 +152,9 @@ def _clean_text(text: str) -> str:
 
 def _ingest(args: argparse.Namespace) -> int:
     from apps.engine import build_index
+    from retrievers import check_index_writable
 
+    check_index_writable(args.index)  # fail now, not after embedding everything
     _quiet_model_loading()
     bar = _ProgressBar(enabled=not args.no_progress)
     try:

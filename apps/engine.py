@@ -61,10 +61,13 @@ def build_index(
     chunk_overlap: int = 32,
     batch_size: int = 32,
     progress: Progress | None = None,
+    max_file_bytes: int | None = None,
 ) -> tuple[FaissVectorStore, IndexSummary]:
     """Load ``paths`` (files or folders), chunk and embed them into a new vector store.
 
-    Raises ``AppError`` when a path does not exist or nothing could be indexed.
+    ``max_file_bytes`` caps the size of one file (default: the loader's, 100 MiB); larger
+    files are skipped with a reason. Raises ``AppError`` when a path does not exist or
+    nothing could be indexed; the message then gives each skipped file's reason.
     """
     if not paths:
         raise AppError("no files or folders given")
@@ -76,21 +79,32 @@ def build_index(
 
     import warnings
 
-    from retrievers import FaissVectorStore, SkippedFileWarning, default_embeddings, load_documents, split_documents
+    from retrievers import (
+        DEFAULT_MAX_FILE_BYTES,
+        FaissVectorStore,
+        SkippedFileWarning,
+        default_embeddings,
+        load_documents,
+        split_documents,
+    )
 
     summary = IndexSummary()
     if progress is not None:
         progress("load", 0, len(paths))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedFileWarning)  # reported in the summary instead
-        loaded = load_documents(list(paths), include=include, exclude=exclude)
+        limit = DEFAULT_MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
+        loaded = load_documents(list(paths), include=include, exclude=exclude, max_file_bytes=limit)
     summary.skipped.extend(Skipped(s.path, s.reason) for s in loaded.skipped)
     documents = loaded.documents
     if progress is not None:
         progress("load", len(paths), len(paths))
     chunks = [c for c in split_documents(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap) if c.page_content.strip()]
     if not chunks:
-        hint = f" ({len(summary.skipped)} skipped)" if summary.skipped else ""
+        shown = 10  # one line, for the CLI's one-line errors and the web page alike
+        reasons = "; ".join(f"{s.path}: {s.reason}" for s in summary.skipped[:shown])
+        more = f"; and {len(summary.skipped) - shown} more" if len(summary.skipped) > shown else ""
+        hint = f"; {len(summary.skipped)} file(s) skipped: {reasons}{more}" if summary.skipped else ""
         raise AppError(f"found no text to index in {', '.join(map(str, paths))}{hint}")
     if progress is not None:
         progress("embed", 0, len(chunks))

@@ -29,6 +29,7 @@ from retrievers.errors import (
     EmbeddingModelError,
     IndexCorruptError,
     IndexLoadError,
+    IndexLockedError,
     IndexMismatchError,
     IndexNotFoundError,
     IndexSaveError,
@@ -37,13 +38,23 @@ from retrievers.errors import (
 )
 from retrievers.faiss_store import FaissVectorStore, FlatIndex, HNSWIndex, IndexConfig
 from retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
-from retrievers.loaders import DEFAULT_INCLUDE, LoadResult, SkippedFile, SkippedFileWarning, load_documents, load_file
-from retrievers.persistence import FORMAT_VERSION
+from retrievers.loaders import (
+    DEFAULT_INCLUDE,
+    DEFAULT_MAX_FILE_BYTES,
+    FileNote,
+    LoadResult,
+    SkippedFile,
+    SkippedFileWarning,
+    load_documents,
+    load_file,
+)
+from retrievers.persistence import FORMAT_VERSION, check_index_writable
 from retrievers.rerank import CrossEncoderReranker, Reranker
 from retrievers.types import MetadataFilter, ScoredDocument
 
 __all__ = [
     "DEFAULT_INCLUDE",
+    "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MODEL_ID",
     "FORMAT_VERSION",
     "BM25Retriever",
@@ -51,12 +62,14 @@ __all__ = [
     "DimensionMismatchError",
     "EmbeddingModelError",
     "FaissVectorStore",
+    "FileNote",
     "FlatIndex",
     "HNSWIndex",
     "HybridRetriever",
     "IndexConfig",
     "IndexCorruptError",
     "IndexLoadError",
+    "IndexLockedError",
     "IndexMismatchError",
     "IndexNotFoundError",
     "IndexSaveError",
@@ -69,6 +82,7 @@ __all__ = [
     "SentenceTransformerEmbeddings",
     "SkippedFile",
     "SkippedFileWarning",
+    "check_index_writable",
     "chunk_id",
     "default_embeddings",
     "default_model_path",

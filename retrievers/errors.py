@@ -19,6 +19,10 @@ class IndexSaveError(RetrieverError):
     """A vector store could not be written to disk; the previous save is left intact."""
 
 
+class IndexLockedError(IndexSaveError):
+    """Another process (or thread) is writing the same index folder and did not finish in time."""
+
+
 class IndexLoadError(RetrieverError):
     """A saved vector store could not be loaded."""
 

@@ -25,7 +25,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from retrievers.embeddings import embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
-from retrievers.persistence import read_store, write_store
+from retrievers.persistence import DEFAULT_LOCK_TIMEOUT_S, read_store, write_store
 from retrievers.types import MetadataFilter, check_filter, matches_filter
 
 __all__ = ["FaissVectorStore", "FlatIndex", "HNSWIndex", "IndexConfig"]
@@ -349,8 +349,13 @@ class FaissVectorStore(VectorStore):
         store.add_documents(docs, ids=ids)
         return store
 
-    def save(self, directory: str | Path) -> None:
-        """Write the store to `directory` (created if needed) atomically; see `retrievers.persistence`."""
+    def save(self, directory: str | Path, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
+        """Write the store to `directory` (created if needed) atomically; see `retrievers.persistence`.
+
+        Saves into one folder are serialized by a lock on it: a save waits up to
+        `lock_timeout` seconds for another one to finish, then raises `IndexLockedError`.
+        Call `retrievers.check_index_writable` first to fail before building a store.
+        """
         with self._lock:
             manifest = {
                 "created_by": "ragspec.retrievers",
@@ -366,7 +371,7 @@ class FaissVectorStore(VectorStore):
                 ],
             }
             try:
-                write_store(Path(directory), manifest, self._index, docstore)
+                write_store(Path(directory), manifest, self._index, docstore, lock_timeout=lock_timeout)
             except IndexSaveError as e:
                 if isinstance(e.__cause__, (TypeError, ValueError)):
                     _check_json_metadata(self._records)  # name the document at fault
@@ -378,7 +383,8 @@ class FaissVectorStore(VectorStore):
 
         Raises:
             IndexNotFoundError: nothing saved there.
-            IndexCorruptError: files missing, truncated, modified or inconsistent.
+            IndexCorruptError: files missing, truncated, modified or inconsistent. A save
+                committing while this loads is not corruption: the load then reads the new index.
             IndexVersionError: saved by a newer on-disk format.
             IndexMismatchError: saved with other embeddings than `embeddings` (skip this
                 check with ``check_embeddings=False``; a dimension mismatch still fails).

@@ -1,8 +1,17 @@
 """Load .txt, .md, .html and .pdf files (or whole directories) into LangChain Documents.
 
-A file that cannot be ingested (missing, unreadable, binary, empty, not UTF-8, a corrupt
-or encrypted PDF) is skipped with a `SkippedFileWarning` that names it and says why; every
-other file is still loaded, and the caller gets the skipped files back in `LoadResult`.
+A file that cannot be ingested (missing, unreadable, not a regular file, over the size
+limit, binary, empty, not UTF-8, a corrupt or encrypted PDF) is skipped with a
+`SkippedFileWarning` that names it and says why; every other file is still loaded, and the
+caller gets the skipped files back in `LoadResult`.
+
+Only regular files are read (after following symbolic links): a named pipe, a device such
+as ``/dev/zero`` or a socket is skipped without being opened for reading, and a file larger
+than ``max_file_bytes`` (default `DEFAULT_MAX_FILE_BYTES`, 100 MiB) is skipped without being
+read. A directory walk follows symbolic links to folders, once per real folder, so a link
+loop ends. Warnings and log records that a parsing library (pypdf, BeautifulSoup) emits
+while one file loads are captured and attached to that file: to its skip reason, or to
+`LoadResult.notes` (and the ``retrievers.loaders`` logger, with the file's name) when it loads.
 
 Metadata of each Document: ``source`` (the path as found, a string), ``file_type``
 (``txt``, ``md``, ``html`` or ``pdf``), ``title`` where the file states one, and for PDFs
@@ -11,10 +20,14 @@ Metadata of each Document: ``source`` (the path as found, a string), ``file_type
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +35,8 @@ from langchain_core.documents import Document
 
 __all__ = [
     "DEFAULT_INCLUDE",
+    "DEFAULT_MAX_FILE_BYTES",
+    "FileNote",
     "LoadResult",
     "SkippedFile",
     "SkippedFileWarning",
@@ -34,7 +49,17 @@ PathLike = str | os.PathLike[str]
 #: Files a directory walk picks up when no `include` globs are given.
 DEFAULT_INCLUDE: tuple[str, ...] = ("*.txt", "*.md", "*.markdown", "*.html", "*.htm", "*.pdf")
 
+#: Largest file `load_documents` reads by default (100 MiB): room for 20 MB text files and
+#: large PDFs, small enough that no single file can exhaust memory. Larger ones are skipped.
+DEFAULT_MAX_FILE_BYTES = 100 * 2**20
+
 _BINARY_SNIFF_BYTES = 8192
+# Control bytes that do not occur in text (everything below 0x20 but \t \n \v \f \r and
+# ESC, plus DEL). Random bytes have ~11% of them; text in any single-byte encoding ~0%.
+_CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x1B), *range(0x1C, 0x20), 0x7F])
+_BINARY_CONTROL_RATIO = 0.03
+_LIBRARY_LOGGERS = ("pypdf", "bs4")
+_logger = logging.getLogger(__name__)
 
 
 class SkippedFileWarning(UserWarning):
@@ -49,16 +74,26 @@ class SkippedFile:
     reason: str
 
 
+@dataclass(frozen=True)
+class FileNote:
+    """A warning a library gave while loading a file that was still loaded."""
+
+    path: str
+    message: str
+
+
 @dataclass
 class LoadResult:
-    """Documents loaded from the good files, and the files that were skipped."""
+    """Documents loaded from the good files, the files that were skipped, and notes on loaded ones."""
 
     documents: list[Document] = field(default_factory=list)
     skipped: list[SkippedFile] = field(default_factory=list)
+    notes: list[FileNote] = field(default_factory=list)
 
     def extend(self, other: LoadResult) -> None:
         self.documents.extend(other.documents)
         self.skipped.extend(other.skipped)
+        self.notes.extend(other.notes)
 
 
 class _Skip(Exception):
@@ -69,6 +104,8 @@ def load_documents(
     paths: PathLike | Sequence[PathLike],
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
+    *,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> LoadResult:
     """Load files and directories (recursively) into Documents.
 
@@ -80,10 +117,13 @@ def load_documents(
             `DEFAULT_INCLUDE`). A pattern without ``/`` matches the file name; one with
             ``/`` matches the path relative to the directory, where ``**`` spans folders.
         exclude: Glob patterns (same syntax) of files or folders to leave out.
+        max_file_bytes: Files larger than this are skipped unread, with a reason.
 
     Returns:
-        `LoadResult` with the documents in path order and the skipped files.
+        `LoadResult` with the documents in path order, the skipped files (and folders a
+        walk did not enter), and notes on files loaded despite a library warning.
     """
+    _check_max_file_bytes(max_file_bytes)
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     include_patterns = tuple(include) if include is not None else DEFAULT_INCLUDE
@@ -92,41 +132,122 @@ def load_documents(
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for file in _walk(path, include_patterns, exclude_patterns):
-                result.extend(load_file(file))
+            files, unwalked = _walk(path, include_patterns, exclude_patterns)
+            for file in files:
+                result.extend(load_file(file, max_file_bytes=max_file_bytes))
+            for skipped in unwalked:
+                warnings.warn(f"skipped {skipped.path}: {skipped.reason}", SkippedFileWarning, stacklevel=2)
+            result.skipped.extend(unwalked)
         else:
-            result.extend(load_file(path))
+            result.extend(load_file(path, max_file_bytes=max_file_bytes))
     return result
 
 
-def load_file(path: PathLike) -> LoadResult:
+def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> LoadResult:
     """Load one file; a problem with it becomes a `SkippedFile` (and a warning), never an exception."""
+    _check_max_file_bytes(max_file_bytes)
     path = Path(path)
-    try:
-        documents = _load(path)
-    except _Skip as skip:
-        reason = str(skip)
+    skip: _Skip | None = None
+    with _library_output() as messages:
+        try:
+            documents = _load(path, max_file_bytes)
+        except _Skip as e:
+            skip = e
+    if skip is not None:
+        reason = str(skip) + (f" [{'; '.join(messages)}]" if messages else "")
         warnings.warn(f"skipped {path}: {reason}", SkippedFileWarning, stacklevel=3)
         return LoadResult(skipped=[SkippedFile(str(path), reason)])
-    return LoadResult(documents=documents)
+    for message in messages:
+        _logger.warning("%s: %s", path, message)
+    return LoadResult(documents=documents, notes=[FileNote(str(path), m) for m in messages])
+
+
+def _check_max_file_bytes(max_file_bytes: int) -> None:
+    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 1:
+        raise ValueError(f"max_file_bytes must be a positive number of bytes, got {max_file_bytes!r}")
+
+
+# --- library warnings, per file ---------------------------------------------------------------
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.name.split('.')[0]}: {record.getMessage()}")
+
+
+@contextmanager
+def _library_output() -> Iterator[list[str]]:
+    """Collect the warnings and WARNING+ log records of parsing libraries while one file loads.
+
+    They would otherwise go to stderr without the file's name. `warnings.catch_warnings`
+    and logger settings are process-wide, so loads that capture run one at a time (the
+    parsing holds the GIL anyway).
+    """
+    messages: list[str] = []
+    handler = _ListHandler(messages)
+    loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+    with _CAPTURE_LOCK:
+        saved = [logger.propagate for logger in loggers]
+        for logger in loggers:
+            logger.addHandler(handler)
+            logger.propagate = False
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                yield messages
+        finally:
+            for logger, propagate in zip(loggers, saved):
+                logger.removeHandler(handler)
+                logger.propagate = propagate
+        for w in caught:
+            messages.append(f"{w.category.__name__}: {w.message}")
 
 
 # --- directory walk ---------------------------------------------------------------------
 
 
-def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> list[Path]:
+def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> tuple[list[Path], list[SkippedFile]]:
+    """Files under `root` to load, and folders not entered (with why).
+
+    Symbolic links to folders are followed, each real folder once: a link to a folder
+    already walked (a loop back to an ancestor, or a second way in) is reported instead.
+    """
     include_re = [_glob_to_regex(p) for p in include]
     exclude_re = [_glob_to_regex(p) for p in exclude]
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    skipped: list[SkippedFile] = []
+    seen = {os.path.realpath(root): str(root)}  # real folder -> the path it was loaded as
+
+    def unreadable(error: OSError) -> None:
+        skipped.append(SkippedFile(str(error.filename), f"folder not readable: {error.strerror or error}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=True):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = sorted(d for d in dirnames if not _matches(rel_dir + d, exclude_re))
+        names = sorted(d for d in dirnames if not _matches(rel_dir + d, exclude_re))
+        entered: set[str] = set()
+        # Real folders claim their place before links to them do; then each link in name order.
+        for name in sorted(names, key=lambda d: os.path.islink(os.path.join(dirpath, d))):
+            path = os.path.join(dirpath, name)
+            real = os.path.realpath(path)
+            if real in seen:
+                reason = f"folder already loaded as {seen[real]} (a symbolic link loop or a second link); not loaded again"
+                skipped.append(SkippedFile(path, reason))
+                continue
+            seen[real] = path
+            entered.add(name)
+        dirnames[:] = [d for d in names if d in entered]
         for name in sorted(filenames):
             rel = rel_dir + name
             if _matches(rel, include_re) and not _matches(rel, exclude_re):
                 found.append(Path(dirpath) / name)
-    return found
+    return found, skipped
 
 
 def _matches(rel_path: str, patterns: Sequence[tuple[re.Pattern[str], bool]]) -> bool:
@@ -173,11 +294,11 @@ def _glob_to_regex(pattern: str) -> tuple[re.Pattern[str], bool]:
 # --- per-format loaders -------------------------------------------------------------------
 
 
-def _load(path: Path) -> list[Document]:
+def _load(path: Path, max_file_bytes: int) -> list[Document]:
     suffix = path.suffix.lower()
     if suffix == ".pdf":
-        return _load_pdf(path)
-    text = _read_text(path)
+        return _load_pdf(path, max_file_bytes)
+    text = _read_text(path, max_file_bytes)
     if suffix in (".html", ".htm"):
         return _load_html(path, text)
     if suffix in (".md", ".markdown"):
@@ -185,12 +306,23 @@ def _load(path: Path) -> list[Document]:
     return [_document(text, path, "txt", None)]
 
 
-def _read_bytes(path: Path) -> bytes:
-    """Read a file, turning every OS-level failure into a skip reason."""
+def _read_bytes(path: Path, max_file_bytes: int) -> bytes:
+    """Read a regular file of at most `max_file_bytes`, turning every OS-level failure into a skip reason.
+
+    The type and size are checked by `stat` before opening (a FIFO is never opened, so it
+    cannot block; a device is never read) and again on the open descriptor (the path may
+    have been replaced in between), and the read stops one byte past the limit.
+    """
     if path.is_symlink() and not path.exists():
         raise _Skip("unreadable: broken symbolic link")
     try:
-        return path.read_bytes()
+        info = os.stat(path)
+        _check_regular(info.st_mode, max_file_bytes, info.st_size)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            _check_regular(info.st_mode, max_file_bytes, info.st_size)
+            data = f.read(max_file_bytes + 1)
     except FileNotFoundError as e:
         raise _Skip("not found") from e
     except IsADirectoryError as e:
@@ -199,17 +331,54 @@ def _read_bytes(path: Path) -> bytes:
         raise _Skip("unreadable: permission denied; check the file's permissions") from e
     except OSError as e:
         raise _Skip(f"unreadable: {e.strerror or e}") from e
+    if len(data) > max_file_bytes:  # it grew after the size check
+        raise _Skip(_too_large(len(data), max_file_bytes, grew=True))
+    return data
 
 
-def _read_text(path: Path) -> str:
-    data = _read_bytes(path)
+def _check_regular(mode: int, max_file_bytes: int, size: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise _Skip("is a directory; pass it on its own to load it recursively")
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode)
+            else "a special file"
+        )
+        raise _Skip(f"not a regular file: {kind}; only regular files are read")
+    if size > max_file_bytes:
+        raise _Skip(_too_large(size, max_file_bytes))
+
+
+def _too_large(size: int, limit: int, grew: bool = False) -> str:
+    how = "grew past" if grew else f"{_mib(size)} is over"
+    return f"too large: {how} the per-file limit of {_mib(limit)}; raise max_file_bytes or split the file"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _looks_binary(data: bytes) -> bool:
+    """More control bytes than text in a single-byte encoding has (NUL bytes are checked first)."""
+    sample = data[:_BINARY_SNIFF_BYTES]
+    controls = len(sample) - len(sample.translate(None, _CONTROL_BYTES))
+    return controls > _BINARY_CONTROL_RATIO * len(sample)
+
+
+def _read_text(path: Path, max_file_bytes: int) -> str:
+    data = _read_bytes(path, max_file_bytes)
     if not data.strip():
         raise _Skip("empty file")
     if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
-        raise _Skip("binary file (contains NUL bytes); only text, Markdown, HTML and PDF are supported")
+        raise _Skip("binary file, not text (contains NUL bytes); only text, Markdown, HTML and PDF are supported")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
+        if _looks_binary(data):
+            raise _Skip("binary file, not text (many control bytes); only text, Markdown, HTML and PDF are supported") from e
         raise _Skip(
             f"not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
             "convert it, e.g. `iconv -f latin1 -t utf-8`"
@@ -258,11 +427,11 @@ def _tidy(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-def _load_pdf(path: Path) -> list[Document]:
+def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
     from pypdf import PdfReader
     from pypdf.errors import PyPdfError
 
-    data = _read_bytes(path)
+    data = _read_bytes(path, max_file_bytes)
     if not data.strip():
         raise _Skip("empty file")
     if not data.lstrip().startswith(b"%PDF-"):

@@ -12,15 +12,29 @@ content-addressed names, and only then replaces ``manifest.json`` with `os.repla
 (atomic on POSIX and Windows). The old manifest keeps pointing at the old data files until
 that moment, and old data files are removed only afterwards, so an interrupted save
 leaves the previous index loadable.
+
+Concurrency: a save holds an exclusive lock on the folder (on POSIX `fcntl.flock` on the
+folder itself, so no lock file appears in it) from its first write to its last deletion; a second
+writer waits up to ``lock_timeout`` seconds, then gets `IndexLockedError`. Readers take no
+lock: data files are immutable once named (their name is their content hash), so a reader
+that opens what the manifest it read names sees one whole index; if a file it names was
+deleted because a save replaced the manifest meanwhile, the reader reads the new manifest
+and starts again (a bounded number of times). Only a file that is missing or damaged while
+the manifest stays the same is reported as corrupt.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import tempfile
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,15 +43,33 @@ import faiss
 
 from retrievers.errors import (
     IndexCorruptError,
+    IndexLoadError,
+    IndexLockedError,
     IndexNotFoundError,
     IndexSaveError,
     IndexVersionError,
 )
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "SavedStore", "read_store", "write_store"]
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT_S",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "SavedStore",
+    "check_index_writable",
+    "read_store",
+    "write_store",
+]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+"""How long a save waits for another save into the same folder before `IndexLockedError`."""
+_READ_ATTEMPTS = 20  # manifest re-reads when saves keep replacing it under a reader
 _TMP_PREFIX = ".tmp-"
 _DATA_FILE = re.compile(r"^(index-[0-9a-f]{16}\.faiss|docstore-[0-9a-f]{16}\.json)$")
 
@@ -51,40 +83,175 @@ class SavedStore:
     docstore: dict[str, Any]
 
 
-def write_store(directory: Path, manifest: dict[str, Any], index: Any, docstore: dict[str, Any]) -> None:
-    """Atomically (re)write a store directory. `manifest` gets ``files`` and ``format_version`` added."""
+def write_store(
+    directory: Path,
+    manifest: dict[str, Any],
+    index: Any,
+    docstore: dict[str, Any],
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> None:
+    """Atomically (re)write a store directory. `manifest` gets ``files`` and ``format_version`` added.
+
+    Holds the folder's write lock throughout; raises `IndexLockedError` when another save
+    holds it for more than `lock_timeout` seconds, `IndexSaveError` for any other failure.
+    """
+    if not lock_timeout >= 0:
+        raise ValueError(f"lock_timeout must be >= 0 seconds, got {lock_timeout!r}")
     directory = Path(directory)
     temp_files: list[Path] = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temp_files(directory)
-        files: dict[str, Any] = {}
-        payload = json.dumps(docstore, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        files["docstore"] = _place(directory, "docstore", ".json", temp_files, lambda p: _write_bytes(p, payload))
-        if index is not None:
-            files["index"] = _place(directory, "index", ".faiss", temp_files, lambda p: _write_index(index, p))
-        full = {**manifest, "format_version": FORMAT_VERSION, "files": files}
-        manifest_tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{MANIFEST_NAME}"
-        temp_files.append(manifest_tmp)
-        _write_bytes(manifest_tmp, json.dumps(full, indent=2, ensure_ascii=False).encode("utf-8"))
-        os.replace(manifest_tmp, directory / MANIFEST_NAME)  # the commit point
-        _fsync_dir(directory)
-    except (OSError, RuntimeError, TypeError, ValueError) as e:
-        for path in temp_files:
-            path.unlink(missing_ok=True)
+    except OSError as e:
+        raise _save_error(directory, e) from e
+    with _write_lock(directory, lock_timeout):
+        try:
+            _remove_stale_temp_files(directory)  # safe: no other save runs while we hold the lock
+            files: dict[str, Any] = {}
+            payload = json.dumps(docstore, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            files["docstore"] = _place(directory, "docstore", ".json", temp_files, lambda p: _write_bytes(p, payload))
+            if index is not None:
+                files["index"] = _place(directory, "index", ".faiss", temp_files, lambda p: _write_index(index, p))
+            full = {**manifest, "format_version": FORMAT_VERSION, "files": files}
+            manifest_tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{MANIFEST_NAME}"
+            temp_files.append(manifest_tmp)
+            _write_bytes(manifest_tmp, json.dumps(full, indent=2, ensure_ascii=False).encode("utf-8"))
+            _fsync_dir(directory)  # the data files' names are durable before the manifest names them
+            os.replace(manifest_tmp, directory / MANIFEST_NAME)  # the commit point
+            _fsync_dir(directory)
+        except (OSError, RuntimeError, TypeError, ValueError) as e:
+            for path in temp_files:
+                path.unlink(missing_ok=True)
+            raise _save_error(directory, e) from e
+        # Still under the lock: the manifest just written is the current one, so every data
+        # file it does not name is garbage (the previous save's, or a failed save's orphans).
+        keep = {entry["name"] for entry in files.values()}
+        for path in directory.iterdir():
+            if _DATA_FILE.match(path.name) and path.name not in keep:
+                path.unlink(missing_ok=True)
+
+
+def _save_error(directory: Path, e: BaseException) -> IndexSaveError:
+    return IndexSaveError(
+        f"could not save the index to {directory} ({type(e).__name__}: {e}); the previously saved index "
+        "there, if any, is unchanged. Check free disk space and write permission, then save again"
+    )
+
+
+def check_index_writable(directory: str | os.PathLike[str]) -> Path:
+    """Prove that a save into `directory` could write there, before any expensive work.
+
+    Creates the folder (and missing parents), writes, fsyncs and deletes a probe file, then
+    removes the folders it created, leaving the file system as it found it. Returns the path.
+
+    Raises:
+        IndexSaveError: the folder cannot be created or written (read-only file system,
+            permissions, a file in the way), with the OS error chained.
+    """
+    directory = Path(directory)
+    created: list[Path] = []
+    try:
+        missing = directory
+        while not missing.exists() and not missing.is_symlink() and missing != missing.parent:
+            created.append(missing)
+            missing = missing.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}probe-", dir=directory)
+        try:
+            os.write(fd, b"ragspec write probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            Path(probe).unlink(missing_ok=True)
+    except OSError as e:
         raise IndexSaveError(
-            f"could not save the index to {directory} ({type(e).__name__}: {e}); the previously saved index "
-            "there, if any, is unchanged. Check free disk space and write permission, then save again"
+            f"cannot write an index to {directory} ({type(e).__name__}: {e}); choose a folder you can write "
+            "to, or fix its permissions or free space, before indexing"
         ) from e
-    keep = {entry["name"] for entry in files.values()}
-    for path in directory.iterdir():
-        if _DATA_FILE.match(path.name) and path.name not in keep:
-            path.unlink(missing_ok=True)
+    finally:
+        for path in created:  # deepest first; a folder someone else has filled stays
+            try:
+                path.rmdir()
+            except OSError:
+                break
+    return directory
+
+
+@contextmanager
+def _write_lock(directory: Path, timeout: float) -> Iterator[None]:
+    """Hold the exclusive write lock of `directory`: wait up to `timeout` s, then `IndexLockedError`.
+
+    POSIX: `flock` on a descriptor of the folder itself. The lock belongs to that open
+    descriptor, so it excludes other threads of this process as well as other processes,
+    and the kernel drops it when the holder exits, however it dies.
+    """
+    if fcntl is None:  # pragma: no cover - Windows: a lock file from the filelock package
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(directory / ".ragspec-write.lock"))
+        try:
+            lock.acquire(timeout=timeout)
+        except Timeout as e:
+            raise _locked_error(directory, timeout) from e
+        try:
+            yield
+        finally:
+            lock.release()
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError as e:
+        raise _save_error(directory, e) from e
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise _save_error(directory, e) from e
+                if time.monotonic() >= deadline:
+                    raise _locked_error(directory, timeout) from e
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _locked_error(directory: Path, timeout: float) -> IndexLockedError:
+    return IndexLockedError(
+        f"the index at {directory} is being written by another process (waited {timeout:g} s for it to "
+        "finish); try again when it is done, or save to another folder"
+    )
 
 
 def read_store(directory: Path) -> SavedStore:
-    """Read and verify a store directory written by `write_store`."""
+    """Read and verify a store directory written by `write_store`.
+
+    Reads the manifest once and opens what it names. If a named file is missing or damaged
+    and the manifest has changed meanwhile (a save committed while we read), it starts
+    again with the new manifest; only a fault that persists under the same manifest is
+    reported as `IndexCorruptError`.
+    """
     directory = Path(directory)
+    manifest_path = directory / MANIFEST_NAME
+    for _ in range(_READ_ATTEMPTS):
+        raw = _read_manifest_bytes(directory)
+        try:
+            return _read_named(directory, raw)
+        except IndexCorruptError:
+            if _manifest_bytes_or_none(manifest_path) == raw:
+                raise  # the same manifest still names the broken file: really corrupt
+    raise IndexLoadError(
+        f"the index at {directory} was replaced {_READ_ATTEMPTS} times while it was being read "
+        "(another process keeps saving it); load it again when that process is done"
+    )
+
+
+def _read_manifest_bytes(directory: Path) -> bytes:
     manifest_path = directory / MANIFEST_NAME
     if not manifest_path.is_file():
         raise IndexNotFoundError(
@@ -92,8 +259,24 @@ def read_store(directory: Path) -> SavedStore:
             f"`store.save({str(directory)!r})` first, or check the path"
         )
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return manifest_path.read_bytes()
+    except OSError as e:
+        raise IndexCorruptError(f"{manifest_path} is unreadable or not JSON ({e}); rebuild the index") from e
+
+
+def _manifest_bytes_or_none(manifest_path: Path) -> bytes | None:
+    try:
+        return manifest_path.read_bytes()
+    except OSError:
+        return None
+
+
+def _read_named(directory: Path, raw: bytes) -> SavedStore:
+    """The store that the manifest bytes `raw` describe."""
+    manifest_path = directory / MANIFEST_NAME
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise IndexCorruptError(f"{manifest_path} is unreadable or not JSON ({e}); rebuild the index") from e
     if not isinstance(manifest, dict) or not isinstance(manifest.get("format_version"), int):
         raise IndexCorruptError(f"{manifest_path} has no format_version; it is not a ragspec index. Rebuild it")

@@ -94,14 +94,14 @@ def test_unreadable_file_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # Tests run as root, where chmod 000 does not stop reads; simulate the OS refusing instead.
     locked = write(tmp_path / "locked.txt", "secret")
     fine = write(tmp_path / "fine.txt", "fine")
-    real_read_bytes = Path.read_bytes
+    real_open = os.open
 
-    def refuse(self: Path) -> bytes:
-        if self.name == "locked.txt":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read_bytes(self)
+    def refuse(path, flags, *args, **kwargs):
+        if Path(path).name == "locked.txt":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     with pytest.warns(SkippedFileWarning, match="locked.txt"):
         result = load_documents([locked, fine])
     assert [d.page_content for d in result.documents] == ["fine"]
