@@ -48,7 +48,8 @@ OPEN_ENDED = [
 
 @dataclass
 class Prompt:
-    text: str
+    ids: list[int]
+    """The prompt's token ids (``ragspec.prompts.chat_prompt_ids``): every method gets exactly these."""
     passages: list[str]
     kind: str
 
@@ -85,7 +86,7 @@ def rag_prompts(lm: LoadedModel, n: int, k: int = 3) -> list[Prompt]:
     """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
     from retrievers import FaissVectorStore, HybridRetriever, default_embeddings, load_documents, split_documents
 
-    from ragspec.prompts import qa_messages
+    from ragspec.prompts import qa_prompt_ids
 
     questions = json.loads((DATA / "questions.json").read_text())["questions"][:n]
     chunks = split_documents(load_documents(DATA / "corpus").documents)
@@ -95,21 +96,15 @@ def rag_prompts(lm: LoadedModel, n: int, k: int = 3) -> list[Prompt]:
     prompts = []
     for q in questions:
         passages = retriever.invoke(q["question"])
-        text = lm.tokenizer.apply_chat_template(
-            qa_messages(q["question"], passages), tokenize=False, add_generation_prompt=True
-        )
-        prompts.append(Prompt(text, [p.page_content for p in passages], q["kind"]))
+        ids = qa_prompt_ids(lm.tokenizer, q["question"], passages)  # the pipeline's own prompt
+        prompts.append(Prompt(ids, [p.page_content for p in passages], q["kind"]))
     return prompts
 
 
 def open_prompts(lm: LoadedModel, n: int) -> list[Prompt]:
-    prompts = []
-    for request in OPEN_ENDED[:n]:
-        text = lm.tokenizer.apply_chat_template(
-            [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True
-        )
-        prompts.append(Prompt(text, [], "open"))
-    return prompts
+    from ragspec.prompts import chat_prompt_ids
+
+    return [Prompt(chat_prompt_ids(lm.tokenizer, [{"role": "user", "content": r}]), [], "open") for r in OPEN_ENDED[:n]]
 
 
 # -- methods ----------------------------------------------------------------------------------
@@ -179,7 +174,7 @@ def hf_method(lm: LoadedModel, **kwargs: object) -> Callable[[Prompt, int], Run]
 
     @torch.inference_mode()
     def run(prompt: Prompt, max_new_tokens: int) -> Run:
-        ids = torch.tensor([lm.tokenizer.encode(prompt.text)], device=lm.device)
+        ids = torch.tensor([prompt.ids], device=lm.device)
         timer = _FirstTokenTimer()
         start = time.perf_counter()
         out = lm.model.generate(
@@ -198,7 +193,7 @@ def hf_method(lm: LoadedModel, **kwargs: object) -> Callable[[Prompt, int], Run]
 def ragspec_method(gen: SpeculativeGenerator, speculative: bool, use_passages: bool = True) -> Callable[[Prompt, int], Run]:
     def run(prompt: Prompt, max_new_tokens: int) -> Run:
         refs = prompt.passages if use_passages else []
-        r = gen.generate(prompt.text, references=refs, max_new_tokens=max_new_tokens, speculative=speculative)
+        r = gen.generate(prompt.ids, references=refs, max_new_tokens=max_new_tokens, speculative=speculative)
         s = r.stats
         return Run(s.new_tokens, s.wall_s, s.ttft_s, s.forward_passes, s.drafted_tokens, s.accepted_tokens,
                    s.draft_s, token_ids=r.token_ids)

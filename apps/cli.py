@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from apps.engine import Collection, Finished
+    from apps.engine import Collection
+    from ragspec.generator import GenerationStats
+    from ragspec.pipeline import Answer
 
 PROG = "ragspec"
 DEFAULT_INDEX = "ragspec-index"
@@ -217,16 +219,16 @@ def _collection(args: argparse.Namespace) -> Collection:
     return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model)
 
 
-def _print_answer(collection: Collection, question: str, history: list[tuple[str, str]], out: TextIO, stats: bool = True) -> Finished:
-    from apps.engine import Finished
+def _print_answer(collection: Collection, question: str, history: list[tuple[str, str]], out: TextIO, stats: bool = True) -> Answer:
+    from apps.engine import Token
 
-    finished: Finished | None = None
+    finished: Answer | None = None
     for event in collection.stream(question, history):
-        if isinstance(event, Finished):
-            finished = event
-        else:
+        if isinstance(event, Token):
             out.write(event.text)
             out.flush()
+        else:
+            finished = event
     assert finished is not None
     out.write("\n")
     if finished.citations:
@@ -237,9 +239,16 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
     if not finished.supported:
         out.write("\nUnsupported: no passage backs this answer (it cites none and copies from none); check it yourself.\n")
     if stats:
-        out.write(f"\n{finished.stats.line()}\n")
+        out.write(f"\n{_speed_line(finished.stats)}\n")
     out.flush()
     return finished
+
+
+def _speed_line(s: GenerationStats) -> str:
+    return (
+        f"{s.new_tokens} tokens in {s.wall_s:.1f} s · {s.decode_tokens_per_s:.1f} tokens/s · "
+        f"acceptance {s.acceptance_rate:.0%} · {s.tokens_per_forward:.2f} tokens/forward"
+    )
 
 
 def _ask(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ The apps never talk to the pipeline directly; they go through two small types he
 - ``build_index`` loads, chunks and embeds files into a ``FaissVectorStore`` (with a progress
   callback) and reports what it skipped;
 - ``Collection`` answers questions over a saved index as a stream of ``Token`` events followed
-  by one ``Finished`` event (the citations and the speed statistics).
+  by the pipeline's ``Answer`` (its citations, whether a passage backs it, and its
+  ``GenerationStats``).
 
 Everything heavy (torch, the models) is imported on first use, so ``ragspec --help`` is instant.
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
+    from ragspec.pipeline import Answer, AnswerStream
     from retrievers import FaissVectorStore
 
 
@@ -122,80 +124,6 @@ def build_index(
 
 
 @dataclass(frozen=True)
-class CitationView:
-    """A cited passage as the apps show it."""
-
-    number: int
-    source: str
-    location: str
-    """Human-readable place in the source: ``"page 3"``, ``"char 1520"`` or ``""``."""
-    title: str
-    text: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "source": self.source,
-            "location": self.location,
-            "title": self.title,
-            "text": self.text,
-        }
-
-
-@dataclass(frozen=True)
-class SpeedStats:
-    """Speed of one answer."""
-
-    new_tokens: int = 0
-    tokens_per_s: float = 0.0
-    """Decode tokens per second (prefill excluded)."""
-    acceptance: float = 0.0
-    """Accepted drafted tokens / drafted tokens."""
-    tokens_per_forward: float = 0.0
-    wall_s: float = 0.0
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {
-            "new_tokens": self.new_tokens,
-            "tokens_per_s": round(self.tokens_per_s, 2),
-            "acceptance": round(self.acceptance, 4),
-            "tokens_per_forward": round(self.tokens_per_forward, 3),
-            "wall_s": round(self.wall_s, 3),
-        }
-
-    def line(self) -> str:
-        return (
-            f"{self.new_tokens} tokens in {self.wall_s:.1f} s · {self.tokens_per_s:.1f} tokens/s · "
-            f"acceptance {self.acceptance:.0%} · {self.tokens_per_forward:.2f} tokens/forward"
-        )
-
-    @classmethod
-    def from_any(cls, stats: object) -> SpeedStats:
-        """From a ``GenerationStats``, its ``as_dict()``, or anything with those fields."""
-        if stats is None:
-            return cls()
-        if not isinstance(stats, dict):
-            as_dict = getattr(stats, "as_dict", None)
-            stats = as_dict() if callable(as_dict) else vars(stats)
-        assert isinstance(stats, dict)
-
-        def num(*keys: str) -> float:
-            for key in keys:
-                value = stats.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    return float(value)
-            return 0.0
-
-        return cls(
-            new_tokens=int(num("new_tokens", "output_tokens")),
-            tokens_per_s=num("decode_tokens_per_s", "tokens_per_s"),
-            acceptance=num("acceptance_rate", "acceptance"),
-            tokens_per_forward=num("tokens_per_forward"),
-            wall_s=num("wall_s"),
-        )
-
-
-@dataclass(frozen=True)
 class Token:
     """A piece of the answer's text, with live counts."""
 
@@ -212,33 +140,9 @@ class Token:
     """New tokens per target forward so far, when the stream reports live statistics."""
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The end of an answer: its full text, citations and speed."""
-
-    text: str
-    citations: list[CitationView]
-    stats: SpeedStats
-    supported: bool = True
-    """False when no passage backs the answer (it cites none and copies from none); then ``citations`` is empty."""
-
-
-Event = Union[Token, Finished]
-
-
-def citation_view(citation: Any, passages: Sequence[Any] = ()) -> CitationView:
-    """A pipeline ``Citation`` as the apps show it, with the full passage text when it is known."""
-    number = int(citation.number)
-    text = citation.text
-    if 0 < number <= len(passages):
-        text = passages[number - 1].page_content.strip()
-    if citation.page is not None:
-        location = f"page {citation.page}"  # 1-based, as the PDF loader records it
-    elif citation.start_index is not None:
-        location = f"char {citation.start_index}"
-    else:
-        location = ""
-    return CitationView(number, str(citation.source), location, str(citation.title or ""), text)
+Event = Union[Token, "Answer"]
+"""What ``Collection.stream`` yields: ``Token``s, then the pipeline's ``Answer`` (text, citations,
+``supported``, stats); anything that is not a ``Token`` is the ``Answer``."""
 
 
 class Collection:
@@ -276,8 +180,8 @@ class Collection:
                     raise AppError(f"no index at {self.index_dir}: build one with 'ragspec ingest'") from e
             return self._qa
 
-    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
-        """``Token`` events as the answer is generated, then one ``Finished``.
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Generator[Event, None, None]:
+        """``Token`` events as the answer is generated, then the ``Answer``.
 
         ``history`` holds earlier (question, answer) pairs of the conversation; the last
         ``history_turns`` of them are given to retrieval and to the model with the question.
@@ -289,8 +193,7 @@ class Collection:
         qa = self.load()
         start = time.perf_counter()
         stream = qa.stream(with_history(question, history[-self.history_turns :] if self.history_turns else ()))
-        tokenizer = qa.llm.load().lm.tokenizer
-        yield from _pipeline_events(stream, start, lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
+        yield from _pipeline_events(stream, start)
 
 
 def with_history(question: str, history: Sequence[tuple[str, str]]) -> str:
@@ -301,29 +204,23 @@ def with_history(question: str, history: Sequence[tuple[str, str]]) -> str:
     return f"{earlier}\nNew question: {question}"
 
 
-def _pipeline_events(stream: Any, start: float, count_tokens: Callable[[str], int] | None = None) -> Iterator[Event]:
-    """Adapt a pipeline ``AnswerStream`` to ``Token``/``Finished`` events."""
-    iterator = iter(stream)
-    text = ""
+def _pipeline_events(stream: AnswerStream, start: float) -> Iterator[Event]:
+    """Adapt a pipeline ``AnswerStream`` to ``Token`` events, then its ``Answer``.
+
+    Counts come from the generation's live stats (``stream.stats``), not from re-tokenizing the
+    text; without them (a stream that reports none) a token is counted per text piece.
+    """
     steps = 0
-    try:
-        for delta in iterator:
+    with stream:  # closing this iterator early closes the stream, which frees the model
+        for delta in stream:
             if not delta:
                 continue
-            text += delta
             steps += 1
-            tokens = count_tokens(text) if count_tokens is not None else steps
-            live = getattr(stream, "stats", None)  # live GenerationStats, where the stream exposes them
-            if live is not None and getattr(live, "forward_passes", 0):
-                yield Token(delta, time.perf_counter() - start, tokens, steps, live.acceptance_rate, live.tokens_per_forward)
+            live = stream.stats
+            elapsed = time.perf_counter() - start
+            if live is not None and live.forward_passes:
+                yield Token(delta, elapsed, live.new_tokens, steps, live.acceptance_rate, live.tokens_per_forward)
             else:
-                yield Token(delta, time.perf_counter() - start, tokens, steps)
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-    answer = stream.answer
-    if answer is None:  # the stream was cut short
-        return
-    stats = SpeedStats.from_any(answer.stats)
-    yield Finished(answer.text, [citation_view(c, answer.passages) for c in answer.citations], stats, answer.supported)
+                yield Token(delta, elapsed, steps, steps)
+    if stream.answer is not None:  # None: the stream was cut short
+        yield stream.answer

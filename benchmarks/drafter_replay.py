@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragspec.drafting import Draft  # noqa: E402
 from ragspec.ngram import NgramDrafter, SuffixAutomaton  # noqa: E402
-from ragspec.policy import AdaptivePolicy  # noqa: E402
+from ragspec.policy import AdaptivePolicy, choose_draft  # noqa: E402
 
 MAX_COST_K = 32  # verify costs are recorded up to this many drafted tokens
 
@@ -41,11 +41,11 @@ def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]
     gen = SpeculativeGenerator("default", device="cpu", dtype="float32")
     # Verify costs at this workload's context length (prompts of ~600 tokens), not the 128-token
     # default of the start-up calibration: attention over a longer context makes verifying dearer.
-    gen._calibrate(context=640)
+    gen.calibrate(context=640)
     rows = []
     for p in rag_prompts(gen.lm, questions):
-        answer = gen.generate(p.text, max_new_tokens=max_new_tokens, speculative=False)
-        rows.append({"prompt": gen.encode(p.text, special_tokens=True),
+        answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculative=False)
+        rows.append({"prompt": p.ids,
                      "references": [gen.encode(r, special_tokens=False) for r in p.passages],
                      "answer": answer.token_ids})
     policy = gen.policy
@@ -61,7 +61,10 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
     """Replay every answer in order (earlier answers feed the drafter's history as in real use);
     returns the estimated speedup over plain decoding.
 
-    ``choose_source``: instead of the longest match, verify the per-reference match whose
+    Each step makes the generator's own calls: the drafter's ``propose``, ``choose_draft`` (the
+    length the policy verifies), then ``policy.record`` and the drafter's ``feedback`` with the
+    accepted count, which under greedy decoding is the draft's common prefix with the recorded
+    answer. ``choose_source``: instead of the longest match, verify the per-reference match whose
     measured acceptance promises the most tokens per unit of cost.
     """
     policy = AdaptivePolicy(max_draft=max_draft, **policy_options)  # type: ignore[arg-type]
@@ -74,21 +77,21 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
         while i < len(answer):
             context, room = prompt + answer[:i], min(max_draft, len(answer) - i)
             if choose_source:
-                candidates = [Draft(m.tokens, m.source, m.length, m.reference)
-                              for m in drafter.matches(context, room) if m.tokens]
+                draft, best = None, 0.0
+                for m in drafter.matches(context, room):
+                    chosen = choose_draft(policy, Draft(m.tokens, m.source, m.length, m.reference)) if m.tokens else None
+                    gain = policy.expected_yield(chosen, len(chosen)) / policy.relative_cost(len(chosen)) if chosen else 0.0
+                    if gain > best:
+                        draft, best = chosen, gain
             else:
-                candidates = [d for d in [drafter.propose(context, room)] if d is not None]
-            draft, best = None, 0.0
-            for candidate in candidates:
-                k = policy.choose(candidate)
-                gain = policy.expected_yield(candidate, k) / policy.relative_cost(k) if k else 0.0
-                if gain > best:
-                    draft, best = candidate.truncated(k), gain
+                draft = choose_draft(policy, drafter.propose(context, room))
             k = len(draft) if draft is not None else 0
             accepted = 0
             while accepted < k and answer[i + accepted] == draft.tokens[accepted]:  # type: ignore[union-attr]
                 accepted += 1
             policy.record(draft, accepted, cost(k), 0.0)
+            if draft is not None:
+                drafter.feedback(draft, accepted)
             time += cost(k)
             i += accepted + 1
             tokens += accepted + 1
@@ -152,13 +155,6 @@ class FrequentSAM(SuffixAutomaton):
         return 0, ()
 
 
-class FrequentNgram(NgramDrafter):
-    """The default drafter, continuing passage and history matches by ``FrequentSAM``."""
-
-    def begin(self, prompt, references):  # type: ignore[override]
-        super().begin(prompt, references)
-        for m in self._matchers:
-            m.sam = FrequentSAM(m.sam.tokens)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants: dict[str, Callable[[], float]] = {
         "default (n-gram + earlier answers, adaptive policy)": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048)),
         "no earlier-answers index": lambda: replay(rows, table.get, NgramDrafter()),
-        "most frequent continuation": lambda: replay(rows, table.get, FrequentNgram(history_tokens=2048)),
+        "most frequent continuation": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048, automaton=FrequentSAM)),
         "source chosen by measured acceptance": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048), choose_source=True),
         "policy margin 0": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048), margin=0.0),
         "policy margin 0.1": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048), margin=0.1),

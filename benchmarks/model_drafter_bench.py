@@ -43,12 +43,12 @@ def truncated(target: LoadedModel, layers: int) -> LoadedModel:
 
 def measure(gen: SpeculativeGenerator, prompts: list, max_new: int, speculative: bool = True) -> dict[str, float]:
     # Untimed warm-up: the policy's one-off cost calibration and first-shape set-up.
-    gen.generate(prompts[0].text, references=prompts[0].passages, max_new_tokens=4, speculative=speculative)
+    gen.generate(prompts[0].ids, references=prompts[0].passages, max_new_tokens=4, speculative=speculative)
     tokens = forwards = drafted = accepted = 0
     seconds = 0.0
     outputs = []
     for p in prompts:
-        r = gen.generate(p.text, references=p.passages, max_new_tokens=max_new, speculative=speculative)
+        r = gen.generate(p.ids, references=p.passages, max_new_tokens=max_new, speculative=speculative)
         s = r.stats
         tokens += s.new_tokens - 1
         seconds += s.wall_s - s.ttft_s

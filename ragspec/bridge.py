@@ -5,21 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 _ITEM, _ERROR, _END = range(3)
 
 
-async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+async def iterate_in_thread(make: Callable[[], Generator[T, Any, Any]]) -> AsyncIterator[T]:
     """Yield the items of ``make()`` without blocking the event loop.
 
-    ``make`` and every step of the iterator run in one worker thread, in a copy of the caller's
-    context (so tracing and callback context carry over); items cross into the loop through an
-    ``asyncio.Queue``. If the consumer stops early (break, cancellation), the worker
-    stops after its current item and closes the iterator, so a generation releases its model.
+    ``make`` returns a generator; it and every step of it run in one worker thread, in a copy of
+    the caller's context (so tracing and callback context carry over); items cross into the loop
+    through an ``asyncio.Queue``. If the consumer stops early (break, cancellation), the worker
+    stops after its current item and closes the generator, so a generation releases its model.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
@@ -40,9 +40,7 @@ async def iterate_in_thread(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
                         break
                     post(_ITEM, item)
             finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
+                iterator.close()
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
             post(_ERROR, e)
         else:

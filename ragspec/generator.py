@@ -25,7 +25,7 @@ from ragspec.forward import make_forward
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
-from ragspec.policy import AdaptivePolicy, Policy
+from ragspec.policy import AdaptivePolicy, Policy, choose_draft
 from ragspec.sampling import Acceptor, make_acceptor
 from ragspec.text import StopTextAssembler, clean_text
 
@@ -247,6 +247,14 @@ class SpeculativeGenerator:
         steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, stats)
         return GenerationStream(steps, stats)
 
+    def calibrate(self, context: int = 128) -> None:
+        """Start the policy from verify costs timed after ``context`` tokens (done with 128 when the
+        generator is built; a workload with longer prompts may ask for its own; cached on disk)."""
+        if not callable(getattr(self.policy, "calibrate", None)):
+            raise ValueError(f"{type(self.policy).__name__} takes no calibration (AdaptivePolicy does)")
+        with self._hold():
+            self._calibrate(context=context)
+
     def clear_cache(self) -> None:
         """Forget the keys and values kept from earlier requests (the next prompt starts cold)."""
         with self._hold():
@@ -417,10 +425,8 @@ class SpeculativeGenerator:
         if speculative:
             max_tokens = min(self.max_draft, room - 1)
             candidate = self.drafter.propose(context, max_tokens)
-            k = self.policy.choose(candidate)
-            if k > 0 and candidate is not None:
-                draft = candidate.truncated(k)
-            elif self.model_drafter is not None:
+            draft = choose_draft(self.policy, candidate)
+            if draft is None and self.model_drafter is not None:
                 k = self.policy.choose_model(max_tokens)
                 drafter = self.model_drafter
                 draft = self.model_drafter.propose(context, k) if k > 0 else None

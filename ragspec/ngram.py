@@ -129,15 +129,20 @@ class NgramDrafter:
 
     ``min_match`` is the shortest suffix match worth proposing; how many of the proposed tokens
     are actually verified is the decoding policy's decision (see ``ragspec.policy``).
+    ``automaton`` is the suffix automaton class indexing the passages and earlier answers; a
+    subclass may continue a match differently (``benchmarks/drafter_replay.py`` compares one).
     """
 
-    def __init__(self, min_match: int = 1, history_tokens: int = 0) -> None:
+    def __init__(
+        self, min_match: int = 1, history_tokens: int = 0, automaton: type[SuffixAutomaton] = SuffixAutomaton
+    ) -> None:
         if min_match < 1:
             raise ValueError(f"min_match must be >= 1, got {min_match}")
         if history_tokens < 0:
             raise ValueError(f"history_tokens must be >= 0, got {history_tokens}")
         self.min_match = min_match
         self.history_tokens = history_tokens
+        self.automaton = automaton
         self._answers: deque[list[int]] = deque()
         self._history = SuffixAutomaton()
         self._matchers: list[_Matcher] = []
@@ -147,7 +152,7 @@ class NgramDrafter:
         self._answer_start = 0
 
     def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
-        self._matchers = [_Matcher(SuffixAutomaton(ref)) for ref in references if len(ref) > 0]
+        self._matchers = [_Matcher(self.automaton(ref)) for ref in references if len(ref) > 0]
         self._ref_ids = [i for i, ref in enumerate(references) if len(ref) > 0]
         if len(self._history):
             self._matchers.append(_Matcher(self._history))
@@ -212,4 +217,4 @@ class NgramDrafter:
         tokens: list[int] = []
         for i, answer in enumerate(self._answers):
             tokens += answer + [-1 - i]  # a distinct separator: no match crosses two answers
-        self._history = SuffixAutomaton(tokens)
+        self._history = self.automaton(tokens)

@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import re
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -34,7 +34,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from ragspec.bridge import iterate_in_thread
 from ragspec.config import CallOptions
-from ragspec.prompts import QA_SYSTEM_PROMPT, qa_messages, qa_text_prompt
+from ragspec.prompts import QA_SYSTEM_PROMPT, qa_prompt_ids
 from ragspec.registry import LocalModel
 from ragspec.text import clean_text
 
@@ -81,6 +81,17 @@ class Citation:
     """The start of the passage, for display."""
     chunk_id: str | None
 
+    @property
+    def location(self) -> str:
+        """Where in its source the passage is, for people: ``"page 3"``, ``"char 1520"`` or ``""``."""
+        if self.page is not None:
+            return f"page {self.page}"  # 1-based, as the PDF loader records it
+        return f"char {self.start_index}" if self.start_index is not None else ""
+
+    def as_dict(self) -> dict[str, object]:
+        """The fields and ``location``, for JSON."""
+        return {**dataclasses.asdict(self), "location": self.location}
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -110,11 +121,16 @@ class AnswerStream:
     context manager (``with qa.stream(q) as s:``) so that stopping early frees the model.
     """
 
-    def __init__(self, events: Iterator[str | Answer], passages: list[Document]) -> None:
-        self._events = events
+    def __init__(
+        self,
+        events: Callable[[Callable[[GenerationStats], None]], Generator[str | Answer, None, None]],
+        passages: list[Document],
+    ) -> None:
+        """``events(on_start)`` makes the generation's events; it calls ``on_start`` with the live stats."""
         self.passages = passages
         self.answer: Answer | None = None
         self.stats: GenerationStats | None = None
+        self._events = events(self._started)
 
     def _started(self, stats: GenerationStats) -> None:
         self.stats = stats
@@ -137,9 +153,7 @@ class AnswerStream:
 
     def close(self) -> None:
         """Stop generating; frees the model for the next request."""
-        close = getattr(self._events, "close", None)
-        if close is not None:
-            close()
+        self._events.close()
 
 
 class AsyncAnswerStream:
@@ -148,7 +162,7 @@ class AsyncAnswerStream:
     Retrieval and generation run in a worker thread, so the event loop never blocks.
     """
 
-    def __init__(self, make_events: Callable[[], Iterator[str | Answer]]) -> None:
+    def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
         self._make_events = make_events
         self.answer: Answer | None = None
 
@@ -389,9 +403,7 @@ class DocumentQA:
     def stream(self, question: str, *, k: int | None = None, **options: Any) -> AnswerStream:
         """Retrieve now; generate as the returned stream is iterated (see ``AnswerStream``)."""
         request = self._prepare(question, k, options)
-        stream = AnswerStream(iter(()), request.passages)
-        stream._events = self._generate(request, on_start=stream._started)
-        return stream
+        return AnswerStream(lambda on_start: self._generate(request, on_start), request.passages)
 
     async def aask(self, question: str, *, k: int | None = None, **options: Any) -> Answer:
         """``ask`` in a worker thread."""
@@ -406,7 +418,7 @@ class DocumentQA:
         return DocumentQARunnable(self)
 
     # -- steps ----------------------------------------------------------------------------------
-    def _events(self, question: str, k: int | None, options: dict[str, Any]) -> Iterator[str | Answer]:
+    def _events(self, question: str, k: int | None, options: dict[str, Any]) -> Generator[str | Answer, None, None]:
         """Retrieve, then the answer's text deltas, then the ``Answer`` (for worker threads)."""
         return self._generate(self._prepare(question, k, options))
 
@@ -429,7 +441,7 @@ class DocumentQA:
 
     def _generate(
         self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
-    ) -> Iterator[str | Answer]:
+    ) -> Generator[str | Answer, None, None]:
         options = request.options
         generator = self.llm.load(options.model)
         with generator.stream(request.prompt_ids, options.config, references=options.references) as stream:
@@ -470,12 +482,7 @@ class DocumentQA:
         )
 
     def _prompt_ids(self, tokenizer: PreTrainedTokenizerBase, question: str, passages: Sequence[Document]) -> list[int]:
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(
-                qa_messages(question, passages, self.system_prompt), tokenize=False, add_generation_prompt=True
-            )
-            return list(tokenizer.encode(text, add_special_tokens=False))
-        return list(tokenizer.encode(qa_text_prompt(question, passages, self.system_prompt)))
+        return qa_prompt_ids(tokenizer, question, passages, self.system_prompt)
 
     def _fit(
         self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], max_tokens: int, context: int

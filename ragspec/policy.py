@@ -38,6 +38,18 @@ class Policy(Protocol):
         ...
 
 
+def choose_draft(policy: Policy, candidate: Draft | None) -> Draft | None:
+    """The part of ``candidate`` a decoding step verifies: its first ``policy.choose(candidate)``
+    tokens, or ``None`` when the policy verifies none of it.
+
+    The generator's step calls this between the drafter's ``propose`` and the verify forward,
+    then reports the outcome with ``policy.record``; ``benchmarks/drafter_replay.py`` replays
+    recorded answers through the same calls without running the model.
+    """
+    k = policy.choose(candidate)
+    return candidate.truncated(k) if k > 0 and candidate is not None else None
+
+
 @dataclass
 class FixedPolicy:
     """Verify ``k`` tokens whenever the match is at least ``min_match`` long, else ``model_k``

@@ -1,16 +1,26 @@
-"""Prompts for answering questions from numbered passages.
+"""Prompts: conversations as the model's token ids, and the question-answering prompt.
 
-The passages are numbered ``[1]``, ``[2]``, ... in retrieval order; the model is asked to answer
-from them only and to cite them by number. ``QA_CHAT_PROMPT`` is the same prompt as a LangChain
-``ChatPromptTemplate`` (variables ``context`` and ``question``) for LCEL chains.
+``chat_prompt_ids`` is the one place a conversation becomes a prompt (the pipeline, the chat
+model and the benchmark all use it). With a chat template it is the template's rendering with the
+generation prompt; a model without one gets a plain transcript instead (see ``plain_prompt``) and
+a ``NoChatTemplateWarning``.
+
+The question-answering prompt numbers the passages ``[1]``, ``[2]``, ... in retrieval order and
+asks the model to answer from them only and to cite them by number. ``QA_CHAT_PROMPT`` is the same
+prompt as a LangChain ``ChatPromptTemplate`` (variables ``context`` and ``question``) for LCEL chains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 QA_SYSTEM_PROMPT = (
     "You answer questions using only the numbered passages the user gives you. "
@@ -55,9 +65,59 @@ def qa_messages(
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
 
 
-def qa_text_prompt(
-    question: str, passages: Sequence[Document | str], system_prompt: str = QA_SYSTEM_PROMPT
-) -> str:
-    """The same request as plain text, for models without a chat template."""
-    user = QA_USER_TEMPLATE.format(context=format_passages(passages), question=question.strip())
-    return f"{system_prompt}\n\n{user}\nAnswer:"
+class NoChatTemplateWarning(UserWarning):
+    """The model's tokenizer has no chat template; the conversation was sent as a plain transcript."""
+
+
+_PLAIN_LABELS = {"user": "User", "assistant": "Assistant"}
+
+
+def plain_prompt(turns: Sequence[Mapping[str, str]]) -> str:
+    """A conversation as plain text for a model without a chat template.
+
+    System turns are paragraphs of their own; the others are ``User: ...`` / ``Assistant: ...``
+    paragraphs; the text ends with ``Assistant:`` for the model to continue.
+    """
+    parts = []
+    for turn in turns:
+        role, content = turn["role"], turn["content"].strip()
+        parts.append(content if role == "system" else f"{_PLAIN_LABELS[role]}: {content}")
+    return "\n\n".join([*parts, "Assistant:"])
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, turns: Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a conversation (``{"role": "system" | "user" | "assistant", "content": str}``
+    turns), ready for the model's answer.
+
+    With a chat template: the template's text with the generation prompt, encoded without adding
+    special tokens (the template writes its own). Without one: ``plain_prompt(turns)`` encoded with
+    the tokenizer's special tokens (a BOS where the model expects one), and a
+    ``NoChatTemplateWarning``. Lone surrogates in the text become U+FFFD.
+    """
+    from ragspec.text import clean_text
+
+    if not turns:
+        raise ValueError("a conversation needs at least one turn")
+    for turn in turns:
+        if turn.get("role") not in ("system", "user", "assistant") or not isinstance(turn.get("content"), str):
+            raise ValueError(f"a turn is {{'role': 'system' | 'user' | 'assistant', 'content': str}}, got {turn!r}")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(list(turns), tokenize=False, add_generation_prompt=True)
+        return list(tokenizer.encode(clean_text(text), add_special_tokens=False))
+    warnings.warn(
+        "the model's tokenizer has no chat template: sending the conversation as a plain "
+        "'User: ... / Assistant:' transcript (an instruction-tuned model with a template answers better)",
+        NoChatTemplateWarning,
+        stacklevel=2,
+    )
+    return list(tokenizer.encode(clean_text(plain_prompt(turns))))
+
+
+def qa_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    question: str,
+    passages: Sequence[Document | str],
+    system_prompt: str = QA_SYSTEM_PROMPT,
+) -> list[int]:
+    """Token ids of the request to answer ``question`` from ``passages`` (``chat_prompt_ids`` of ``qa_messages``)."""
+    return chat_prompt_ids(tokenizer, qa_messages(question, passages, system_prompt))

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -47,7 +47,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
-from apps.engine import AppError, Collection, Finished, IndexSummary, Token, build_index
+from apps.engine import AppError, Collection, IndexSummary, Token, build_index
 from apps.web.security import (
     LOCAL_HOSTS,
     Guard,
@@ -57,6 +57,9 @@ from apps.web.security import (
     trusted_hosts_for,
 )
 from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, SessionStore
+
+if TYPE_CHECKING:
+    from ragspec.pipeline import Answer
 
 logger = logging.getLogger(__name__)
 
@@ -162,15 +165,16 @@ def sse(event: str, data: Any) -> str:
 
 
 class EventStream(StreamingResponse):
-    """A streaming response that always closes its iterator, also when the client went away."""
+    """A streaming response that always closes its iterator, also when the client went away.
+
+    Its content is an async generator (or a plain iterable, which starlette wraps in one).
+    """
 
     async def stream_response(self, send: Any) -> None:
         try:
             await super().stream_response(send)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]  # always an async generator
 
 
 class ApiError(HTTPException):
@@ -386,17 +390,9 @@ def create_app(
                         return
                     if isinstance(event, Token):
                         yield sse("token", _live(event))
-                    elif isinstance(event, Finished):
+                    else:  # the Answer
                         session.history.append((question, event.text))
-                        yield sse(
-                            "done",
-                            {
-                                "text": event.text,
-                                "supported": event.supported,
-                                "citations": [_shown(c.as_dict(), session) for c in event.citations],
-                                "stats": event.stats.as_dict(),
-                            },
-                        )
+                        yield sse("done", _done(event, session))
             except AppError as e:
                 yield sse("error", {"message": str(e)})
             except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, log the rest
@@ -479,6 +475,20 @@ def _free_name(folder: Path, name: str) -> Path:
         target = folder / f"{stem} ({n}){suffix}"
         n += 1
     return target
+
+
+def _done(answer: Answer, session: Session) -> dict[str, Any]:
+    """The ``done`` event: the text, whether a passage backs it, the citations (each with its whole
+    passage, for the page's passage panel) and the generation's stats."""
+    return {
+        "text": answer.text,
+        "supported": answer.supported,
+        "citations": [
+            _shown({**c.as_dict(), "text": answer.passages[c.number - 1].page_content.strip()}, session)
+            for c in answer.citations
+        ],
+        "stats": answer.stats.as_dict(),
+    }
 
 
 def _shown(citation: dict[str, Any], session: Session) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -26,7 +26,9 @@ from apps.engine import Event, IndexSummary
 class Answerer(Protocol):
     """Answers questions over one set of documents (``apps.engine.Collection`` is one)."""
 
-    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]: ...
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Generator[Event, None, None]:
+        """``Token`` events, then the ``Answer``; closing the generator early stops the answer."""
+        ...
 
 
 class Backend(Protocol):

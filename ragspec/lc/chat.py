@@ -15,7 +15,7 @@ from pydantic import ConfigDict
 from ragspec.bridge import iterate_in_thread
 from ragspec.config import CallOptions
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
-from ragspec.lc.messages import chat_prompt_ids
+from ragspec.lc.messages import messages_prompt_ids
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult
@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 class ChatRagSpec(BaseChatModel, RagSpecParams):
     """Chat model whose answers are sped up by lossless speculative decoding.
 
-    Messages go through the model's chat template. Pass the retrieved passages as
-    ``references=[...]`` (per call or with ``.bind``) to draft from each of them; without
-    references the prompt itself is drafted from. Output is what the model alone would produce.
+    Messages go through the model's chat template (a model without one gets a plain transcript
+    and a ``NoChatTemplateWarning``; see ``ragspec.prompts.chat_prompt_ids``). Pass the retrieved
+    passages as ``references=[...]`` (per call or with ``.bind``) to draft from each of them;
+    without references the prompt itself is drafted from. Output is what the model alone would
+    produce.
 
     Example::
 
@@ -61,8 +63,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model gets them."""
         if tools:
             raise ValueError("ChatRagSpec has no tool calling, so it cannot count tool schemas; pass tools=None")
-        generator = self.load()
-        return len(chat_prompt_ids(generator.lm.tokenizer, messages, generator.lm.name))
+        return len(messages_prompt_ids(self.load().lm.tokenizer, messages))
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -73,7 +74,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
 
     # -- events -> chunks ----------------------------------------------------------------------
     def _events(self, messages: list[BaseMessage], options: CallOptions) -> Iterator[str | GenerationResult]:
-        return self.events(options, lambda g: chat_prompt_ids(g.lm.tokenizer, messages, g.lm.name))
+        return self.events(options, lambda g: messages_prompt_ids(g.lm.tokenizer, messages))
 
     @staticmethod
     def _chunk(event: str | GenerationResult) -> ChatGenerationChunk:

@@ -1,11 +1,16 @@
-"""LangChain messages to the model's chat template."""
+"""LangChain messages as the model's prompt (through ``ragspec.prompts.chat_prompt_ids``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from ragspec.prompts import chat_prompt_ids
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 _SUPPORTED = (
@@ -58,13 +63,7 @@ def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
     return chat
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[BaseMessage], model_name: str) -> list[int]:
-    """Token ids of the conversation through the model's chat template, ready for the answer."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"model {model_name!r} has no chat template: use RagSpecLLM with a plain prompt, "
-            "or a model whose tokenizer defines one"
-        )
-    text = tokenizer.apply_chat_template(to_chat(messages), tokenize=False, add_generation_prompt=True)
-    # The template already writes any BOS/special tokens as text; don't add them twice.
-    return list(tokenizer.encode(text, add_special_tokens=False))
+def messages_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[BaseMessage]) -> list[int]:
+    """Token ids of the conversation, ready for the answer (``ragspec.prompts.chat_prompt_ids``:
+    the chat template, or a plain transcript and a warning for a model without one)."""
+    return chat_prompt_ids(tokenizer, to_chat(messages))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.engine import CitationView, Event, Finished, IndexSummary, SpeedStats, Token
+from apps.engine import Event, IndexSummary, Token
+from tests.apps.fakes import fake_answer
 
 CORPUS = Path(__file__).resolve().parents[2] / "retrievers" / "data" / "corpus"
 
@@ -76,10 +77,9 @@ class ScriptedAnswerer:
                 time.sleep(self.delay_s)
                 text += word
                 yield Token(word, (i + 1) * self.delay_s, i + 1, i + 1)
-            citations = [CitationView(1, f"{self.label}.md", "char 0", self.label, f"passage of {self.label}")]
+            sources = [(f"{self.label}.md", self.label, f"passage of {self.label}")] if self.supported else []
             self.finished += 1
-            stats = SpeedStats(len(self.words), 50.0, 0.5, 2.0, 0.2)
-            yield Finished(text, citations if self.supported else [], stats, supported=self.supported)
+            yield fake_answer(text, sources, question=question)
         finally:
             self.active -= 1
             if self.finished < self.started:

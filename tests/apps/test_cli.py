@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.engine import CitationView, Event, Finished, SpeedStats, Token
 from apps import cli
+from apps.engine import Event, Token
+from tests.apps.fakes import fake_answer
 
 DOC = """# Harbour notes
 
@@ -91,7 +92,7 @@ class FakeCollection:
         self.calls.append((question, list(history)))
         yield Token("About ", 0.1, 1, 1)
         yield Token(question, 0.2, 2, 2)
-        yield Finished(f"About {question}", [CitationView(1, "notes.md", "char 10", "Notes", "text")], SpeedStats(2, 10.0, 0.5, 1.5, 0.2))
+        yield fake_answer(f"About {question}", [("notes.md", "Notes", "text")])
 
 
 def test_chat_keeps_the_conversation_and_resets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,8 +106,8 @@ def test_chat_keeps_the_conversation_and_resets(monkeypatch: pytest.MonkeyPatch,
         ("again?", []),
     ]
     out = capsys.readouterr().out
-    assert out.count("ragspec> About") == 3 and "[1] notes.md (Notes · char 10)" in out
-    assert "10.0 tokens/s · acceptance 50% · 1.50 tokens/forward" in out
+    assert out.count("ragspec> About") == 3 and "[1] notes.md (Notes · char 0)" in out
+    assert "3 tokens in 0.3 s · 10.0 tokens/s · acceptance 50% · 1.50 tokens/forward" in out
 
 
 class UnsupportedCollection:
@@ -114,7 +115,7 @@ class UnsupportedCollection:
 
     def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
         yield Token("The capital of Peru is Lima.", 0.1, 7, 1)
-        yield Finished("The capital of Peru is Lima.", [], SpeedStats(7, 10.0, 0.0, 1.0, 0.7), supported=False)
+        yield fake_answer("The capital of Peru is Lima.")
 
 
 def test_an_unsupported_answer_is_said_to_be_unsupported(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from langchain_core.documents import Document
 
-from apps.engine import AppError, Collection, Finished, SpeedStats, Token, _pipeline_events, build_index, citation_view, with_history
+from apps.engine import AppError, Collection, Token, _pipeline_events, build_index, with_history
 from ragspec.generator import GenerationStats
 from ragspec.pipeline import Answer, Citation
 
@@ -20,60 +20,65 @@ def cite(number: int, page: int | None = None, start: int | None = 7) -> Citatio
 
 @dataclass
 class FakeStream:
-    """Shaped like ``AnswerStream``; optionally exposes live statistics as ``stats``."""
+    """Shaped like ``AnswerStream``: a context manager whose ``stats`` are live once it runs (when ``live``)."""
 
     deltas: list[str]
     answer_: Answer
     live: bool = False
     stats: GenerationStats | None = None
-    closed: list[bool] = field(default_factory=list)
+    closed: int = 0
     answer: Answer | None = None
 
     def __iter__(self) -> Iterator[str]:
         if self.live:
             self.stats = GenerationStats()
-        try:
-            for i, d in enumerate(self.deltas):
-                if self.stats is not None:
-                    self.stats.forward_passes = i + 2
-                    self.stats.new_tokens = 2 * (i + 1)
-                    self.stats.drafted_tokens, self.stats.accepted_tokens = 4 * (i + 1), 3 * (i + 1)
-                yield d
-            self.answer = self.answer_
-        finally:
-            self.closed.append(True)
+        for i, d in enumerate(self.deltas):
+            if self.stats is not None:
+                self.stats.forward_passes = i + 2
+                self.stats.new_tokens = 2 * (i + 1)
+                self.stats.drafted_tokens, self.stats.accepted_tokens = 4 * (i + 1), 3 * (i + 1)
+            yield d
+        self.answer = self.answer_
+
+    def __enter__(self) -> FakeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.closed += 1
 
 
 def make_answer(text: str, citations: list[Citation]) -> Answer:
     passages = [Document(page_content=f"full passage {i}", metadata={}) for i in (1, 2)]
     stats = GenerationStats(prompt_tokens=10, new_tokens=6, forward_passes=3, drafted_tokens=4, accepted_tokens=3, ttft_s=0.5, wall_s=1.5)
-    return Answer("q", text, citations, passages, "cited", "eos", stats)
+    return Answer("q", text, citations, passages, "cited" if citations else "unsupported", "eos", stats)
 
 
-def test_events_are_tokens_then_one_finished_with_full_passages() -> None:
-    stream = FakeStream(["The ", "", "answer [2]."], make_answer("The answer [2].", [cite(2)]))
-    events = list(_pipeline_events(stream, 0.0, lambda text: len(text.split())))
-    tokens, finished = events[:-1], events[-1]
+def test_events_are_tokens_then_the_answer_itself() -> None:
+    answer = make_answer("The answer [2].", [cite(2)])
+    stream = FakeStream(["The ", "", "answer [2]."], answer)
+    events = list(_pipeline_events(stream, 0.0))
+    tokens, last = events[:-1], events[-1]
     assert [t.text for t in tokens] == ["The ", "answer [2]."]  # empty deltas dropped
-    assert all(isinstance(t, Token) for t in tokens) and [t.tokens for t in tokens] == [1, 3]
-    assert tokens[0].acceptance is None  # the stream has no live statistics
-    assert isinstance(finished, Finished) and finished.text == "The answer [2]."
-    (c,) = finished.citations
-    assert (c.number, c.source, c.location, c.title, c.text) == (2, "/docs/2.md", "char 7", "Doc 2", "full passage 2")
-    assert finished.stats == SpeedStats(6, 5.0, 0.75, 2.0, 1.5)  # 5 decode tokens in 1 s; 3 of 4 drafted accepted
+    assert all(isinstance(t, Token) for t in tokens)
+    assert [t.tokens for t in tokens] == [1, 2] and tokens[0].acceptance is None  # no live stats: one per piece
+    assert last is answer and stream.closed == 1
 
 
-def test_an_unsupported_answer_finishes_unsupported() -> None:
-    *_, finished = _pipeline_events(FakeStream(["Lima."], make_answer("Lima.", [])), 0.0)
-    assert isinstance(finished, Finished) and finished.supported is False and finished.citations == []
-    *_, cited = _pipeline_events(FakeStream(["[2]"], make_answer("[2]", [cite(2)])), 0.0)
-    assert cited.supported is True
-
-
-def test_live_statistics_are_passed_on_when_the_stream_has_them() -> None:
+def test_live_counts_come_from_the_generation_stats_not_the_text() -> None:
     stream = FakeStream(["a", "b"], make_answer("ab", []), live=True)
     tokens = [e for e in _pipeline_events(stream, 0.0) if isinstance(e, Token)]
+    assert [t.tokens for t in tokens] == [2, 4]  # the live new_tokens, whatever the text
     assert [(t.acceptance, t.tokens_per_forward) for t in tokens] == [(0.75, 1.0), (0.75, 4 / 3)]
+
+
+def test_an_unsupported_answer_arrives_as_it_is() -> None:
+    *_, last = _pipeline_events(FakeStream(["Lima."], make_answer("Lima.", [])), 0.0)
+    assert isinstance(last, Answer) and last.supported is False and last.citations == []
+    *_, cited = _pipeline_events(FakeStream(["[2]"], make_answer("[2]", [cite(2)])), 0.0)
+    assert cited.supported is True
 
 
 def test_closing_early_closes_the_stream_and_finishes_nothing() -> None:
@@ -81,13 +86,15 @@ def test_closing_early_closes_the_stream_and_finishes_nothing() -> None:
     events = _pipeline_events(stream, 0.0)
     assert next(events).text == "a"
     events.close()
-    assert stream.closed == [True] and stream.answer is None
+    assert stream.closed == 1 and stream.answer is None
 
 
-def test_citation_locations() -> None:
-    assert citation_view(cite(1, page=3)).location == "page 3"
-    assert citation_view(cite(1, page=None, start=None)).location == ""
-    assert citation_view(cite(5), passages=[]).text == "the start…"  # no passage: the pipeline's snippet
+def test_citation_locations_and_dicts() -> None:
+    assert cite(1, page=3).location == "page 3"
+    assert cite(1, page=None, start=1520).location == "char 1520"
+    assert cite(1, page=None, start=None).location == ""
+    as_dict = cite(2, page=4).as_dict()
+    assert as_dict["location"] == "page 4" and as_dict["number"] == 2 and as_dict["title"] == "Doc 2"
 
 
 def test_history_goes_before_the_new_question() -> None:

@@ -83,7 +83,8 @@ def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: L
         done = got[-1][1]
         assert done["text"] == text and done["supported"] is True
         assert done["citations"][0]["number"] == 1 and done["citations"][0]["text"] == "passage of notes.md"
-        assert done["stats"]["acceptance"] == 0.5 and done["stats"]["tokens_per_forward"] == 2.0
+        assert done["stats"]["acceptance_rate"] == 0.5 and done["stats"]["tokens_per_forward"] == 1.5
+        assert done["stats"]["decode_tokens_per_s"] == pytest.approx(10.0) and done["stats"]["new_tokens"] == 3
         ask(c, "And after that?")
         assert backend.answerers[0].histories == [[], [("How long is the trial?", text)]]
 

@@ -115,17 +115,22 @@ def test_unsupported_messages_are_a_clear_error(chat, message, fragment):
     assert "supports" in str(info.value) or "text only" in str(info.value) or "tool calling" in str(info.value)
 
 
-def test_no_chat_template_is_a_clear_error(lc_tiny_model):
-    import dataclasses
+def test_without_a_chat_template_the_conversation_is_a_plain_transcript(lc_tiny_model):
     import copy
+    import dataclasses
 
     from ragspec.generator import SpeculativeGenerator
+    from ragspec.prompts import NoChatTemplateWarning
 
     tokenizer = copy.deepcopy(lc_tiny_model.tokenizer)
     tokenizer.chat_template = None
-    lm = dataclasses.replace(lc_tiny_model, tokenizer=tokenizer)
-    with pytest.raises(ValueError, match="no chat template.*RagSpecLLM"):
-        ChatRagSpec(generator=SpeculativeGenerator(lm), max_tokens=4).invoke("hi")
+    generator = SpeculativeGenerator(dataclasses.replace(lc_tiny_model, tokenizer=tokenizer))
+    transcript = "Be brief.\n\nUser: Where is Kestrel Lane?\n\nAssistant:"
+    ids = tokenizer.encode(transcript)
+    with pytest.warns(NoChatTemplateWarning, match="no chat template"):
+        message = ChatRagSpec(generator=generator, max_tokens=4).invoke(MESSAGES)
+    assert message.usage_metadata["input_tokens"] == len(ids)
+    assert message.content == generator.generate(ids, max_new_tokens=4).text
 
 
 def test_ls_params(chat):

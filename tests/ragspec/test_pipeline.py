@@ -68,6 +68,28 @@ def test_passages_are_numbered_in_rank_order():
     assert [m.type for m in rendered] == ["system", "human"] and "[1]" in rendered[0].content
 
 
+def test_one_prompt_builder_with_and_without_a_chat_template(lc_tiny_generator):
+    import copy
+
+    from ragspec.prompts import NoChatTemplateWarning, chat_prompt_ids, plain_prompt, qa_prompt_ids
+
+    tok = lc_tiny_generator.lm.tokenizer
+    turns = qa_messages("When does it leave?", PASSAGES)
+    text = tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    assert qa_prompt_ids(tok, "When does it leave?", PASSAGES) == tok.encode(text, add_special_tokens=False)
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    with pytest.warns(NoChatTemplateWarning):
+        ids = qa_prompt_ids(bare, "When does it leave?", PASSAGES)
+    transcript = plain_prompt(turns)
+    assert ids == bare.encode(transcript)
+    assert transcript.startswith(turns[0]["content"] + "\n\nUser: Passages:") and transcript.endswith("\n\nAssistant:")
+    with pytest.warns(NoChatTemplateWarning):
+        assert chat_prompt_ids(bare, [{"role": "user", "content": "hi \ud800"}]) == bare.encode("User: hi \ufffd\n\nAssistant:")
+    with pytest.raises(ValueError, match="role"):
+        chat_prompt_ids(tok, [{"role": "tool", "content": "x"}])
+
+
 # -- citation rules ------------------------------------------------------------------------------
 def test_cited_numbers():
     assert cited_numbers("Yes [2]. Also [1, 3] and [2] again; not [7] or [0].", 3) == [2, 1, 3]

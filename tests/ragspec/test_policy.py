@@ -46,3 +46,16 @@ def test_useless_draft_model_is_only_re_tried_periodically() -> None:
         else:
             policy.record(None, 0, 0.05, 0.0)
     assert 5 <= tries <= 15, tries
+
+
+def test_choose_draft_is_the_candidate_cut_to_the_chosen_length() -> None:
+    from ragspec.policy import FixedPolicy, choose_draft
+
+    candidate = Draft(tuple(range(10)), DraftSource.PASSAGE, match_length=5, reference=2)
+    assert choose_draft(FixedPolicy(k=4), candidate) == candidate.truncated(4)
+    assert choose_draft(FixedPolicy(k=4, min_match=6), candidate) is None  # the policy verifies none of it
+    assert choose_draft(FixedPolicy(k=4), None) is None
+    adaptive = AdaptivePolicy(max_draft=8)
+    adaptive.calibrate({0: 0.05, 4: 0.06, 8: 0.07})
+    chosen = choose_draft(adaptive, candidate)
+    assert chosen is not None and len(chosen) == adaptive.choose(candidate) and chosen.reference == 2

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from apps import cli
-from apps.engine import CitationView, Event, Finished, SpeedStats, Token
+from apps.engine import Event, Token
+from tests.apps.fakes import fake_answer
 
 
 class TokenizingCollection:
@@ -27,7 +28,7 @@ class TokenizingCollection:
         self.tokenizer.encode(question)  # TypeError for a lone surrogate, like the real tokenizers
         yield Token("You asked: ", 0.1, 1, 1)
         yield Token(question, 0.2, 2, 2)
-        yield Finished(f"You asked: {question}", [CitationView(1, "notes.md", "char 0", "Notes", "t")], SpeedStats(2, 10.0, 0.5, 1.5, 0.2))
+        yield fake_answer(f"You asked: {question}", [("notes.md", "Notes", "t")])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from apps import cli
-from apps.engine import Event, Finished, SpeedStats, Token
+from apps.engine import Event, Token
+from tests.apps.fakes import fake_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +61,7 @@ class FailingOnce:
             yield Token("partial ", 0.1, 1, 1)
             raise ValueError("generation failed half-way")
         yield Token("fine", 0.1, 1, 1)
-        yield Finished("fine", [], SpeedStats(1, 10.0, 0.5, 1.5, 0.1))
+        yield fake_answer("fine")
 
 
 @pytest.mark.timeout(60)

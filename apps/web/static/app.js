@@ -155,7 +155,8 @@ function* parseEvents(buffer) {
 }
 
 function statsLine(s) {
-  return `<b>${s.tokens_per_s.toFixed(1)} tokens/s</b> · acceptance ${(100 * s.acceptance).toFixed(0)}% · ` +
+  // s is the generation's stats (ragspec's GenerationStats.as_dict()).
+  return `<b>${s.decode_tokens_per_s.toFixed(1)} tokens/s</b> · acceptance ${(100 * s.acceptance_rate).toFixed(0)}% · ` +
     `${s.tokens_per_forward.toFixed(2)} tokens/forward · ${s.new_tokens} tokens in ${s.wall_s.toFixed(1)} s`;
 }
 

@@ -1,0 +1,25 @@
+"""Pipeline results for scripted answerers: an ``Answer`` without running a model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_core.documents import Document
+
+from ragspec.generator import GenerationStats
+from ragspec.pipeline import Answer, Citation
+
+
+def speed() -> GenerationStats:
+    """3 tokens in 0.3 s, the first after 0.1 s: 10 tokens/s after it, 2 forwards (1.5 tokens each), 1 of 2 drafted accepted."""
+    return GenerationStats(
+        prompt_tokens=20, new_tokens=3, forward_passes=2, drafted_tokens=2, accepted_tokens=1, ttft_s=0.1, wall_s=0.3
+    )
+
+
+def fake_answer(text: str, sources: Sequence[tuple[str, str, str]] = (), *, question: str = "q") -> Answer:
+    """An answer citing one passage per ``(source, title, passage text)``, as ``[1]``, ``[2]``, ...;
+    with no sources it is unsupported."""
+    passages = [Document(page_content=body, metadata={"source": src, "title": title, "start_index": 0}) for src, title, body in sources]
+    citations = [Citation(i, src, 0, None, title, body, None) for i, (src, title, body) in enumerate(sources, start=1)]
+    return Answer(question, text, citations, passages, "cited" if citations else "unsupported", "eos", speed())
