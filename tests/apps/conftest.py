@@ -64,6 +64,12 @@ class ScriptedAnswerer:
     histories: list[list[tuple[str, str]]] = field(default_factory=list)
     active: int = 0
     max_active: int = 0
+    generating: threading.Event = field(default_factory=threading.Event)
+    """Set when an answer has started (its first word is on its way)."""
+    ended: threading.Event = field(default_factory=threading.Event)
+    """Set when an answer has ended, finished or closed early."""
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    """``time.monotonic()`` at the start and the end of each answer."""
 
     def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
         self.started += 1
@@ -71,6 +77,8 @@ class ScriptedAnswerer:
         self.histories.append(list(history))
         self.active += 1
         self.max_active = max(self.max_active, self.active)
+        begun = time.monotonic()
+        self.generating.set()
         text = ""
         try:
             for i, word in enumerate(self.words):
@@ -84,6 +92,8 @@ class ScriptedAnswerer:
             self.active -= 1
             if self.finished < self.started:
                 self.closed += 1
+            self.spans.append((begun, time.monotonic()))
+            self.ended.set()
 
 
 @dataclass

@@ -73,7 +73,7 @@ def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Pat
         page.wait_for_selector(".citation", timeout=180_000)
         final = page.inner_text(".answer")
         assert partial and len(final) >= len(partial) and final.startswith(partial[:5])
-        assert "six months" in final.lower() or "trial" in final.lower()
+        assert "six months" in final.lower()  # the handbook's answer, not the question's words echoed
         stats = page.inner_text(".stats")
         assert "tokens/s" in stats and "acceptance" in stats and "tokens/forward" in stats
 

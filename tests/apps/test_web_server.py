@@ -137,34 +137,36 @@ def test_sessions_do_not_see_each_other(server: LiveServer) -> None:
         assert a.get("/api/session").json()["documents"] == ["alpha.md"]
 
 
+@pytest.mark.timeout(60)
 def test_answers_are_serialized_and_the_second_is_queued(tmp_path: Path) -> None:
     backend = ScriptedBackend(delay_s=0.05)
     with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
         clients = [client_for(server) for _ in range(2)]
         for i, c in enumerate(clients):
             upload(c, f"doc{i}.md")
+        first_answerer, second_answerer = backend.answerers
         results: list[list[tuple[str, dict]]] = [[], []]
-        spans: list[tuple[float, float]] = [(0, 0), (0, 0)]
 
         def run(i: int) -> None:
-            t0 = time.monotonic()
             results[i] = ask(clients[i], "q")
-            spans[i] = (t0, time.monotonic())
 
         first = threading.Thread(target=run, args=(0,))
         first.start()
-        time.sleep(0.12)  # the first answer is generating
+        assert first_answerer.generating.wait(10), "the first answer never started"
         run(1)
-        first.join()
+        first.join(timeout=30)
         for c in clients:
             c.close()
     assert results[0][-1][0] == "done" and results[1][-1][0] == "done"
     assert results[1][0] == ("queued", {"position": 1})
-    assert sum(a.started for a in backend.answerers) == 2
-    # one at a time: the second answer's first token came after the first answer finished
-    assert spans[1][1] - spans[0][0] >= 2 * 7 * 0.05 * 0.9
+    assert (first_answerer.started, second_answerer.started) == (1, 1)
+    # one at a time: the second answer started only after the first had ended
+    [(_, first_end)] = first_answerer.spans
+    [(second_start, _)] = second_answerer.spans
+    assert second_start >= first_end
 
 
+@pytest.mark.timeout(60)
 def test_queue_wait_and_answer_time_are_limited(tmp_path: Path) -> None:
     backend = ScriptedBackend(delay_s=0.25)
     config = AppConfig(queue_timeout_s=0.2, answer_timeout_s=0.6)
@@ -175,7 +177,7 @@ def test_queue_wait_and_answer_time_are_limited(tmp_path: Path) -> None:
         out: list[list[tuple[str, dict]]] = []
         t = threading.Thread(target=lambda: out.append(ask(a, "slow")))
         t.start()
-        time.sleep(0.1)
+        assert backend.answerers[0].generating.wait(10), "the first answer never started"
         queued = ask(b, "waits")
         t.join()
         a.close()
@@ -184,13 +186,12 @@ def test_queue_wait_and_answer_time_are_limited(tmp_path: Path) -> None:
     cut = out[0]
     assert cut[-1][0] == "error" and "longer than" in cut[-1][1]["message"]
     assert 1 <= sum(k == "token" for k, _ in cut) < 7
-    deadline = time.monotonic() + 5
-    while backend.answerers[0].closed == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert backend.answerers[0].ended.wait(5), "the cut answer was never closed"
     assert backend.answerers[0].closed == 1 and backend.answerers[0].finished == 0
     assert backend.answerers[1].started == 0
 
 
+@pytest.mark.timeout(60)
 def test_a_closed_client_stops_its_generation_and_frees_the_model(tmp_path: Path) -> None:
     backend = ScriptedBackend(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
     with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
@@ -201,9 +202,7 @@ def test_a_closed_client_stops_its_generation_and_frees_the_model(tmp_path: Path
             first = next(events(r))
             assert first[0] == "token"
         a.close()  # the tab is gone
-        deadline = time.monotonic() + 5
-        while backend.answerers[0].closed == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert backend.answerers[0].ended.wait(5), "the abandoned answer was never closed"
         assert backend.answerers[0].closed == 1 and backend.answerers[0].finished == 0
         backend.answerers[1].words = ["short"]
         t0 = time.monotonic()
