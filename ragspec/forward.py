@@ -1,26 +1,21 @@
 """Target and draft forwards on the decoding hot path: a lean Llama pass, else transformers' own.
 
-Why a second implementation of the same arithmetic: a decoding step of the default model
-(SmolLM2-135M, 30 layers) makes ~210 matrix products and ~2,000 small tensor operations. On the
-2-core AMD EPYC this was measured on (torch 2.13 CPU build, MKL + oneDNN), ``F.linear`` goes to
-MKL, whose small-row-count products are slow here: the 576x49152 output head takes 9.4 ms for one
-row, 21 ms for two and 18.5 ms for nine, and the whole model 57 ms for one token, 98 ms for two
-and 113 ms for nine. oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on the same weights
-takes 4.0 / 5.1 / 7.8 ms for the head. Verifying a draft multiplies few rows, so this is exactly
-the shape speculative decoding lives on. transformers' module tree adds ~2 ms per step on top
-(hooks, mask construction, rotary tables recomputed per call).
+Why a second implementation of the same arithmetic: speculative decoding lives on forwards over
+a few rows (a pending token and a short draft), and there transformers' module tree and its
+default matrix products were slow on a CPU; ``LlamaForward`` is cheaper for both plain steps
+and verify passes. The measurements behind this are in docs/design.md ("Measurements").
 
 ``LlamaForward`` replays a ``LlamaForCausalLM``'s computation on the model's own weights (no
 second copy): RMSNorm, rotary embedding, grouped-query SDPA attention, SiLU MLP, the same
 operations in the same order as transformers' Llama code, with products through oneDNN on a CPU
 in fp32 and ``F.linear`` elsewhere. Products that read the same input are fused: q/k/v is one
-product and gate/up another (7 weight streams per layer become 4; a plain step 40 -> 36 ms).
-Logits agree with transformers' to float rounding (tests compare them, and greedy outputs
-against transformers' ``generate``); ragspec's plain and
-speculative decoding both use this pass, so the lossless guarantee is unaffected. Other
-architectures use ``HFForward`` (transformers' forward with a preallocated cache).
+product and gate/up another (7 weight streams per layer become 4). Logits agree with
+transformers' to float rounding (tests compare them, and greedy outputs against transformers'
+``generate``); ragspec's plain and speculative decoding both use this pass, so the lossless
+guarantee is unaffected. Other architectures use ``HFForward`` (transformers' forward with a
+preallocated cache). ``Forward`` is the seam the generator calls (docs/design.md, "The back-end
+seam").
 """
-
 from __future__ import annotations
 
 import inspect
@@ -119,8 +114,7 @@ def _own_memory(model: nn.Module) -> None:
     """Copy a CPU model's weights out of its memory-mapped checkpoint before fusing.
 
     Weights still mapped from the file keep the whole mapping alive, so the projections that
-    fusing replaces would stay resident: measured +280 MB RSS for the default model, against
-    +25 MB with owned weights.
+    fusing replaces would stay resident (measured in docs/design.md, "Measurements").
     """
     with torch.no_grad():
         for param in model.parameters():  # tied weights are one Parameter: copied once, still tied

@@ -1,8 +1,8 @@
 """A KV cache that writes new positions into preallocated buffers instead of concatenating.
 
 transformers' ``DynamicLayer`` appends with ``torch.cat``, which copies the whole cache of every
-layer at every step; on a CPU that copy was the largest single cost of a decoding step (42% of
-a step of the default model in a profile, more than the matrix multiplications). ``BufferLayer``
+layer at every step; on a CPU that copy was the largest single cost of a decoding step (see
+docs/design.md, "Measurements"). ``BufferLayer``
 keeps one buffer per layer with room for the whole request and returns views of its filled part,
 so a step writes only its new positions. Rolling back (``crop``) just shortens the filled part.
 Values are bit-identical to the concatenating cache: only where they are stored differs.

@@ -9,8 +9,9 @@ maximises yield per unit of cost, and nothing when no ``k`` beats a plain step b
 Both factors are measured online: ``r(k)`` from timed target forwards (an exponential moving
 average per ``k``, with a conservative prior until a ``k`` has been seen), ``p1`` and ``q`` from
 the acceptance of earlier drafts with the same source kind and match length (Beta counts that
-slowly forget, so the estimate follows the workload). The prior for ``r`` is the CPU figure in
-DESIGN.md (a verify of 8 drafted tokens ~1.75 plain steps); on a GPU it is learnt to be ~1.
+slowly forget, so the estimate follows the workload). Until a length is timed, ``r`` grows by
+``prior_cost_slope`` per drafted token; docs/design.md ("Cost model") has the reasoning and the
+measured costs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ragspec.sampling import GreedyAcceptor
 
 from tests.ragspec.tiny import EOS, tiny_model
 
-TIE = 1e-4  # a top-2 logit gap below this is a numerical tie (see DESIGN.md, "Exactness")
+TIE = 1e-4  # a top-2 logit gap below this is a numerical tie (see docs/design.md, "Exactness rules")
 
 
 @torch.inference_mode()
