@@ -16,7 +16,15 @@ Typical use::
 from __future__ import annotations
 
 from retrievers.bm25 import BM25Retriever
-from retrievers.chunking import chunk_id, default_token_length, split_documents
+from retrievers.chunking import (
+    HEADER_KEY,
+    chunk_header,
+    chunk_id,
+    contextual_text,
+    default_max_tokens,
+    default_token_length,
+    split_documents,
+)
 from retrievers.embeddings import (
     DEFAULT_MODEL_ID,
     SentenceTransformerEmbeddings,
@@ -37,7 +45,7 @@ from retrievers.errors import (
     RetrieverError,
 )
 from retrievers.faiss_store import FaissVectorStore, FlatIndex, HNSWIndex, IndexConfig
-from retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
+from retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion, relative_score_fusion
 from retrievers.loaders import (
     DEFAULT_INCLUDE,
     DEFAULT_MAX_FILE_BYTES,
@@ -57,6 +65,7 @@ __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MODEL_ID",
     "FORMAT_VERSION",
+    "HEADER_KEY",
     "BM25Retriever",
     "CrossEncoderReranker",
     "DimensionMismatchError",
@@ -83,13 +92,17 @@ __all__ = [
     "SkippedFile",
     "SkippedFileWarning",
     "check_index_writable",
+    "chunk_header",
     "chunk_id",
+    "contextual_text",
     "default_embeddings",
+    "default_max_tokens",
     "default_model_path",
     "default_token_length",
     "embeddings_fingerprint",
     "load_documents",
     "load_file",
     "reciprocal_rank_fusion",
+    "relative_score_fusion",
     "split_documents",
 ]

@@ -11,6 +11,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
+from retrievers.chunking import contextual_text
 from retrievers.types import MetadataFilter, ScoredDocument, check_filter, matches_filter
 
 __all__ = ["BM25Retriever"]
@@ -19,8 +20,10 @@ __all__ = ["BM25Retriever"]
 class BM25Retriever(BaseRetriever):
     """BM25 over a fixed list of documents (usually the chunks from `split_documents`).
 
-    Only documents sharing at least one non-stopword token with the query are returned,
-    so a query can get fewer than `k` results.
+    Each document is indexed by its `contextual_text`: a chunk's header (its document's
+    title, from `split_documents`) and its text, so a query naming the document matches
+    every chunk of it. Only documents sharing at least one non-stopword token with the
+    query are returned, so a query can get fewer than `k` results.
     """
 
     documents: list[Document]
@@ -39,7 +42,7 @@ class BM25Retriever(BaseRetriever):
     def model_post_init(self, context: Any, /) -> None:
         self._bm25 = bm25s.BM25(k1=self.k1, b=self.b)
         if self.documents:
-            self._bm25.index(self._tokenize([d.page_content for d in self.documents]), show_progress=False)
+            self._bm25.index(self._tokenize([contextual_text(d) for d in self.documents]), show_progress=False)
 
     @classmethod
     def from_documents(cls, documents: list[Document], **kwargs: Any) -> BM25Retriever:

@@ -1,10 +1,10 @@
-"""Hybrid retrieval: dense (FAISS) and BM25 rankings fused by reciprocal rank, optionally reranked."""
+"""Hybrid retrieval: dense (FAISS) and BM25 results fused by their normalized scores (or by rank), optionally reranked."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -16,7 +16,7 @@ from retrievers.bm25 import BM25Retriever
 from retrievers.rerank import Reranker
 from retrievers.types import MetadataFilter, ScoredDocument, check_filter
 
-__all__ = ["HybridRetriever", "reciprocal_rank_fusion"]
+__all__ = ["HybridRetriever", "reciprocal_rank_fusion", "relative_score_fusion"]
 
 
 def reciprocal_rank_fusion(
@@ -44,6 +44,36 @@ def reciprocal_rank_fusion(
     return sorted(scores.items(), key=lambda item: (-item[1], order[item[0]]))
 
 
+def relative_score_fusion(
+    results: Sequence[Sequence[tuple[str, float]]], weights: Sequence[float] | None = None
+) -> list[tuple[str, float]]:
+    """Fuse scored results: score(key) = sum over results of weight * min-max normalized score.
+
+    Within each result list the scores are rescaled to [0, 1] (the best 1, the worst 0; all
+    1 when they are equal), and a key missing from a list gets 0 from it. Unlike rank
+    fusion, a clear winner on one side stays ahead of a near-tie on the other.
+    Returns (key, score) pairs by descending score; ties go to the key seen first. A key
+    repeated within one list counts at its best score.
+    """
+    weights = [1.0] * len(results) if weights is None else list(weights)
+    if len(weights) != len(results):
+        raise ValueError(f"got {len(weights)} weights for {len(results)} result lists")
+    scores: dict[str, float] = {}
+    for result, weight in zip(results, weights):
+        best: dict[str, float] = {}
+        for key, score in result:
+            best[key] = max(best.get(key, score), score)
+        for key in best:
+            scores.setdefault(key, 0.0)
+        if not best:
+            continue
+        low, high = min(best.values()), max(best.values())
+        for key, score in best.items():
+            scores[key] += weight * ((score - low) / (high - low) if high > low else 1.0)
+    order = {key: i for i, key in enumerate(scores)}
+    return sorted(scores.items(), key=lambda item: (-item[1], order[item[0]]))
+
+
 def _key(document: Document) -> str:
     """Identity of a chunk across retrievers: its id, else a hash of its source and text."""
     if document.id:
@@ -53,7 +83,7 @@ def _key(document: Document) -> str:
 
 
 class HybridRetriever(BaseRetriever):
-    """Dense + BM25 retrieval fused by reciprocal rank fusion (RRF), with an optional reranker.
+    """Dense + BM25 retrieval, fused by normalized scores (or by rank), with an optional reranker.
 
     Build it from the chunks and the vector store holding them:
     ``HybridRetriever(vectorstore=store, documents=chunks, k=4)``; without `documents`
@@ -62,15 +92,19 @@ class HybridRetriever(BaseRetriever):
     """
 
     vectorstore: VectorStore
-    """Dense side; searched with `similarity_search(query, k=fetch_k, filter=...)`."""
+    """Dense side; searched with `similarity_search_with_relevance_scores(query, k=fetch_k, filter=...)`
+    (`similarity_search` for ``fusion="rrf"``)."""
     documents: list[Document] | None = None
     """Documents for the BM25 side (default: all documents of a `FaissVectorStore`)."""
     k: int = Field(default=4, ge=1)
     """Number of documents returned (overridable per call: ``invoke(q, k=8)``)."""
     fetch_k: int = Field(default=20, ge=1)
     """Candidates taken from each side before fusion (at least k are taken)."""
+    fusion: Literal["relative_score", "rrf"] = "relative_score"
+    """How the two sides combine: `relative_score_fusion` of their scores (default), or
+    `reciprocal_rank_fusion` of their ranks."""
     rrf_k: int = Field(default=60, ge=0)
-    """RRF constant: larger values flatten the advantage of top ranks."""
+    """RRF constant (``fusion="rrf"``): larger values flatten the advantage of top ranks."""
     dense_weight: float = Field(default=1.0, ge=0.0)
     """Weight of the dense ranking in the fusion."""
     bm25_weight: float = Field(default=1.0, ge=0.0)
@@ -110,20 +144,32 @@ class HybridRetriever(BaseRetriever):
         if k <= 0:
             return []
         fetch = max(self.fetch_k, k)
-        dense = self.vectorstore.similarity_search(query, k=fetch, filter=filter)
-        lexical = [hit.document for hit in self._bm25.search(query, k=fetch, filter=filter)]
+        dense = self._dense(query, fetch, filter)
+        lexical = [(hit.document, hit.score) for hit in self._bm25.search(query, k=fetch, filter=filter)]
         by_key: dict[str, Document] = {}
-        for doc in (*dense, *lexical):
+        for doc, _ in (*dense, *lexical):
             by_key.setdefault(_key(doc), doc)
-        fused = reciprocal_rank_fusion(
-            [[_key(d) for d in dense], [_key(d) for d in lexical]],
-            k=self.rrf_k,
-            weights=[self.dense_weight, self.bm25_weight],
-        )
+        weights = [self.dense_weight, self.bm25_weight]
+        if self.fusion == "rrf":
+            fused = reciprocal_rank_fusion([[_key(d) for d, _ in side] for side in (dense, lexical)], k=self.rrf_k, weights=weights)
+        else:
+            fused = relative_score_fusion([[(_key(d), s) for d, s in side] for side in (dense, lexical)], weights=weights)
         hits = [ScoredDocument(by_key[key], score) for key, score in fused]
         if self.reranker is not None and hits:
             hits = self._rerank(query, hits[: max(self.rerank_candidates, k)])
         return hits[:k]
+
+    def _dense(self, query: str, fetch: int, filter: MetadataFilter | None) -> list[tuple[Document, float]]:  # noqa: A002
+        """The dense side's candidates, best first, with relevance scores (none are needed for RRF)."""
+        if self.fusion == "rrf":
+            return [(doc, 0.0) for doc in self.vectorstore.similarity_search(query, k=fetch, filter=filter)]
+        try:
+            return self.vectorstore.similarity_search_with_relevance_scores(query, k=fetch, filter=filter)
+        except NotImplementedError as e:
+            raise TypeError(
+                f"{type(self.vectorstore).__name__} gives no relevance scores for score fusion; "
+                "pass fusion='rrf' to fuse by rank"
+            ) from e
 
     def _rerank(self, query: str, hits: list[ScoredDocument]) -> list[ScoredDocument]:
         scores = list(self.reranker.score(query, [h.document.page_content for h in hits]))

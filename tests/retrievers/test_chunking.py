@@ -1,4 +1,4 @@
-"""Chunking: token budget, start offsets, overlap, stable ids, metadata."""
+"""Chunking: token budget (never over the embedding model's limit), start offsets, overlap, stable ids, metadata, headers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ from langchain_core.documents import Document
 
 import pytest
 
-from retrievers import chunk_id, default_token_length, split_documents
+from retrievers import (
+    HEADER_KEY,
+    chunk_header,
+    chunk_id,
+    contextual_text,
+    default_max_tokens,
+    default_token_length,
+    split_documents,
+)
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -98,3 +106,88 @@ def test_offsets_exact_and_every_non_space_character_covered(text: str, size: in
         for i in range(start, start + len(c.page_content)):
             covered[i] = True
     assert all(covered[i] for i, ch in enumerate(text) if not ch.isspace())
+
+
+# --- contextual headers and the embedding model's limit -------------------------------------------
+
+PIECES = ["lighthouse", "keeper", "unbelievably", "antidisestablishmentarianism", "42", "3.14", "x",
+          "naïve", "café", "東京", "🙂", "—", "(", ")", ",", ".", ";", "a-b", "`code`", "| 3 |"]
+
+
+def embedded_length(chunk: Document) -> int:
+    """Word pieces the default model reads for a chunk: its contextual text plus [CLS] and [SEP]."""
+    from retrievers.chunking import _default_tokenizer
+
+    return len(_default_tokenizer().encode(contextual_text(chunk), add_special_tokens=True).ids)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(PIECES), min_size=1, max_size=700),
+    breaks=st.lists(st.sampled_from([" ", " ", " ", "\n", "\n\n", ""]), min_size=1, max_size=700),
+    title=st.text(alphabet=st.sampled_from(list("Tidepool guide: écrit 東 ")), max_size=200),
+    size=st.sampled_from([8, 17, 64, 128, 256]),
+)
+def test_no_chunk_is_truncated_by_the_default_model(words: list[str], breaks: list[str], title: str, size: int) -> None:
+    text = "".join(w + breaks[i % len(breaks)] for i, w in enumerate(words))
+    if not text.strip():
+        return
+    doc = Document(page_content=text, metadata={"source": "guide.md", "title": title})
+    chunks = split_documents([doc], chunk_size=size, chunk_overlap=size // 8)
+    covered = [False] * len(text)
+    for chunk in chunks:
+        assert embedded_length(chunk) <= min(size, default_max_tokens())  # header + text + specials
+        start = chunk.metadata["start_index"]
+        assert text[start : start + len(chunk.page_content)] == chunk.page_content  # page_content is the text itself
+        covered[start : start + len(chunk.page_content)] = [True] * len(chunk.page_content)
+        header = chunk.metadata.get(HEADER_KEY, "")
+        assert default_token_length(header + "\n\n") <= size // 4 if header else True
+    assert all(covered[i] for i, ch in enumerate(text) if not ch.isspace())  # nothing is left out
+
+
+def test_a_full_size_chunk_fits_the_model_with_its_header_and_special_tokens() -> None:
+    doc = Document(page_content=long_text(3000, paragraph=10**6), metadata={"source": "notes/ledgerline-recovery-note.txt"})
+    chunks = split_documents([doc])  # the defaults: 256 tokens, the model's max_seq_length
+    assert default_max_tokens() == 256
+    lengths = [embedded_length(c) for c in chunks]
+    assert max(lengths) <= 256 and max(lengths) >= 240  # full, and not one word piece over
+    with pytest.raises(ValueError, match="exceeds the 256 tokens"):
+        split_documents([doc], chunk_size=257, chunk_overlap=0)
+    assert len(split_documents([doc], chunk_size=512, chunk_overlap=0, length_function=len)) > 1  # another model's count
+
+
+def test_header_is_in_the_metadata_and_embedded_text_not_in_page_content() -> None:
+    md = Document(page_content="Setting `trust_mtime = false` helps on network drives.", metadata={"source": "d/tidepool.md", "title": "tidepool: a user guide"})
+    txt = Document(page_content="Every change is appended to the log first.", metadata={"source": "d/ledgerline-recovery_note.txt"})
+    (a,) = split_documents([md])
+    (b,) = split_documents([txt])
+    assert a.page_content == md.page_content and b.page_content == txt.page_content
+    assert a.metadata[HEADER_KEY] == chunk_header(md) == "tidepool: a user guide"
+    assert b.metadata[HEADER_KEY] == "ledgerline recovery note"  # no title: the file name in words
+    assert contextual_text(a) == "tidepool: a user guide\n\n" + md.page_content
+    (plain,) = split_documents([md], headers=False)
+    assert HEADER_KEY not in plain.metadata and contextual_text(plain) == md.page_content
+    assert plain.id == a.id  # the header does not change the chunk's identity
+    untitled = Document(page_content="text", metadata={})
+    assert chunk_header(untitled) == "" and HEADER_KEY not in split_documents([untitled])[0].metadata
+
+
+def test_a_long_title_is_shortened_to_a_quarter_of_the_chunk() -> None:
+    doc = Document(page_content=long_text(400), metadata={"source": "s", "title": "word " * 100})
+    chunks = split_documents([doc], chunk_size=64, chunk_overlap=8)
+    header = chunks[0].metadata[HEADER_KEY]
+    assert header.startswith("word word") and default_token_length(header + "\n\n") <= 16
+    assert all(embedded_length(c) <= 64 for c in chunks)
+
+
+def test_chunks_fit_even_when_lengths_do_not_add_up() -> None:
+    """The splitter adds up the lengths of the parts it merges; a count that is more than that sum
+    (here: 4 extra for any inner space) must still be respected, by splitting again."""
+
+    def count(text: str) -> int:
+        return len(text) + (4 if " " in text.strip() else 0)
+
+    text = "ab cd ef gh ij kl mn op qr st uv wx yz " * 5
+    chunks = split_documents([Document(page_content=text, metadata={"source": "s"})], chunk_size=12, chunk_overlap=0, length_function=count)
+    assert all(count(contextual_text(c)) <= 12 for c in chunks)
+    assert "".join(c.page_content for c in chunks).replace(" ", "") == text.replace(" ", "")
