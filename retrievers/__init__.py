@@ -26,10 +26,12 @@ from retrievers.chunking import (
     split_documents,
 )
 from retrievers.embeddings import (
+    BACKENDS,
     DEFAULT_MODEL_ID,
     SentenceTransformerEmbeddings,
     default_embeddings,
     default_model_path,
+    embed_chunks,
     embeddings_fingerprint,
 )
 from retrievers.errors import (
@@ -61,6 +63,7 @@ from retrievers.rerank import CrossEncoderReranker, Reranker
 from retrievers.types import MetadataFilter, ScoredDocument
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_INCLUDE",
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MODEL_ID",
@@ -99,6 +102,7 @@ __all__ = [
     "default_max_tokens",
     "default_model_path",
     "default_token_length",
+    "embed_chunks",
     "embeddings_fingerprint",
     "load_documents",
     "load_file",
