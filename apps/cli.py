@@ -19,9 +19,12 @@ if TYPE_CHECKING:
     from apps.engine import Collection
     from ragspec.generator import GenerationStats
     from ragspec.pipeline import Answer
+    from retrievers.ingest import SyncProgress
 
 PROG = "ragspec"
 DEFAULT_INDEX = "ragspec-index"
+DEFAULT_MAX_FILE_MB = 100.0
+"""``retrievers.loaders.DEFAULT_MAX_FILE_BYTES`` in MiB (not imported here, so ``--help`` stays instant)."""
 
 
 class CLIError(Exception):
@@ -45,6 +48,16 @@ def _port(value: str) -> int:
     return n
 
 
+def _mebibytes(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in MiB, got {value!r}") from None
+    if not x > 0 or x * 2**20 < 1 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive size in MiB, got {value!r}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -56,13 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    ingest = commands.add_parser("ingest", help="index files and folders into a persistent index",
-                                 description="Load, chunk and embed files and folders into an index on disk.")
+    ingest = commands.add_parser("ingest", help="index files and folders into a persistent index (incremental)",
+                                 description="Load, chunk and embed files and folders into an index on disk. Run it again "
+                                             "on an existing index to update it: only new and changed files are read and "
+                                             "embedded, passages of deleted files are removed, identical passages are "
+                                             "stored once. The index is replaced atomically (Ctrl-C leaves the old one).")
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (.txt, .md, .html, .pdf)")
     ingest.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder to write (default: {DEFAULT_INDEX})")
     ingest.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB in folders (repeatable)")
     ingest.add_argument("--exclude", action="append", metavar="GLOB", help="leave out files or folders matching GLOB (repeatable)")
     ingest.add_argument("--chunk-size", type=_positive, default=256, help="chunk size in tokens (default: 256)")
+    ingest.add_argument("--max-file-mb", type=_mebibytes, default=DEFAULT_MAX_FILE_MB, metavar="MB",
+                        help=f"skip files larger than this many MiB, each with its reason (default: {DEFAULT_MAX_FILE_MB:g})")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def answer_options(p: argparse.ArgumentParser) -> None:
@@ -153,20 +171,41 @@ def _clean_text(text: str) -> str:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from apps.engine import build_index
+    from apps.engine import update_index
     from retrievers import check_index_writable
 
     check_index_writable(args.index)  # fail now, not after embedding everything
-    _quiet_model_loading()
     bar = _ProgressBar(enabled=not args.no_progress)
     try:
-        store, summary = build_index(
-            args.paths, include=args.include, exclude=args.exclude, chunk_size=args.chunk_size, progress=bar.update
+        summary = update_index(
+            args.paths,
+            args.index,
+            include=args.include,
+            exclude=args.exclude,
+            chunk_size=args.chunk_size,
+            max_file_bytes=int(args.max_file_mb * 2**20),
+            progress=bar.update,
         )
     finally:
         bar.close()
-    store.save(args.index)
-    print(f"Indexed {summary.chunks} passages from {len(summary.files)} file(s) into {args.index}")
+    report = summary.update
+    assert report is not None
+    if report.rebuilt:
+        print(f"Rebuilt the whole index: {report.rebuilt}.")
+    print(f"Files: {report.files_line()}")
+    again = f" ({report.reembedded} of them again: their first source changed)" if report.reembedded else ""
+    passages = [
+        (report.embedded, f"embedded{again}"),
+        (report.reused, "already indexed"),
+        (report.duplicates, "repeats stored once"),
+        (report.removed_chunks, "removed"),
+    ]
+    print("Passages: " + (", ".join(f"{n} {what}" for n, what in passages if n) or "none embedded"))
+    if report.saved:
+        print(f"Indexed {report.passages} passages from {report.files} file(s) into {args.index} in {report.seconds:.1f} s")
+    else:
+        print(f"Nothing changed: {args.index} holds {report.passages} passages from {report.files} file(s), left as it was "
+              f"({report.seconds:.1f} s)")
     if summary.skipped:
         print(f"Skipped {len(summary.skipped)} file(s):")
         for s in summary.skipped:
@@ -175,25 +214,43 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 class _ProgressBar:
-    """A tqdm bar per stage, on stderr."""
+    """One tqdm bar per stage of ``update_index``, on stderr: files checked, bytes read (with files and
+    passages found), passages embedded (with their rate and the time left)."""
+
+    _LABELS = {"scan": "checking", "chunk": "reading", "embed": "embedding", "save": "saving"}
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._bar: Any = None
         self._stage = ""
 
-    def update(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if stage != self._stage:
+    def update(self, p: SyncProgress) -> None:
+        if p.stage != self._stage:
             self.close()
-            from tqdm import tqdm
+            self._stage = p.stage
+            if p.stage == "embed":
+                _quiet_model_loading()  # the model loads now, and only if there is something to embed
+            if self.enabled and p.stage != "save" and (p.files_total or p.chunks_total):  # no bar for nothing to do
+                self._bar = self._new_bar(p)
+        if self._bar is None:
+            return
+        if p.stage == "scan":
+            self._bar.update(p.files_done - self._bar.n)
+        elif p.stage == "chunk":
+            self._bar.set_postfix_str(f"files {p.files_done}/{p.files_total}, {p.chunks_done:,} passages", refresh=False)
+            self._bar.update(p.bytes_done - self._bar.n)
+        else:
+            self._bar.update(p.chunks_done - self._bar.n)
 
-            label = {"load": "loading", "embed": "embedding"}.get(stage, stage)
-            unit = "path" if stage == "load" else "chunk"
-            self._bar = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=True)
-            self._stage = stage
-        self._bar.update(done - self._bar.n)
+    def _new_bar(self, p: SyncProgress) -> Any:
+        from tqdm import tqdm
+
+        label = self._LABELS.get(p.stage, p.stage)
+        if p.stage == "scan":
+            return tqdm(total=p.files_total, desc=label, unit="file", file=sys.stderr, leave=True)
+        if p.stage == "chunk":
+            return tqdm(total=p.bytes_total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=True)
+        return tqdm(total=p.chunks_total, desc=label, unit="passage", file=sys.stderr, leave=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -2,8 +2,11 @@
 
 The apps never talk to the pipeline directly; they go through two small types here:
 
-- ``build_index`` loads, chunks and embeds files into a ``FaissVectorStore`` (with a progress
-  callback) and reports what it skipped;
+- ``update_index`` creates or incrementally updates a saved index from files and folders
+  (``retrievers.ingest.sync_index``: only new and changed files are read and embedded, identical
+  passages stored once, the index replaced atomically), with truthful progress;
+- ``build_index`` loads, chunks and embeds files into a new, unsaved ``FaissVectorStore`` (with a
+  progress callback) and reports what it skipped;
 - ``Collection`` answers questions over a saved index as a stream of ``Token`` events followed
   by the pipeline's ``Answer`` (its citations, whether a passage backs it, and its
   ``GenerationStats``).
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Union
 if TYPE_CHECKING:
     from ragspec.pipeline import Answer, AnswerStream
     from retrievers import FaissVectorStore
+    from retrievers.ingest import SyncProgress, SyncReport
 
 
 class AppError(RuntimeError):
@@ -42,12 +46,15 @@ class Skipped:
 
 @dataclass
 class IndexSummary:
-    """What ``build_index`` did."""
+    """What ``build_index`` or ``update_index`` did."""
 
     files: list[str] = field(default_factory=list)
     """Sources that produced at least one chunk."""
     chunks: int = 0
+    """Passages in the index (for ``update_index``: distinct ones, as stored)."""
     skipped: list[Skipped] = field(default_factory=list)
+    update: SyncReport | None = None
+    """``update_index``'s report: new, changed, unchanged and removed files, passages embedded..."""
 
 
 Progress = Callable[[str, int, int], None]
@@ -118,6 +125,50 @@ def build_index(
     summary.files = list(dict.fromkeys(str(c.metadata.get("source", "")) for c in chunks))
     summary.chunks = len(chunks)
     return store, summary
+
+
+def update_index(
+    paths: Sequence[str | Path],
+    index_dir: str | Path,
+    *,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+    chunk_size: int = 256,
+    chunk_overlap: int = 32,
+    max_file_bytes: int | None = None,
+    progress: Callable[[SyncProgress], None] | None = None,
+) -> IndexSummary:
+    """Create the index in ``index_dir`` from ``paths``, or bring an existing one up to date, and save it.
+
+    Only new and changed files are read and embedded; passages of deleted files go; identical
+    passages are embedded and stored once (``metadata["sources"]`` lists every file). If the
+    chunking or the embedding model changed, everything is rebuilt (``summary.update.rebuilt``
+    says why). The saved index is replaced atomically: an error or Ctrl-C leaves the previous
+    one. ``max_file_bytes`` caps one file (default: the loader's, 100 MiB). Raises ``AppError``
+    when a path does not exist or there is no text to index (the index is then left as it was).
+    """
+    if not paths:
+        raise AppError("no files or folders given")
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise AppError(f"no such file or folder: {', '.join(missing)}")
+
+    from retrievers import DEFAULT_MAX_FILE_BYTES, NothingToIndexError, default_embeddings
+    from retrievers.ingest import ChunkingSettings, sync_index
+
+    chunking = ChunkingSettings(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    limit = DEFAULT_MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
+    try:
+        store, report = sync_index(
+            list(paths), index_dir, default_embeddings(),
+            include=include, exclude=exclude, chunking=chunking, max_file_bytes=limit, progress=progress,
+        )  # fmt: skip
+    except NothingToIndexError as e:
+        raise AppError(str(e)) from e
+    files = list(store.catalog.files) if store.catalog is not None else []
+    return IndexSummary(
+        files=files, chunks=report.passages, skipped=[Skipped(s.path, s.reason) for s in report.skipped], update=report
+    )
 
 
 # -- answering ---------------------------------------------------------------------------------

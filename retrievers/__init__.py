@@ -37,6 +37,7 @@ from retrievers.embeddings import (
 from retrievers.errors import (
     DimensionMismatchError,
     EmbeddingModelError,
+    FileSkippedError,
     IndexCorruptError,
     IndexLoadError,
     IndexLockedError,
@@ -44,10 +45,12 @@ from retrievers.errors import (
     IndexNotFoundError,
     IndexSaveError,
     IndexVersionError,
+    NothingToIndexError,
     RetrieverError,
 )
 from retrievers.faiss_store import FaissVectorStore, FlatIndex, HNSWIndex, IndexConfig
 from retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion, relative_score_fusion
+from retrievers.ingest import ChunkingSettings, SyncProgress, SyncReport, sync_index
 from retrievers.loaders import (
     DEFAULT_INCLUDE,
     DEFAULT_MAX_FILE_BYTES,
@@ -70,11 +73,13 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_KEY",
     "BM25Retriever",
+    "ChunkingSettings",
     "CrossEncoderReranker",
     "DimensionMismatchError",
     "EmbeddingModelError",
     "FaissVectorStore",
     "FileNote",
+    "FileSkippedError",
     "FlatIndex",
     "HNSWIndex",
     "HybridRetriever",
@@ -88,12 +93,15 @@ __all__ = [
     "IndexVersionError",
     "LoadResult",
     "MetadataFilter",
+    "NothingToIndexError",
     "Reranker",
     "RetrieverError",
     "ScoredDocument",
     "SentenceTransformerEmbeddings",
     "SkippedFile",
     "SkippedFileWarning",
+    "SyncProgress",
+    "SyncReport",
     "check_index_writable",
     "chunk_header",
     "chunk_id",
@@ -109,4 +117,5 @@ __all__ = [
     "reciprocal_rank_fusion",
     "relative_score_fusion",
     "split_documents",
+    "sync_index",
 ]

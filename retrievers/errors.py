@@ -7,6 +7,19 @@ class RetrieverError(Exception):
     """Base class of every error raised by `retrievers`."""
 
 
+class FileSkippedError(RetrieverError):
+    """A file could not be ingested (the reasons `load_file` gives); raised by the streaming readers."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"skipped {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class NothingToIndexError(RetrieverError):
+    """The given files and folders hold no text to index; the message lists the files skipped and why."""
+
+
 class EmbeddingModelError(RetrieverError):
     """An embedding or reranking model could not be loaded (offline) or used."""
 

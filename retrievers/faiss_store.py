@@ -23,6 +23,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
+from retrievers.catalog import CATALOG_VERSION, Catalog
 from retrievers.embeddings import embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
 from retrievers.persistence import DEFAULT_LOCK_TIMEOUT_S, read_store, write_store
@@ -86,6 +87,8 @@ class FaissVectorStore(VectorStore):
         self._label_to_id: dict[int, str] = {}
         self._next_label = 0
         self._lock = threading.RLock()
+        self.catalog: Catalog | None = None
+        """The files the store was synced from (`retrievers.ingest.sync_index`), saved with it; None otherwise."""
 
     # --- basics -------------------------------------------------------------------------
 
@@ -100,6 +103,10 @@ class FaissVectorStore(VectorStore):
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def __contains__(self, doc_id: object) -> bool:
+        """Whether a document with this id is stored."""
+        return doc_id in self._records
 
     def documents(self) -> list[Document]:
         """All stored documents (with ids), in insertion order."""
@@ -176,6 +183,24 @@ class FaissVectorStore(VectorStore):
                 return True
             self._remove([str(i) for i in ids if str(i) in self._records])
         return True
+
+    def update_documents(self, documents: Sequence[Document]) -> None:
+        """Replace the text and metadata of stored documents (matched by ``id``) without re-embedding them.
+
+        The vectors stay as they are, so use it for changes that do not change what was
+        embedded (a chunk's sources, or another whitespace variant of its text).
+
+        Raises:
+            KeyError: a document has no id, or an id that is not stored (nothing is changed then).
+        """
+        with self._lock:
+            missing = [doc.id for doc in documents if doc.id is None or doc.id not in self._records]
+            if missing:
+                raise KeyError(f"update_documents needs the ids of stored documents; not stored: {missing[:5]!r}")
+            for doc in documents:
+                record = self._records[str(doc.id)]
+                record.text = doc.page_content
+                record.metadata = dict(doc.metadata)
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """Documents for the ids that exist, in the order asked."""
@@ -370,6 +395,9 @@ class FaissVectorStore(VectorStore):
                     for doc_id, rec in self._records.items()
                 ],
             }
+            if self.catalog is not None:
+                manifest["ingest"] = self.catalog.manifest_part()
+                docstore["ingest"] = self.catalog.docstore_part()
             try:
                 write_store(Path(directory), manifest, self._index, docstore, lock_timeout=lock_timeout)
             except IndexSaveError as e:
@@ -397,6 +425,7 @@ class FaissVectorStore(VectorStore):
             config = _config_from_dict(manifest["index"])
             next_label = int(docstore["next_label"])
             rows = [(str(r["id"]), int(r["label"]), str(r["text"]), dict(r["metadata"])) for r in docstore["documents"]]
+            catalog = _catalog_from_saved(manifest, docstore)
         except (KeyError, TypeError, ValueError) as e:
             raise IndexCorruptError(f"the index in {directory} has malformed metadata ({e!r}); rebuild it") from e
         current = embeddings_fingerprint(embeddings)
@@ -427,7 +456,21 @@ class FaissVectorStore(VectorStore):
             store._records[doc_id] = _Record(label, text, metadata)
             store._label_to_id[label] = doc_id
         store._next_label = next_label
+        store.catalog = catalog
         return store
+
+
+def _catalog_from_saved(manifest: dict[str, Any], docstore: dict[str, Any]) -> Catalog | None:
+    """The saved file catalog; None when there is none, or when it is of a newer version (which
+    only `sync_index` needs, and refuses: searching does not)."""
+    section = manifest.get("ingest")
+    if section is None:
+        return None
+    if not isinstance(section, dict) or not isinstance(section.get("version"), int):
+        raise ValueError("the ingest section has no version")
+    if section["version"] > CATALOG_VERSION:
+        return None
+    return Catalog.from_saved(section, docstore["ingest"])
 
 
 def _config_from_dict(data: dict[str, Any]) -> IndexConfig:

@@ -13,6 +13,11 @@ loop ends. Warnings and log records that a parsing library (pypdf, BeautifulSoup
 while one file loads are captured and attached to that file: to its skip reason, or to
 `LoadResult.notes` (and the ``retrievers.loaders`` logger, with the file's name) when it loads.
 
+For ingesting large folders without holding whole files in memory, `find_files` lists what
+a walk would load, `file_digest` hashes a file in blocks, and `iter_text` yields a text or
+Markdown file's decoded text block by block; each applies the same checks and raises
+`FileSkippedError` with the reason `load_file` would give.
+
 Metadata of each Document: ``source`` (the path as found, a string), ``file_type``
 (``txt``, ``md``, ``html`` or ``pdf``), ``title`` where the file states one, and for PDFs
 ``page`` (1-based, one Document per page with text) and ``total_pages``.
@@ -20,18 +25,23 @@ Metadata of each Document: ``source`` (the path as found, a string), ``file_type
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import logging
 import os
 import re
 import stat
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from langchain_core.documents import Document
+
+from retrievers.errors import FileSkippedError
 
 __all__ = [
     "DEFAULT_INCLUDE",
@@ -40,8 +50,13 @@ __all__ = [
     "LoadResult",
     "SkippedFile",
     "SkippedFileWarning",
+    "file_digest",
+    "file_type",
+    "find_files",
+    "iter_text",
     "load_documents",
     "load_file",
+    "markdown_title",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -60,6 +75,12 @@ _CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x1B), *range(0x1C, 0x2
 _BINARY_CONTROL_RATIO = 0.03
 _LIBRARY_LOGGERS = ("pypdf", "bs4")
 _logger = logging.getLogger(__name__)
+
+
+class SupportsUpdate(Protocol):
+    """Takes the bytes a reader reads: a `hashlib` hash, or anything else with ``update(bytes)``."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 class SkippedFileWarning(UserWarning):
@@ -143,8 +164,8 @@ def load_documents(
     return result
 
 
-def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> LoadResult:
-    """Load one file; a problem with it becomes a `SkippedFile` (and a warning), never an exception."""
+def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, warn: bool = True) -> LoadResult:
+    """Load one file; a problem with it becomes a `SkippedFile` (and a warning unless `warn` is False), never an exception."""
     _check_max_file_bytes(max_file_bytes)
     path = Path(path)
     skip: _Skip | None = None
@@ -155,11 +176,196 @@ def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -
             skip = e
     if skip is not None:
         reason = str(skip) + (f" [{'; '.join(messages)}]" if messages else "")
-        warnings.warn(f"skipped {path}: {reason}", SkippedFileWarning, stacklevel=3)
+        if warn:
+            warnings.warn(f"skipped {path}: {reason}", SkippedFileWarning, stacklevel=3)
         return LoadResult(skipped=[SkippedFile(str(path), reason)])
     for message in messages:
         _logger.warning("%s: %s", path, message)
     return LoadResult(documents=documents, notes=[FileNote(str(path), m) for m in messages])
+
+
+def find_files(
+    paths: PathLike | Sequence[PathLike], include: Sequence[str] | None = None, exclude: Sequence[str] | None = None
+) -> tuple[list[Path], list[SkippedFile]]:
+    """The files `load_documents` would load, in its order, and the folders its walk would not enter.
+
+    Nothing is opened: a path named explicitly is listed even when it does not exist (reading
+    it then gives the reason). Same `include`/`exclude` rules as `load_documents`.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    include_patterns = tuple(include) if include is not None else DEFAULT_INCLUDE
+    exclude_patterns = tuple(exclude or ())
+    files: list[Path] = []
+    skipped: list[SkippedFile] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found, unwalked = _walk(path, include_patterns, exclude_patterns)
+            files.extend(found)
+            skipped.extend(unwalked)
+        else:
+            files.append(path)
+    return files, skipped
+
+
+def file_type(path: PathLike) -> str:
+    """``pdf``, ``html``, ``md`` or ``txt``: how `load_file` reads `path` (by its suffix; anything else is text)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".pdf":
+        return "pdf"
+    if suffix in (".html", ".htm"):
+        return "html"
+    return "md" if suffix in (".md", ".markdown") else "txt"
+
+
+def file_digest(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, block_bytes: int = 2**20) -> tuple[str, int]:
+    """SHA-256 (hex) and size in bytes of a regular file, read in blocks of `block_bytes`.
+
+    Raises:
+        FileSkippedError: the file cannot be read, is not a regular file or is larger than
+            `max_file_bytes`, with the reason `load_file` would give.
+    """
+    _check_max_file_bytes(max_file_bytes)
+    path = Path(path)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with _checked_open(path, max_file_bytes) as f:
+            while block := f.read(block_bytes):
+                size += len(block)
+                if size > max_file_bytes:
+                    raise _Skip(_too_large(size, max_file_bytes, grew=True))
+                digest.update(block)
+    except _Skip as e:
+        raise FileSkippedError(str(path), str(e)) from e
+    return digest.hexdigest(), size
+
+
+def iter_text(
+    path: PathLike,
+    *,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    block_bytes: int = 2**20,
+    digest: SupportsUpdate | None = None,
+) -> Iterator[str]:
+    """The text of a text or Markdown file as `load_file` reads it, in blocks, without holding the file.
+
+    The blocks joined are exactly the ``page_content`` `load_file` would give (UTF-8, a BOM
+    dropped, CRLF and CR made LF). About `block_bytes` bytes are read at a time; `digest`, if
+    given, is updated with every byte read (so the caller hashes what it chunked).
+
+    Raises:
+        FileSkippedError: with `load_file`'s reason (unreadable, too large, binary, not UTF-8,
+            empty). Some problems (invalid UTF-8 further in, a file that is only whitespace)
+            show only after earlier blocks were yielded: use the blocks only once the
+            iterator is exhausted without an error.
+    """
+    _check_max_file_bytes(max_file_bytes)
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be positive, got {block_bytes!r}")
+    path = Path(path)
+    try:
+        yield from _iter_text(path, max_file_bytes, block_bytes, digest)
+    except _Skip as e:
+        raise FileSkippedError(str(path), str(e)) from e
+
+
+def _iter_text(path: Path, max_file_bytes: int, block_bytes: int, digest: SupportsUpdate | None) -> Iterator[str]:
+    decoder = codecs.getincrementaldecoder("utf-8-sig")("strict")
+    head = b""  # the first _BINARY_SNIFF_BYTES bytes, for the binary checks
+    size = 0
+    has_text_bytes = has_text = False
+    held_cr = False  # a block that ends in CR may be the first half of a CRLF
+    with _checked_open(path, max_file_bytes) as f:
+        while True:
+            block = f.read(block_bytes)
+            last = not block
+            size += len(block)
+            if size > max_file_bytes:
+                raise _Skip(_too_large(size, max_file_bytes, grew=True))
+            if digest is not None:
+                digest.update(block)
+            if len(head) < _BINARY_SNIFF_BYTES:
+                head += block[: _BINARY_SNIFF_BYTES - len(head)]
+            has_text_bytes = has_text_bytes or bool(block.strip())
+            if last and not has_text_bytes:
+                raise _Skip("empty file")
+            if b"\x00" in head:
+                raise _Skip("binary file, not text (contains NUL bytes); only text, Markdown, HTML and PDF are supported")
+            buffered = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(block, final=last)
+            except UnicodeDecodeError as e:
+                if _looks_binary(head):
+                    raise _Skip("binary file, not text (many control bytes); only text, Markdown, HTML and PDF are supported") from e
+                bom = 3 if head.startswith(codecs.BOM_UTF8) else 0
+                at = max(0, size - len(block) - buffered - bom) + e.start + bom
+                raise _Skip(
+                    f"not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {at}); "
+                    "convert it, e.g. `iconv -f latin1 -t utf-8`"
+                ) from e
+            if held_cr:
+                text = "\r" + text
+            held_cr = text.endswith("\r") and not last
+            if held_cr:
+                text = text[:-1]
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+            has_text = has_text or bool(text.strip())
+            if last:
+                if not has_text:
+                    raise _Skip("empty file (only whitespace)")
+                if text:
+                    yield text
+                return
+            if text:
+                yield text
+
+
+def markdown_title(blocks: Iterable[str]) -> str | None:
+    """The title `load_file` gives a Markdown file (its first ``# `` heading), from its text in blocks.
+
+    Reads only as far as the first heading; keeps at most the last 64 KiB of text between blocks.
+    """
+    buffer = ""
+    for block in blocks:
+        buffer += block
+        match = _MD_HEADING.search(buffer)
+        if match is not None and match.end() < len(buffer):  # more text follows: the match is final
+            return match.group(1).strip()
+        if match is None and len(buffer) > 2**16:
+            cut = buffer.rfind("\n", 0, len(buffer) - 2**16)
+            buffer = buffer[cut + 1 :] if cut >= 0 else buffer
+    match = _MD_HEADING.search(buffer)
+    return match.group(1).strip() if match else None
+
+
+@contextmanager
+def _checked_open(path: Path, max_file_bytes: int) -> Iterator[BinaryIO]:
+    """Open a regular file of at most `max_file_bytes`; every OS-level failure, also while reading, becomes a skip reason.
+
+    The type and size are checked by `stat` before opening (a FIFO is never opened, so it
+    cannot block; a device is never read) and again on the open descriptor (the path may
+    have been replaced in between).
+    """
+    if path.is_symlink() and not path.exists():
+        raise _Skip("unreadable: broken symbolic link")
+    try:
+        info = os.stat(path)
+        _check_regular(info.st_mode, max_file_bytes, info.st_size)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            _check_regular(info.st_mode, max_file_bytes, info.st_size)
+            yield f
+    except FileNotFoundError as e:
+        raise _Skip("not found") from e
+    except IsADirectoryError as e:
+        raise _Skip("is a directory; pass it on its own to load it recursively") from e
+    except PermissionError as e:
+        raise _Skip("unreadable: permission denied; check the file's permissions") from e
+    except OSError as e:
+        raise _Skip(f"unreadable: {e.strerror or e}") from e
 
 
 def _check_max_file_bytes(max_file_bytes: int) -> None:
@@ -295,42 +501,21 @@ def _glob_to_regex(pattern: str) -> tuple[re.Pattern[str], bool]:
 
 
 def _load(path: Path, max_file_bytes: int) -> list[Document]:
-    suffix = path.suffix.lower()
-    if suffix == ".pdf":
+    kind = file_type(path)
+    if kind == "pdf":
         return _load_pdf(path, max_file_bytes)
     text = _read_text(path, max_file_bytes)
-    if suffix in (".html", ".htm"):
+    if kind == "html":
         return _load_html(path, text)
-    if suffix in (".md", ".markdown"):
+    if kind == "md":
         return [_document(text, path, "md", _markdown_title(text))]
     return [_document(text, path, "txt", None)]
 
 
 def _read_bytes(path: Path, max_file_bytes: int) -> bytes:
-    """Read a regular file of at most `max_file_bytes`, turning every OS-level failure into a skip reason.
-
-    The type and size are checked by `stat` before opening (a FIFO is never opened, so it
-    cannot block; a device is never read) and again on the open descriptor (the path may
-    have been replaced in between), and the read stops one byte past the limit.
-    """
-    if path.is_symlink() and not path.exists():
-        raise _Skip("unreadable: broken symbolic link")
-    try:
-        info = os.stat(path)
-        _check_regular(info.st_mode, max_file_bytes, info.st_size)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
-            _check_regular(info.st_mode, max_file_bytes, info.st_size)
-            data = f.read(max_file_bytes + 1)
-    except FileNotFoundError as e:
-        raise _Skip("not found") from e
-    except IsADirectoryError as e:
-        raise _Skip("is a directory; pass it on its own to load it recursively") from e
-    except PermissionError as e:
-        raise _Skip("unreadable: permission denied; check the file's permissions") from e
-    except OSError as e:
-        raise _Skip(f"unreadable: {e.strerror or e}") from e
+    """Read a regular file of at most `max_file_bytes` (see `_checked_open`); the read stops one byte past the limit."""
+    with _checked_open(path, max_file_bytes) as f:
+        data = f.read(max_file_bytes + 1)
     if len(data) > max_file_bytes:  # it grew after the size check
         raise _Skip(_too_large(len(data), max_file_bytes, grew=True))
     return data

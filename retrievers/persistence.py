@@ -61,6 +61,7 @@ __all__ = [
     "MANIFEST_NAME",
     "SavedStore",
     "check_index_writable",
+    "read_manifest",
     "read_store",
     "write_store",
 ]
@@ -249,6 +250,22 @@ def read_store(directory: Path) -> SavedStore:
         f"the index at {directory} was replaced {_READ_ATTEMPTS} times while it was being read "
         "(another process keeps saving it); load it again when that process is done"
     )
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a store directory, without reading or verifying its data files.
+
+    Raises `IndexNotFoundError` when there is none, `IndexCorruptError` when it is not a JSON object.
+    """
+    directory = Path(directory)
+    raw = _read_manifest_bytes(directory)
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IndexCorruptError(f"{directory / MANIFEST_NAME} is unreadable or not JSON ({e}); rebuild the index") from e
+    if not isinstance(manifest, dict):
+        raise IndexCorruptError(f"{directory / MANIFEST_NAME} is not a JSON object; it is not a ragspec index. Rebuild it")
+    return manifest
 
 
 def _read_manifest_bytes(directory: Path) -> bytes:

@@ -10,7 +10,13 @@ Endpoints (all JSON unless said otherwise; the session is the ``ragspec_session`
   kept: an unusable name gets a safe one and a name already taken gets a `` (2)`` suffix, each
   said in ``notices``.
 - ``POST /api/folder``: ``{"path": "..."}`` indexes a folder on the server (only when enabled,
-  which it is by default only for a loopback-bound server).
+  which it is by default only for a loopback-bound server). Indexing is incremental: the same
+  folder again reads and embeds only new and changed files.
+- ``GET /api/progress?id=ID``: how far the indexing started by a ``POST /api/folder?progress=ID``
+  (or ``POST /api/documents?progress=ID``) has got: ``{"active": true, "stage", "files_done",
+  "files_total", "bytes_done", "bytes_total", "chunks_done", "chunks_total", "rate", "eta_s"}``
+  (``retrievers.SyncProgress.as_dict``), or ``{"active": false}``. ``ID`` is a random token
+  the page makes (16 to 64 letters, digits, ``-`` or ``_``); only counts are reported.
 - ``DELETE /api/documents``: forget this session's documents and conversation.
 - ``POST /api/ask``: ``{"question": "..."}`` answers as ``text/event-stream`` with events
   ``queued``, ``token``, ``done`` (citations, ``supported``: false when no passage backs the
@@ -34,9 +40,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import threading
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +55,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
-from apps.engine import AppError, Collection, IndexSummary, Token, build_index
+from apps.engine import AppError, Collection, IndexSummary, Token, update_index
 from apps.web.security import (
     LOCAL_HOSTS,
     Guard,
@@ -60,6 +68,7 @@ from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, Ses
 
 if TYPE_CHECKING:
     from ragspec.pipeline import Answer
+    from retrievers.ingest import SyncProgress
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +76,10 @@ STATIC = Path(__file__).parent / "static"
 COOKIE = "ragspec_session"
 DEFAULT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
 MAX_NAME_CHARS = 120
-__all__ = ["AppConfig", "DefaultBackend", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
+PROGRESS_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
+MAX_PROGRESS = 256
+"""Most indexing runs whose progress is tracked at once (a run beyond that is not tracked)."""
+__all__ = ["AppConfig", "DefaultBackend", "ProgressBoard", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
 
 
 @dataclass(frozen=True)
@@ -130,16 +142,17 @@ class AppConfig:
 
 @dataclass
 class DefaultBackend:
-    """Indexes with ``apps.engine.build_index`` and answers with the ragspec pipeline."""
+    """Indexes with ``apps.engine.update_index`` (incremental, into ``workdir/index``) and answers with the ragspec pipeline."""
 
     max_tokens: int = 256
     k: int = 4
     model: str = "default"
 
-    def index(self, paths: Sequence[Path], workdir: Path) -> tuple[Answerer, IndexSummary]:
-        store, summary = build_index(paths)
+    def index(
+        self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
+    ) -> tuple[Answerer, IndexSummary]:
         index_dir = workdir / "index"
-        store.save(index_dir)
+        summary = update_index(paths, index_dir, progress=progress)
         return Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model), summary
 
 
@@ -197,6 +210,7 @@ def create_app(
     backend = backend or DefaultBackend(max_tokens=config.max_tokens)
     store = SessionStore(sessions_root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
     queue = _Queue()
+    progress_board = ProgressBoard()
     gone = f"your session expired (idle for more than {config.session_ttl_s / 60:g} min, or the server restarted)"
     expired_message = f"{gone} and its documents are gone: upload them again"
     replaced_notice = f"{gone}: its documents are gone, and only these are indexed now"
@@ -235,6 +249,7 @@ def create_app(
             "chunks": summary.chunks if summary else 0,
             "skipped": [{"path": Path(s.path).name, "reason": s.reason} for s in summary.skipped] if summary else [],
             "notices": list(notices),
+            "update": _update(summary),
             "preloaded": preload is not None,
             "turns": len(session.history) if session else 0,
             **({"expired": True, "message": expired_message} if expired else {}),
@@ -248,13 +263,17 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {"ok": True, "queue": queue.waiting, "busy": queue.lock.locked()}
 
+    @app.get("/api/progress")
+    async def get_progress(id: str = "") -> dict[str, Any]:  # noqa: A002 - the query parameter's name
+        return progress_board.get(id)
+
     @app.get("/api/session")
     async def get_session(request: Request) -> dict[str, Any]:
         session = live_session(request)
         return describe(session, expired=session is None and COOKIE in request.cookies)
 
     @app.post("/api/documents")
-    async def upload(request: Request, files: list[UploadFile]) -> dict[str, Any]:
+    async def upload(request: Request, files: list[UploadFile], progress: str = "") -> dict[str, Any]:
         if not files:
             raise HTTPException(400, "no files in the upload (field 'files')")
         if len(files) > config.max_files:
@@ -289,11 +308,11 @@ def create_app(
                         + (": a file of that name is already uploaded" if taken else ": its name had characters a file name cannot keep")
                     )
                 target.write_bytes(data)
-            await _reindex(session, [session.uploads])
+            await _reindex(session, [session.uploads], progress)
             return describe(session, notices)
 
     @app.post("/api/folder")
-    async def add_folder(request: Request, body: FolderBody) -> dict[str, Any]:
+    async def add_folder(request: Request, body: FolderBody, progress: str = "") -> dict[str, Any]:
         if not config.allow_folders:
             raise HTTPException(403, "indexing server folders is disabled; upload the files instead")
         folder = Path(body.path).expanduser()
@@ -302,7 +321,7 @@ def create_app(
         session, notices = _session_for_change(request)
         async with session.lock, _dropped_if_unused(request, session):
             paths = [folder, session.uploads] if session.uploads.is_dir() else [folder]
-            await _reindex(session, paths)
+            await _reindex(session, paths, progress)
             return describe(session, notices)
 
     @asynccontextmanager
@@ -331,11 +350,12 @@ def create_app(
                 session.reset()
         return describe(session)
 
-    async def _reindex(session: Session, paths: list[Path]) -> None:
-        try:
-            answerer, summary = await asyncio.to_thread(backend.index, paths, session.root)
-        except AppError as e:
-            raise HTTPException(422, str(e)) from e
+    async def _reindex(session: Session, paths: list[Path], progress_id: str = "") -> None:
+        with progress_board.track(progress_id) as report:
+            try:
+                answerer, summary = await asyncio.to_thread(backend.index, paths, session.root, report)
+            except AppError as e:
+                raise HTTPException(422, str(e)) from e
         session.answerer, session.summary = answerer, summary
         session.history.clear()
 
@@ -448,6 +468,43 @@ class _SessionCookie:
         await self.app(scope, receive, send_with_cookie)
 
 
+class ProgressBoard:
+    """The latest progress of each indexing run, by the id its page chose; written from worker threads."""
+
+    def __init__(self, limit: int = MAX_PROGRESS) -> None:
+        self.limit = limit
+        self._runs: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        with self._lock:
+            latest = self._runs.get(run_id)
+        return {"active": True, **latest} if latest is not None else {"active": False}
+
+    @contextmanager
+    def track(self, run_id: str) -> Iterator[Callable[[SyncProgress], None] | None]:
+        """A progress callback that records under `run_id` until the run ends; None for no (valid) id or a full board."""
+        with self._lock:
+            tracked = bool(PROGRESS_ID.fullmatch(run_id)) and run_id not in self._runs and len(self._runs) < self.limit
+            if tracked:
+                self._runs[run_id] = {"stage": "starting"}
+        if not tracked:
+            yield None
+            return
+
+        def report(progress: SyncProgress) -> None:
+            snapshot = progress.as_dict()
+            with self._lock:
+                if run_id in self._runs:
+                    self._runs[run_id] = snapshot
+
+        try:
+            yield report
+        finally:
+            with self._lock:
+                self._runs.pop(run_id, None)
+
+
 def _invalid_request(exc: RequestValidationError) -> JSONResponse:
     """A 400/422 naming the bad field; never echoes the input (it may not even encode)."""
     problems = []
@@ -460,6 +517,20 @@ def _invalid_request(exc: RequestValidationError) -> JSONResponse:
         else:
             problems.append(f"{where}: {error.get('msg', 'invalid')}")
     return JSONResponse({"error": "; ".join(problems) or "invalid request"}, status_code=status)
+
+
+def _update(summary: IndexSummary | None) -> dict[str, Any] | None:
+    """What the last indexing did (``update_index``'s report), for the page's status line."""
+    report = summary.update if summary is not None else None
+    if report is None:
+        return None
+    return {
+        "files": report.files_line(),
+        "embedded": report.embedded,
+        "removed": report.removed_chunks,
+        "rebuilt": report.rebuilt,
+        "seconds": round(report.seconds, 2),
+    }
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -15,12 +15,15 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from apps.engine import Event, IndexSummary
+
+if TYPE_CHECKING:
+    from retrievers.ingest import SyncProgress
 
 
 class Answerer(Protocol):
@@ -34,7 +37,11 @@ class Answerer(Protocol):
 class Backend(Protocol):
     """Turns files into an ``Answerer``; the web app calls it in a worker thread."""
 
-    def index(self, paths: Sequence[Path], workdir: Path) -> tuple[Answerer, IndexSummary]: ...
+    def index(
+        self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
+    ) -> tuple[Answerer, IndexSummary]:
+        """Index ``paths`` (keeping what it needs under ``workdir``), reporting to ``progress`` as it goes."""
+        ...
 
 
 @dataclass

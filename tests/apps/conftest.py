@@ -5,13 +5,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from apps.engine import Event, IndexSummary, Token
+from retrievers.ingest import SyncProgress
 from tests.apps.fakes import fake_answer
 
 CORPUS = Path(__file__).resolve().parents[2] / "retrievers" / "data" / "corpus"
@@ -104,8 +105,17 @@ class ScriptedBackend:
     words: Sequence[str] = ScriptedAnswerer.words
     supported: bool = True
     answerers: list[ScriptedAnswerer] = field(default_factory=list)
+    progress_steps: Sequence[SyncProgress] = ()
+    """Reported one per ``progress_delay_s`` while indexing, when the app passes a progress callback."""
+    progress_delay_s: float = 0.0
 
-    def index(self, paths: Sequence[Path], workdir: Path) -> tuple[ScriptedAnswerer, IndexSummary]:
+    def index(
+        self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
+    ) -> tuple[ScriptedAnswerer, IndexSummary]:
+        for step in self.progress_steps:
+            if progress is not None:
+                progress(step)
+            time.sleep(self.progress_delay_s)
         files = sorted(str(p.name) for path in paths for p in (path.iterdir() if path.is_dir() else [path]))
         answerer = ScriptedAnswerer(words=self.words, delay_s=self.delay_s, label="+".join(files), supported=self.supported)
         self.answerers.append(answerer)

@@ -168,3 +168,90 @@ def test_ingest_then_ask_and_chat_with_the_default_models(
     assert cli.main(["chat", "--index", str(index), "--max-tokens", "8"]) == 0
     out = capsys.readouterr().out
     assert out.count("ragspec> ") == 2 and out.count("Sources:") == 2 and out.count("tokens/s") == 2
+
+
+# -- incremental ingest ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def counted_ingest(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`ragspec ingest` with deterministic fake embeddings; the list collects every text embedded."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    import retrievers
+
+    embedded: list[str] = []
+
+    class Counting(DeterministicFakeEmbedding):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            embedded.extend(texts)
+            return super().embed_documents(texts)
+
+    monkeypatch.setattr(retrievers, "default_embeddings", lambda: Counting(size=8))
+    monkeypatch.setattr(cli, "_quiet_model_loading", lambda: None)
+    return embedded
+
+
+def ingest_lines(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    assert cli.main(["ingest", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.timeout(120)
+def test_ingest_twice_says_what_it_did(tmp_path: Path, counted_ingest: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(4):
+        (docs / f"note{i}.md").write_text(f"# Note {i}\n\nThe ferry number {i} leaves at {i + 6} in the morning.\n")
+    (docs / "copy.md").write_text((docs / "note0.md").read_text())
+    index = str(tmp_path / "idx")
+
+    first = ingest_lines(capsys, str(docs), "--index", index, "--no-progress")
+    assert first[0] == "Files: 5 new"
+    assert first[1] == f"Passages: 4 embedded, 1 repeats stored once" and len(counted_ingest) == 4
+    assert first[2].startswith(f"Indexed 4 passages from 5 file(s) into {index} in ")
+
+    counted_ingest.clear()
+    again = ingest_lines(capsys, str(docs), "--index", index, "--no-progress")
+    assert again[:2] == ["Files: 5 unchanged", "Passages: none embedded"] and counted_ingest == []
+    assert again[2].startswith(f"Nothing changed: {index} holds 4 passages from 5 file(s), left as it was")
+
+    (docs / "note1.md").write_text("# Note 1\n\nThe ferry number 1 now leaves at noon.\n")
+    (docs / "note2.md").unlink()
+    (docs / "note9.md").write_text("# Note 9\n\nA new timetable for the winter.\n")
+    changed = ingest_lines(capsys, str(docs), "--index", index, "--no-progress")
+    assert changed[0] == "Files: 1 new, 1 changed, 3 unchanged, 1 removed"
+    assert changed[1] == "Passages: 2 embedded, 2 removed" and len(counted_ingest) == 2
+    assert changed[2].startswith(f"Indexed 4 passages from 5 file(s) into {index}")
+
+    counted_ingest.clear()
+    rebuilt = ingest_lines(capsys, str(docs), "--index", index, "--no-progress", "--chunk-size", "128")
+    assert rebuilt[0] == "Rebuilt the whole index: the chunking settings changed (chunk_size 256 -> 128)."
+    assert rebuilt[1] == "Files: 5 unchanged" and rebuilt[2].startswith("Passages: 4 embedded") and len(counted_ingest) == 4
+
+
+@pytest.mark.timeout(120)
+def test_ingest_shows_progress_and_skips_files_over_max_file_mb(
+    tmp_path: Path, counted_ingest: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "small.md").write_text(DOC)
+    (docs / "large.txt").write_text("Many words about harbours. " * 80_000)  # about 2 MiB
+    index = str(tmp_path / "idx")
+    assert cli.main(["ingest", str(docs), "--index", index, "--max-file-mb", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "Skipped 1 file(s):" in captured.out
+    assert f"{docs / 'large.txt'}: too large: 2.1 MiB is over the per-file limit of 1.0 MiB" in captured.out
+    assert "checking" in captured.err and "reading" in captured.err and "embedding" in captured.err  # the bars
+    assert "passage/s" in captured.err or "passages/s" in captured.err or "s/passage" in captured.err
+    # unchanged: no reading, no embedding bar
+    assert cli.main(["ingest", str(docs), "--index", index, "--max-file-mb", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "checking" in err and "embedding" not in err and "reading" not in err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x", "inf"])
+def test_max_file_mb_must_be_a_positive_size(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["ingest", "x", "--max-file-mb", value]) == 2
+    assert "--max-file-mb" in capsys.readouterr().err

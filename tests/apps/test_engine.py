@@ -114,3 +114,41 @@ def test_bad_settings_and_paths_fail_early(tmp_path: Path) -> None:
         build_index([tmp_path / "nope"])
     with pytest.raises(AppError, match="empty"):
         next(Collection(tmp_path).stream("   "))
+
+
+@pytest.mark.timeout(120)
+def test_update_index_is_incremental_and_its_errors_leave_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    import retrievers
+    from apps.engine import update_index
+
+    embedded: list[str] = []
+
+    class Counting(DeterministicFakeEmbedding):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            embedded.extend(texts)
+            return super().embed_documents(texts)
+
+    monkeypatch.setattr(retrievers, "default_embeddings", lambda: Counting(size=8))
+    index = tmp_path / "idx"
+    with pytest.raises(AppError, match="no files"):
+        update_index([], index)
+    with pytest.raises(AppError, match="no such file"):
+        update_index([tmp_path / "nope"], index)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# A\n\nThe ferry leaves at seven.\n")
+    (docs / "scan.pdf").write_bytes(b"%PDF-1.4 not really a pdf")
+    summary = update_index([docs], index)
+    assert summary.files == [str(docs / "a.md")] and summary.chunks == 1 and len(embedded) == 1
+    assert [s.path for s in summary.skipped] == [str(docs / "scan.pdf")] and "corrupt PDF" in summary.skipped[0].reason
+    assert summary.update is not None and summary.update.new == [str(docs / "a.md")]
+    saved = {p.name: p.read_bytes() for p in index.iterdir()}
+    again = update_index([docs], index)
+    assert again.update is not None and again.update.unchanged == [str(docs / "a.md")] and len(embedded) == 1
+    (docs / "a.md").unlink()
+    with pytest.raises(AppError, match="found no text to index") as info:
+        update_index([docs], index)
+    assert "scan.pdf: corrupt PDF" in str(info.value) and "left as it was" in str(info.value)
+    assert {p.name: p.read_bytes() for p in index.iterdir()} == saved

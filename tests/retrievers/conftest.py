@@ -1,4 +1,4 @@
-"""Fixtures for the retrievers tests: offline mode, the bundled corpus, a minimal PDF writer."""
+"""Fixtures for the retrievers tests: offline mode, the bundled corpus, a minimal PDF writer, counting fake embeddings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from langchain_core.embeddings import DeterministicFakeEmbedding
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -74,3 +75,23 @@ def corpus_dir() -> Path:
 @pytest.fixture(scope="session")
 def questions_path() -> Path:
     return QUESTIONS_PATH
+
+
+class CountingEmbeddings(DeterministicFakeEmbedding):
+    """Deterministic fake vectors (a function of the text) that records every text it embeds."""
+
+    texts: list[str] = []
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.texts.extend(texts)
+        return super().embed_documents(texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        self.texts.append(text)
+        return super().embed_query(text)
+
+
+@pytest.fixture
+def counting_embeddings() -> CountingEmbeddings:
+    """8-dimensional `CountingEmbeddings`; ``.texts`` lists what was embedded."""
+    return CountingEmbeddings(size=8, texts=[])

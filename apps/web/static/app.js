@@ -56,7 +56,11 @@ function showSession(info) {
   const list = $("doc-list");
   list.replaceChildren(...info.documents.map((d) => el("li", { title: d }, d.split("/").pop())));
   if (info.documents.length) {
-    $("doc-status").textContent = `${info.documents.length} document(s), ${info.chunks} passages indexed.`;
+    const update = info.update
+      ? ` Last indexing: ${info.update.files}; ${info.update.embedded} passages embedded in ${info.update.seconds.toFixed(1)} s` +
+        (info.update.rebuilt ? ` (rebuilt: ${info.update.rebuilt})` : "") + "."
+      : "";
+    $("doc-status").textContent = `${info.documents.length} document(s), ${info.chunks} passages indexed.${update}`;
     $("doc-status").className = "muted";
   } else {
     $("doc-status").textContent = info.preloaded ? "Using the server's preloaded index." : "No documents yet.";
@@ -90,24 +94,75 @@ async function send(url, options, button) {
   }
 }
 
+// -- indexing progress: the POST names a random id, and /api/progress?id= is polled until it returns
+function progressId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16)); // (crypto.randomUUID needs a secure context)
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function duration(s) {
+  if (s < 60) return `${Math.ceil(s)} s`;
+  const m = Math.floor(s / 60);
+  return m < 60 ? `${m} min ${Math.round(s - 60 * m)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
+}
+
+function mib(n) {
+  return `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
+
+function progressLine(p) {
+  // p is retrievers.SyncProgress.as_dict(): counts per stage, rate (passages/s when embedding) and eta_s.
+  const eta = p.eta_s == null ? "" : ` · about ${duration(p.eta_s)} left`;
+  if (p.stage === "scan") return `checking files ${p.files_done}/${p.files_total}`;
+  if (p.stage === "chunk") {
+    return `reading files ${p.files_done}/${p.files_total} · ${mib(p.bytes_done)} of ${mib(p.bytes_total)} · ` +
+      `${p.chunks_done} passages found${eta}`;
+  }
+  if (p.stage === "embed") {
+    const rate = p.rate == null ? "" : ` · ${p.rate.toFixed(1)} passages/s`;
+    return `embedding passages ${p.chunks_done}/${p.chunks_total}${rate}${eta}`;
+  }
+  if (p.stage === "save") return "saving the index";
+  return "starting";
+}
+
+async function sendWithProgress(url, options, button, label) {
+  const id = progressId();
+  let running = true;
+  setStatus(`${label}…`);
+  const timer = setInterval(async () => {
+    try {
+      const response = await api(`/api/progress?id=${id}`);
+      const p = response.ok ? await response.json() : null;
+      if (running && p && p.active) setStatus(`${label}: ${progressLine(p)}`);
+    } catch {
+      // a missed poll only delays the next line
+    }
+  }, 500);
+  try {
+    await send(`${url}?progress=${id}`, options, button);
+  } finally {
+    running = false;
+    clearInterval(timer);
+  }
+}
+
 $("upload-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const files = $("files").files;
   if (!files.length) return setStatus("Choose one or more files first.", true);
   const form = new FormData();
   for (const f of files) form.append("files", f, f.name);
-  setStatus(`Indexing ${files.length} file(s)…`);
-  send("/api/documents", { method: "POST", body: form }, $("upload-btn"));
+  sendWithProgress("/api/documents", { method: "POST", body: form }, $("upload-btn"), `Indexing ${files.length} file(s)`);
 });
 
 $("folder-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const path = $("folder").value.trim();
   if (!path) return;
-  setStatus(`Indexing ${path}…`);
-  send("/api/folder", {
+  sendWithProgress("/api/folder", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ path }),
-  }, $("folder-btn"));
+  }, $("folder-btn"), `Indexing ${path}`);
 });
 
 $("clear-btn").addEventListener("click", () => {
