@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ragspec.constraints import Constraint
 
 MIN_TEMPERATURE = 1e-3
 """Smallest sampling temperature; below it logits / temperature overflows fp32. Use 0 for greedy."""
@@ -55,8 +58,10 @@ class GenerationConfig:
 
     ``temperature`` 0 is greedy decoding; above 0 (at least ``MIN_TEMPERATURE``) tokens are
     sampled, optionally restricted to the ``top_k`` most likely (0: all) and to the smallest set
-    whose probability reaches ``top_p`` (1: all). A ``seed`` fixes plain sampling; speculative
-    sampling has the same distribution but its sample also depends on the drafts.
+    whose probability reaches ``top_p`` (1: all). With a ``constraint``, the tokens its grammar
+    rejects are removed first, then temperature, ``top_k`` and ``top_p`` apply to the rest. A
+    ``seed`` fixes plain sampling; speculative sampling has the same distribution but its sample
+    also depends on the drafts.
     """
 
     max_new_tokens: int = 256
@@ -69,6 +74,8 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    constraint: Constraint | None = None
+    """Output must match this grammar (``ragspec.constraints``): JSON Schema, JSON, regex, tool calls."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -89,6 +96,14 @@ class GenerationConfig:
         set_(self, "top_p", top_p)
         if self.seed is not None and _integer("seed", self.seed, 0) > MAX_SEED:
             raise GenerationConfigError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
+        if self.constraint is not None:
+            from ragspec.constraints import Constraint
+
+            if not isinstance(self.constraint, Constraint):
+                raise GenerationConfigError(
+                    "constraint must be a ragspec.constraints.Constraint (Constraint.json_schema(schema), "
+                    f"Constraint.json(), Constraint.regex(pattern)), got {type(self.constraint).__name__}"
+                )
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ class DraftSource(str, Enum):
     HISTORY = "history"  # earlier answers (cross-request index)
     MODEL = "model"  # a small draft model
     ORACLE = "oracle"  # the target's own continuation (benchmarks only)
+    GRAMMAR = "grammar"  # tokens a constraint's grammar forces (JSON keys, punctuation)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,11 @@ class Draft:
     ``probs`` holds the draft distribution of each token (``[k, vocab]``) for drafters that
     sample; it is ``None`` for deterministic drafts (n-gram copies), which rejection sampling then
     treats as one-hot. ``match_length`` is how many context tokens the n-gram match spans (0 for
-    other drafters) and ``reference`` the index of the passage a copy came from.
+    other drafters) and ``reference`` the index of the passage a copy came from. The last
+    ``forced`` tokens were forced by a constraint's grammar (drafted for free after the rest).
+
+    A sampled draft cut at a token the grammar rejects keeps that token's draft distribution as
+    one extra row of ``probs`` (``[k + 1, vocab]``; see ``ragspec.constraints.Grammar.cut``).
     """
 
     tokens: tuple[int, ...]
@@ -35,6 +40,7 @@ class Draft:
     match_length: int = 0
     reference: int | None = None
     probs: torch.Tensor | None = None
+    forced: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -44,7 +50,8 @@ class Draft:
         if k >= len(self.tokens):
             return self
         probs = None if self.probs is None else self.probs[:k]
-        return Draft(self.tokens[:k], self.source, self.match_length, self.reference, probs)
+        forced = max(0, self.forced - (len(self.tokens) - k))
+        return Draft(self.tokens[:k], self.source, self.match_length, self.reference, probs, forced)
 
 
 class Drafter(Protocol):

@@ -20,13 +20,14 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.config import GenerationConfig
-from ragspec.drafting import Draft, Drafter
+from ragspec.constraints import Grammar
+from ragspec.drafting import Draft, Drafter, DraftSource
 from ragspec.forward import make_forward
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import AdaptivePolicy, Policy, choose_draft
-from ragspec.sampling import Acceptor, make_acceptor
+from ragspec.sampling import Acceptor, MaskedAcceptor, make_acceptor
 from ragspec.text import StopTextAssembler, clean_text
 
 
@@ -65,6 +66,10 @@ class GenerationStats:
     wall_s: float = 0.0
     draft_s: float = 0.0
     """Time spent proposing drafts and choosing their length."""
+    mask_s: float = 0.0
+    """Time the grammar engine spent computing token masks (constrained decoding only)."""
+    masks: int = 0
+    """Token masks computed: one per position a forward scored under a constraint."""
 
     @property
     def acceptance_rate(self) -> float:
@@ -93,6 +98,8 @@ class GenerationStats:
             "ttft_s": self.ttft_s,
             "wall_s": self.wall_s,
             "draft_s": self.draft_s,
+            "mask_s": self.mask_s,
+            "masks": self.masks,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "by_source": {k: vars(v).copy() for k, v in self.by_source.items()},
         }
@@ -233,6 +240,11 @@ class SpeculativeGenerator:
         """
         config = (config if config is not None else self.config).merged(options)
         acceptor = make_acceptor(config, self.lm.device)
+        grammar = None
+        if config.constraint is not None:  # compiled now: a bad constraint fails before any decoding
+            vocab = int(self.lm.model.config.vocab_size)
+            grammar = Grammar(config.constraint, self.lm.tokenizer, vocab, sorted(self.eos_token_ids))
+            acceptor = MaskedAcceptor(acceptor, grammar)
         assembler = StopTextAssembler(self.lm.tokenizer, config.stop)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
@@ -244,7 +256,7 @@ class SpeculativeGenerator:
             )
         ref_ids = [self.encode(r, special_tokens=False) for r in references]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, stats)
+        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats)
         return GenerationStream(steps, stats)
 
     def calibrate(self, context: int = 128) -> None:
@@ -312,6 +324,7 @@ class SpeculativeGenerator:
         config: GenerationConfig,
         assembler: StopTextAssembler,
         acceptor: Acceptor,
+        grammar: Grammar | None,
         stats: GenerationStats,
     ) -> Generator[str, None, GenerationResult]:
         with self._hold():
@@ -344,7 +357,7 @@ class SpeculativeGenerator:
                         finish = "stop"
                     if finish != "continue":
                         break
-                    new = self._step(cache, context, budget - len(out), acceptor, config.speculative, stats)
+                    new = self._step(cache, context, budget - len(out), acceptor, grammar, config.speculative, stats)
                 self.drafter.finish(out)
                 if self.model_drafter is not None:
                     self.model_drafter.finish(out)
@@ -416,20 +429,13 @@ class SpeculativeGenerator:
         context: list[int],
         room: int,
         acceptor: Acceptor,
+        grammar: Grammar | None,
         speculative: bool,
         stats: GenerationStats,
     ) -> list[int]:
         """Draft (or not), verify, and book-keep one target forward."""
         t0 = time.perf_counter()
-        draft, drafter = None, self.drafter
-        if speculative:
-            max_tokens = min(self.max_draft, room - 1)
-            candidate = self.drafter.propose(context, max_tokens)
-            draft = choose_draft(self.policy, candidate)
-            if draft is None and self.model_drafter is not None:
-                k = self.policy.choose_model(max_tokens)
-                drafter = self.model_drafter
-                draft = self.model_drafter.propose(context, k) if k > 0 else None
+        draft, drafter = self._draft(context, min(self.max_draft, room - 1), grammar) if speculative else (None, None)
         t1 = time.perf_counter()
         new, n_accepted = self._verify(cache, context[-1], draft, acceptor)
         t2 = time.perf_counter()
@@ -438,11 +444,49 @@ class SpeculativeGenerator:
         if speculative:
             self.policy.record(draft, n_accepted, t2 - t1, t1 - t0)
         if draft is not None:
-            drafter.feedback(draft, n_accepted)
-            src = stats.by_source.setdefault(draft.source.value, SourceStats())
-            src.drafted += len(draft)
-            src.accepted += n_accepted
-            src.verify_steps += 1
-            stats.drafted_tokens += len(draft)
-            stats.accepted_tokens += n_accepted
+            if drafter is not None:
+                drafter.feedback(draft, n_accepted)
+            _count(stats, draft, n_accepted)
+        if grammar is not None:
+            stats.mask_s, stats.masks = grammar.mask_s, grammar.masks
         return new
+
+    def _draft(
+        self, context: list[int], max_tokens: int, grammar: Grammar | None
+    ) -> tuple[Draft | None, Drafter | None]:
+        """This step's draft and the drafter that made it (None for the grammar's forced tokens).
+
+        Without a grammar: a copy from the references when the policy finds one worth verifying,
+        else the draft model's tokens (if there is one). With a grammar: where it forces tokens,
+        they are the draft; a copy is cut at its first token the grammar rejects (never verified)
+        and the tokens the grammar forces after it are appended; a draft-model draft is cut too.
+        """
+        if grammar is not None and (forced := grammar.forced_draft(max_tokens)) is not None:
+            return forced, None
+        candidate = self.drafter.propose(context, max_tokens)
+        if grammar is not None and candidate is not None and candidate.probs is None:
+            # A deterministic draft is cut before the policy chooses its length, from what can be kept.
+            # A sampled one only after: the length chosen must not depend on its tokens' values.
+            candidate = grammar.cut(candidate)
+        draft = choose_draft(self.policy, candidate)
+        if draft is not None:
+            return (draft if grammar is None else grammar.extend(grammar.cut(draft), max_tokens)), self.drafter
+        if self.model_drafter is not None:
+            k = self.policy.choose_model(max_tokens)
+            draft = self.model_drafter.propose(context, k) if k > 0 else None
+            return (draft if grammar is None or draft is None else grammar.cut(draft)), self.model_drafter
+        return None, None
+
+
+def _count(stats: GenerationStats, draft: Draft, n_accepted: int) -> None:
+    """Book-keep one verified draft per source (grammar-forced tokens count as ``grammar``)."""
+    head = len(draft) - draft.forced
+    parts = [(draft.source, head, min(n_accepted, head)), (DraftSource.GRAMMAR, draft.forced, max(0, n_accepted - head))]
+    for source, drafted, accepted in parts:
+        if drafted:
+            src = stats.by_source.setdefault(source.value, SourceStats())
+            src.drafted += drafted
+            src.accepted += accepted
+            src.verify_steps += 1
+    stats.drafted_tokens += len(draft)
+    stats.accepted_tokens += n_accepted

@@ -219,6 +219,10 @@ class AdaptivePolicy:
             return
         if draft.source == DraftSource.MODEL:
             self._model_token_cost = _smooth(self._model_token_cost, draft_seconds / k, self.cost_smoothing)
+        # Acceptance is learnt on the drafter's own tokens; grammar-forced tokens after them are not its doing.
+        k, n_accepted = k - draft.forced, min(n_accepted, k - draft.forced)
+        if k == 0:
+            return
         stats = self._stats(draft)
         stats.first.add(1 if n_accepted else 0, 1, self.decay)
         if n_accepted:

@@ -8,6 +8,11 @@ bonus token is drawn from the target's next distribution. Each emitted token is 
 exactly as in plain sampling from the target. An n-gram copy is a deterministic draft, i.e. a
 one-hot ``q``: it is kept with probability ``p(x)`` and the replacement is drawn from ``p``
 with ``x`` removed.
+
+Under a constraint (``MaskedAcceptor``) the target's logits are masked first: tokens the grammar
+rejects get -inf at every verified position, so greedy takes the argmax over allowed tokens and
+sampling warps (temperature, top-k, top-p) the renormalised allowed distribution. That masked
+distribution is the reference: plain constrained decoding goes through the same mask.
 """
 
 from __future__ import annotations
@@ -89,7 +94,38 @@ class RejectionSampler:
             if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is exact
                 residual = p[j]
             return j, self.sample(residual)
-        return len(drafted), self.sample(p[len(drafted)])
+        k = len(drafted)
+        if draft_probs is not None and draft_probs.shape[0] > k:
+            # The draft went on with a token the grammar rejects (cut before verifying): p gives it
+            # no mass, so it is rejected for sure and the replacement comes from the residual.
+            residual = (p[k] - draft_probs[k].to(p.dtype)).clamp_(min=0.0)
+            return k, self.sample(residual if float(residual.sum()) > 0.0 else p[k])
+        return k, self.sample(p[k])
+
+
+class Mask(Protocol):
+    def mask(self, logits: torch.Tensor, drafted: Sequence[int]) -> torch.Tensor:
+        """``logits`` ``[1 + k, vocab]`` with disallowed tokens at -inf after each draft prefix."""
+        ...
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Move past accepted tokens."""
+        ...
+
+
+class MaskedAcceptor:
+    """An acceptor over masked logits (see the module docstring); the mask advances over what is kept."""
+
+    def __init__(self, inner: Acceptor, mask: Mask) -> None:
+        self.inner = inner
+        self.mask = mask
+
+    def accept(
+        self, logits: torch.Tensor, drafted: Sequence[int], draft_probs: torch.Tensor | None
+    ) -> tuple[int, int]:
+        n, token = self.inner.accept(self.mask.mask(logits, drafted), drafted, draft_probs)
+        self.mask.advance([*drafted[:n], token])
+        return n, token
 
 
 def make_acceptor(params: GenerationConfig, device: torch.device) -> Acceptor:

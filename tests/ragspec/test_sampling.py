@@ -17,6 +17,9 @@ from ragspec.policy import FixedPolicy
 from ragspec.config import GenerationConfig
 from ragspec.sampling import warp
 
+from ragspec.constraints import Constraint
+
+from tests.ragspec.test_constrained import fresh_mask
 from tests.ragspec.tiny import EOS, tiny_model
 
 # Each chi-square test below fails by chance with probability ALPHA when the sampler is exact.
@@ -29,7 +32,8 @@ PROMPT = [11, 42, 7, 99]
 def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
     """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration.
 
-    Sampling EOS ends an output early (EOS itself is not returned).
+    Sampling EOS ends an output early (EOS itself is not returned). Under a constraint the logits
+    are masked first (by a fresh matcher fed the whole output), then warped.
     """
     dist: dict[tuple[int, ...], float] = {(): 1.0}
     for step in range(n):
@@ -38,7 +42,10 @@ def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dic
             if len(seq) < step:  # ended by EOS
                 nxt[seq] = nxt.get(seq, 0.0) + prob
                 continue
-            p = warp(lm.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1:], params)[0]
+            logits = lm.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1:]
+            if params.constraint is not None:
+                logits = logits.masked_fill(~fresh_mask(lm, params.constraint, seq), float("-inf"))
+            p = warp(logits, params)[0]
             for t in p.nonzero().flatten().tolist():
                 out = seq if t == EOS else seq + (t,)
                 nxt[out] = nxt.get(out, 0.0) + prob * float(p[t])
@@ -94,10 +101,10 @@ class RandomModelDrafter:
         return Draft(tuple(tokens), DraftSource.MODEL, probs=self.q.expand(max_tokens, -1))
 
 
-def sample_counts(lm: LoadedModel, params: GenerationConfig, drafter: object | None, n: int) -> Counter:
+def sample_counts(lm: LoadedModel, params: GenerationConfig, drafter: object | None, n: int, runs: int = RUNS) -> Counter:
     gen = SpeculativeGenerator(lm, drafter=drafter, policy=FixedPolicy(k=n - 1, min_match=0))
     counts: Counter = Counter()
-    for seed in range(RUNS):
+    for seed in range(runs):
         config = params.merged(max_new_tokens=n, speculative=drafter is not None, seed=seed)
         result = gen.generate(PROMPT, config)
         counts[tuple(result.token_ids)] += 1
@@ -135,6 +142,36 @@ def test_speculative_sampling_matches_plain_sampling(lm: LoadedModel, case: str,
     counts = sample_counts(lm, params, drafter, n)
     pvalue = chi_square_pvalue(counts, expected, RUNS)
     assert pvalue > ALPHA, f"{kind}/{case}: sampled distribution differs from the target's (p={pvalue:.2e})"
+
+
+# After one of a-d, "xy" or "z" then one of e-h: "y" after "x" is forced (drafted by the grammar),
+# and EOS is the only token after the third character.
+PATTERN = Constraint.regex("[a-d](xy|z[e-h])")
+CONSTRAINED_RUNS = 1000  # 20 possible outputs: enough draws per cell for the test's power
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("kind", "case"), [("plain", "top_k"), ("ngram", "top_p"), ("model", "top_k")])
+def test_constrained_speculative_sampling_matches_masked_plain_sampling(lm: LoadedModel, case: str, kind: str) -> None:
+    """The reference is plain sampling from the masked, renormalised, then warped distribution."""
+    params = CASES[case].merged(constraint=PATTERN, top_k=2 if case == "top_k" else 0)
+    n = 3
+    expected = exact_distribution(lm, params, n)
+    ids = {c: lm.tokenizer.convert_tokens_to_ids(c) for c in "abxyzefq"}
+    if kind == "plain":
+        drafter = None
+    elif kind == "ngram":
+        # "x", "y" are possible after the first character, "e" never after "xy": cut before verifying.
+        drafter = FixedDrafter([ids["x"], ids["y"], ids["e"]])
+    else:
+        q = torch.zeros(257)
+        for c, w in zip("xyzefqa", (3.0, 1.0, 2.0, 1.0, 1.0, 2.0, 1.0)):  # "q" and "a" are never allowed there
+            q[ids[c]] = w
+        drafter = RandomModelDrafter(q / q.sum())
+    counts = sample_counts(lm, params, drafter, n, runs=CONSTRAINED_RUNS)
+    assert all(len(seq) == 3 for seq in counts), "every sample is a complete match of the pattern"
+    pvalue = chi_square_pvalue(counts, expected, CONSTRAINED_RUNS)
+    assert pvalue > ALPHA, f"{kind}/{case}: constrained sampling differs from masked plain sampling (p={pvalue:.2e})"
 
 
 def test_warp_matches_a_brute_force_filter() -> None:
