@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from apps.engine import Collection
     from ragspec.generator import GenerationStats
     from ragspec.pipeline import Answer
+    from ragspec.remote import RemoteModel
     from retrievers.ingest import SyncProgress
 
 PROG = "ragspec"
@@ -48,6 +49,16 @@ def _port(value: str) -> int:
     return n
 
 
+def _non_negative(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    return n
+
+
 def _mebibytes(value: str) -> float:
     try:
         x = float(value)
@@ -56,6 +67,34 @@ def _mebibytes(value: str) -> float:
     if not x > 0 or x * 2**20 < 1 or x == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive size in MiB, got {value!r}")
     return x
+
+
+def _seconds(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return x
+
+
+def _generator_options(p: argparse.ArgumentParser) -> None:
+    """Generation on an OpenAI-compatible server instead of the local model (docs/serving.md)."""
+    g = p.add_argument_group("remote generation (an OpenAI-compatible server: vLLM, llama.cpp, Ollama, ragspec serve)")
+    g.add_argument("--generator-url", metavar="URL",
+                   help="generate on this server, e.g. http://gpu-box:8000/v1; retrieval, prompts and citations stay here")
+    g.add_argument("--generator-model", metavar="NAME",
+                   help="the server's name for the model (default: the first one GET /v1/models lists)")
+    g.add_argument("--generator-tokenizer", metavar="NAME",
+                   help="the served model's tokenizer, which builds the prompt here: a Hugging Face id, a folder or a "
+                        ".gguf file (default: the model name; 'default' is ragspec's embedded model)")
+    g.add_argument("--generator-prompt", choices=("tokens", "text"), default="tokens",
+                   help="send the prompt as token ids (exact; vLLM, ragspec) or as text (servers that take text only, "
+                        "e.g. Ollama) (default: tokens)")
+    g.add_argument("--generator-api-key", metavar="KEY",
+                   help="the server's API key (default: the RAGSPEC_GENERATOR_API_KEY environment variable, which "
+                        "other local users cannot see in the process list)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
         p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
         p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
+        _generator_options(p)
 
     ask = commands.add_parser("ask", help="answer one question, streamed, with citations and speed",
                               description="Answer a question from an index: the answer streams, then its citations and speed.")
@@ -100,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "Type /reset to forget it, /exit (or Ctrl-D) to leave.")
     answer_options(chat)
 
-    serve = commands.add_parser("serve", help="run the web app",
-                                description="Serve the document Q&A web page (upload files, ask, see cited, streamed answers).")
+    serve = commands.add_parser("serve", help="run the web app and the OpenAI-compatible API",
+                                description="Serve the document Q&A web page (upload files, ask, see cited, streamed answers) "
+                                            "and an OpenAI-compatible API under /v1 (chat and text completions) over the "
+                                            "same model. See docs/serving.md.")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
     serve.add_argument("-i", "--index", default=None, help="an index every session can ask before uploading its own")
@@ -110,12 +152,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-folders", action=argparse.BooleanOptionalAction, default=None,
                        help="let the page index folders on the server (default: only when bound to loopback)")
     serve.add_argument("--api-key", default=None, metavar="KEY",
-                       help="require 'Authorization: Bearer KEY' on every /api request; needed to bind a non-loopback "
+                       help="require 'Authorization: Bearer KEY' on every /api and /v1 request; needed to bind a non-loopback "
                             "address (default: the RAGSPEC_API_KEY environment variable, which other local users "
                             "cannot see in the process list)")
     serve.add_argument("--trusted-host", action="append", default=[], metavar="NAME",
                        help="also answer requests whose Host is NAME, e.g. the name a reverse proxy forwards "
                             "(repeatable; default: localhost names and the bound address)")
+    serve.add_argument("--max-queue", type=_non_negative, default=16, metavar="N",
+                       help="requests that may wait for the model (web questions and /v1 calls together); "
+                            "more get a 429 with Retry-After (default: 16)")
+    serve.add_argument("--queue-timeout", type=_seconds, default=120.0, metavar="SECONDS",
+                       help="longest wait in the queue before a request gets a 'busy' error (default: 120)")
+    serve.add_argument("--concurrency", type=_positive, default=None, metavar="N",
+                       help="answers generated at once: 1 with the local model; with --generator-url the server may "
+                            "batch them (default: 4 there)")
+    _generator_options(serve)
 
     commands.add_parser("bench", help="speedup benchmark (see 'ragspec bench --help')", add_help=False)
     return parser
@@ -273,7 +324,29 @@ def _collection(args: argparse.Namespace) -> Collection:
     if not index.is_dir():
         raise CLIError(f"no index at {index}: build one with 'ragspec ingest PATH... --index {index}'")
     _quiet_model_loading()
-    return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model)
+    return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args))
+
+
+def _remote(args: argparse.Namespace) -> RemoteModel | None:
+    """The ``--generator-*`` options as a ``RemoteModel``; None without ``--generator-url``."""
+    if not args.generator_url:
+        for flag in ("generator_model", "generator_tokenizer", "generator_api_key"):
+            if getattr(args, flag):
+                raise CLIError(f"--{flag.replace('_', '-')} needs --generator-url")
+        return None
+    if getattr(args, "model", "default") != "default":
+        raise CLIError("--model picks a local generator; with --generator-url name the served model with --generator-model")
+    from ragspec.config import GenerationConfig
+    from ragspec.remote import RemoteModel
+
+    return RemoteModel(
+        args.generator_url,
+        model=args.generator_model or "",
+        api_key=args.generator_api_key,  # None: RemoteModel reads RAGSPEC_GENERATOR_API_KEY
+        tokenizer=args.generator_tokenizer,
+        prompt_format=args.generator_prompt,
+        config=GenerationConfig(max_new_tokens=args.max_tokens),
+    )
 
 
 def _print_answer(collection: Collection, question: str, history: list[tuple[str, str]], out: TextIO, stats: bool = True) -> Answer:
@@ -363,12 +436,18 @@ def _serve(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("RAGSPEC_API_KEY") or None
     require_key_off_loopback(args.host, api_key)
     allow_folders = is_loopback(args.host) if args.allow_folders is None else args.allow_folders
+    remote = _remote(args)
+    if args.concurrency is not None and args.concurrency > 1 and remote is None:
+        raise CLIError("--concurrency above 1 needs --generator-url: the local model decodes one answer at a time")
     config = AppConfig(
         max_file_bytes=args.max_upload_mb * 2**20,
         max_tokens=args.max_tokens,
         allow_folders=allow_folders,
         trusted_hosts=trusted_hosts_for(args.host, args.trusted_host),
         api_key=api_key,
+        max_queue=args.max_queue,
+        queue_timeout_s=args.queue_timeout,
+        concurrency=args.concurrency or (4 if remote is not None else 1),
     )
     if allow_folders and not is_loopback(args.host):
         print(f"{PROG}: warning: --allow-folders on {args.host}: anyone with the API key can index server folders", file=sys.stderr)
@@ -378,10 +457,21 @@ def _serve(args: argparse.Namespace) -> int:
 
         if not Path(args.index).is_dir():
             raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
-        preload = Collection(args.index, max_tokens=args.max_tokens)
+        preload = Collection(args.index, max_tokens=args.max_tokens, source=remote)
+    _quiet_model_loading()
     locked = " (API key required)" if api_key else ""
-    print(f"ragspec web app on http://{args.host}:{args.port}/{locked} (Ctrl-C to stop)", file=sys.stderr)
-    serve(args.host, args.port, config=config, preload=preload)
+    url = f"http://{args.host}:{args.port}"
+    if remote is not None:
+        from dataclasses import replace
+
+        name = remote.load().lm.name  # reaches the server now, not at the first question
+        remote = replace(remote, model=name)
+        print(f"generating on {remote.base_url} (model {name!r})", file=sys.stderr)
+    print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
+    if remote is not None:
+        serve(args.host, args.port, config=config, preload=preload, generation=remote)
+    else:
+        serve(args.host, args.port, config=config, preload=preload)  # the local default model, loaded before listening
     return 0
 
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
+    from ragspec.remote import RemoteGenerator
     from retrievers import FaissVectorStore
 
 
@@ -50,10 +51,11 @@ if TYPE_CHECKING:
 class GenerationSource(Protocol):
     """Where answers come from: a loaded generator and the defaults of each call.
 
-    ``ragspec.registry.LocalModel``, ``ChatRagSpec`` and ``RagSpecLLM`` are generation sources.
+    ``ragspec.registry.LocalModel``, ``ChatRagSpec`` and ``RagSpecLLM`` are generation sources, and
+    so is ``ragspec.remote.RemoteModel`` (generation on an OpenAI-compatible server).
     """
 
-    def load(self, model: str | None = None) -> SpeculativeGenerator: ...
+    def load(self, model: str | None = None) -> SpeculativeGenerator | RemoteGenerator: ...
 
     def call_options(self, stop: Sequence[str] | None, options: Any) -> CallOptions: ...
 
@@ -301,7 +303,7 @@ class DocumentQA:
             llm = LocalModel()
         if not isinstance(llm, GenerationSource):
             raise ValueError(
-                "llm must be a ragspec ChatRagSpec, RagSpecLLM or LocalModel (the drafter needs the passages), "
+                "llm must be a ragspec ChatRagSpec, RagSpecLLM, LocalModel or RemoteModel (the drafter needs the passages), "
                 f"got {type(llm).__name__}"
             )
         if snippet_chars < 1:

@@ -22,17 +22,21 @@ Endpoints (all JSON unless said otherwise; the session is the ``ragspec_session`
   ``queued``, ``token``, ``done`` (citations, ``supported``: false when no passage backs the
   answer, and stats) and ``error``.
 - ``GET /api/health``.
+- ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: the OpenAI-compatible API
+  (``apps.web.openai_api``, docs/serving.md), over the same model and the same queue.
 
 Errors are ``{"error": message}`` (plus ``"code": "session_expired"`` on the 410 of a session
 that expired). Sessions are made only by the POSTs above, at most ``max_sessions`` at once
 (then 503, no session is evicted), and expire after ``session_ttl_s`` idle.
 
 Every request first passes ``apps.web.security.Guard``: trusted ``Host``, same-origin
-state-changing requests, the API key on ``/api/`` when one is set, and body-size limits enforced
+state-changing requests, the API key on ``/api/`` and ``/v1/`` when one is set, and body-size limits enforced
 while the body streams in. See docs/threat-model.md.
 
-Generation is serialized (one model, one answer at a time; others wait in a queue with a
-timeout), each answer has a time limit, and a client that goes away stops its generation.
+Generation goes through one ``ModelQueue`` (``apps.web.queue``) shared by ``/api/ask`` and
+``/v1``: one answer at a time on a local model, at most ``max_queue`` waiting (then 429 with
+``Retry-After``), each for at most ``queue_timeout_s``; each answer has a time limit, and a
+client that goes away stops its generation.
 """
 
 from __future__ import annotations
@@ -51,11 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from apps.engine import AppError, Collection, IndexSummary, Token, update_index
+from apps.web.openai_api import ApiSettings, Source, add_openai_routes, openai_error_body
+from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError, Ticket
 from apps.web.security import (
     LOCAL_HOSTS,
     Guard,
@@ -65,6 +71,7 @@ from apps.web.security import (
     trusted_hosts_for,
 )
 from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, SessionStore
+from apps.web.streaming import EventStream
 
 if TYPE_CHECKING:
     from ragspec.pipeline import Answer
@@ -103,6 +110,10 @@ class AppConfig:
     """A session idle this long is dropped with its files."""
     queue_timeout_s: float = 120.0
     """How long a question waits for the model before it gives up."""
+    max_queue: int = 16
+    """Most requests waiting for the model (web questions and ``/v1`` calls together); 429 beyond."""
+    concurrency: int = 1
+    """Answers generated at once: 1 for a local model; more only for a remote generator that batches."""
     answer_timeout_s: float = 300.0
     """Longest one answer may take; it is cut (and the model freed) after that."""
     max_tokens: int = 256
@@ -113,16 +124,18 @@ class AppConfig:
     trusted_hosts: tuple[str, ...] = LOCAL_HOSTS
     """Names accepted in the ``Host`` header; ``trusted_hosts_for(bind_address)`` makes the list."""
     api_key: str | None = field(default=None, repr=False)
-    """When set, every ``/api/`` request needs ``Authorization: Bearer KEY``."""
+    """When set, every ``/api/`` and ``/v1/`` request needs ``Authorization: Bearer KEY``."""
 
     def __post_init__(self) -> None:
         names = (
             "max_file_bytes", "max_request_bytes", "max_body_bytes", "max_session_bytes", "max_files", "max_sessions",
-            "max_tokens", "max_question_chars",
+            "max_tokens", "max_question_chars", "concurrency",
         )  # fmt: skip
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         for name in ("session_ttl_s", "queue_timeout_s", "answer_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -131,12 +144,13 @@ class AppConfig:
         self.security()  # checks trusted_hosts and api_key
 
     def security(self) -> SecurityPolicy:
-        """The request checks this config asks for (uploads get their own body limit)."""
+        """The request checks this config asks for (uploads get their own body limit; ``/v1`` errors are OpenAI's)."""
         return SecurityPolicy(
             trusted_hosts=self.trusted_hosts,
             api_key=self.api_key,
             max_body_bytes=self.max_body_bytes,
-            body_limits={"/api/documents": self.max_request_bytes},
+            body_limits={"/api/documents": self.max_request_bytes, "/v1/": self.max_body_bytes},
+            error_body=openai_error_body,
         )
 
 
@@ -147,21 +161,16 @@ class DefaultBackend:
     max_tokens: int = 256
     k: int = 4
     model: str = "default"
+    source: Source | None = None
+    """Where answers are generated (a ``RemoteModel``); None: the local ``model``."""
 
     def index(
         self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
     ) -> tuple[Answerer, IndexSummary]:
         index_dir = workdir / "index"
         summary = update_index(paths, index_dir, progress=progress)
-        return Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model), summary
-
-
-@dataclass
-class _Queue:
-    """One answer at a time: a FIFO lock that knows how many wait."""
-
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    waiting: int = 0
+        collection = Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model, source=self.source)
+        return collection, summary
 
 
 class AskBody(BaseModel):
@@ -175,19 +184,6 @@ class FolderBody(BaseModel):
 def sse(event: str, data: Any) -> str:
     """One server-sent event."""
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-class EventStream(StreamingResponse):
-    """A streaming response that always closes its iterator, also when the client went away.
-
-    Its content is an async generator (or a plain iterable, which starlette wraps in one).
-    """
-
-    async def stream_response(self, send: Any) -> None:
-        try:
-            await super().stream_response(send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]  # always an async generator
 
 
 class ApiError(HTTPException):
@@ -204,12 +200,20 @@ def create_app(
     backend: Backend | None = None,
     preload: Answerer | None = None,
     sessions_root: Path | None = None,
+    generation: Source | None = None,
 ) -> FastAPI:
-    """Build the app. ``preload`` answers for sessions that have not uploaded anything."""
+    """Build the app. ``preload`` answers for sessions that have not uploaded anything.
+
+    ``generation`` is what the ``/v1`` routes generate with (default: the local default model,
+    ``ragspec.registry.LocalModel()``; a ``ragspec.remote.RemoteModel`` serves a remote one).
+    """
+    from ragspec.registry import LocalModel
+
     config = config or AppConfig()
-    backend = backend or DefaultBackend(max_tokens=config.max_tokens)
+    generation = generation if generation is not None else LocalModel()
+    backend = backend or DefaultBackend(max_tokens=config.max_tokens, source=_remote_or_none(generation))
     store = SessionStore(sessions_root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
-    queue = _Queue()
+    queue = ModelQueue(config.concurrency, config.max_queue)
     progress_board = ProgressBoard()
     gone = f"your session expired (idle for more than {config.session_ttl_s / 60:g} min, or the server restarted)"
     expired_message = f"{gone} and its documents are gone: upload them again"
@@ -226,6 +230,17 @@ def create_app(
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(_SessionCookie, secure=config.secure_cookie)
     app.add_middleware(Guard, policy=config.security())  # outermost: nothing reaches the app unchecked
+    add_openai_routes(
+        app,
+        source=generation,
+        queue=queue,
+        settings=ApiSettings(
+            model_id=getattr(generation, "model", "") or generation.load().lm.name,
+            max_tokens=config.max_tokens,
+            queue_timeout_s=config.queue_timeout_s,
+            answer_timeout_s=config.answer_timeout_s,
+        ),
+    )
 
     def live_session(request: Request) -> Session | None:
         """The request's session; None without one. A cookie naming a gone session clears the cookie."""
@@ -261,7 +276,7 @@ def create_app(
 
     @app.get("/api/health")
     async def health() -> dict[str, Any]:
-        return {"ok": True, "queue": queue.waiting, "busy": queue.lock.locked()}
+        return {"ok": True, "queue": queue.waiting, "busy": queue.busy}
 
     @app.get("/api/progress")
     async def get_progress(id: str = "") -> dict[str, Any]:  # noqa: A002 - the query parameter's name
@@ -374,28 +389,28 @@ def create_app(
             raise HTTPException(409, "no documents yet: upload files or index a folder first")
         if session is None:
             session = new_session(request)  # keeps the conversation with the preloaded index
+        try:
+            ticket = queue.ticket()
+        except QueueFullError as e:
+            raise ApiError(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after_s)}) from e
         return EventStream(
-            _answer(session, answerer, question),
+            _answer(session, answerer, question, ticket),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            on_close=ticket.release,
         )
 
-    async def _answer(session: Session, answerer: Answerer, question: str) -> AsyncIterator[str]:
+    async def _answer(session: Session, answerer: Answerer, question: str, ticket: Ticket) -> AsyncIterator[str]:
         from ragspec.bridge import iterate_in_thread
 
-        queue.waiting += 1
-        acquired = False
         try:
-            if queue.lock.locked():
+            if queue.running >= queue.slots:
                 yield sse("queued", {"position": queue.waiting})  # answers ahead: the running one and those waiting before this
             try:
-                await asyncio.wait_for(queue.lock.acquire(), config.queue_timeout_s)
-                acquired = True
-            except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
+                await ticket.wait(config.queue_timeout_s)
+            except QueueTimeoutError:
                 yield sse("error", {"message": f"the server is busy: no model free after {config.queue_timeout_s:g} s, try again"})
                 return
-            finally:
-                queue.waiting -= 1
             history = list(session.history)
             events = iterate_in_thread(lambda: answerer.stream(question, history))
             deadline = time.monotonic() + config.answer_timeout_s
@@ -421,8 +436,7 @@ def create_app(
             finally:
                 await events.aclose()
         finally:
-            if acquired:
-                queue.lock.release()
+            ticket.release()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -614,15 +628,29 @@ def serve(
     *,
     config: AppConfig | None = None,
     preload: Answerer | None = None,
+    generation: Source | None = None,
     log_level: str = "info",
 ) -> None:
     """Run the app with uvicorn until interrupted.
 
     Without ``config``: folders only on loopback, and the hosts ``trusted_hosts_for(host)``.
     Raises ``InsecureBindError`` for a non-loopback ``host`` without ``config.api_key``.
+    ``generation``: see ``create_app``; its model is loaded before the server listens.
     """
     import uvicorn
 
+    from ragspec.registry import LocalModel
+
     config = config or AppConfig(allow_folders=is_loopback(host), trusted_hosts=trusted_hosts_for(host))
     require_key_off_loopback(host, config.api_key)
-    uvicorn.run(create_app(config, preload=preload), host=host, port=port, log_level=log_level)
+    generation = generation if generation is not None else LocalModel()
+    generation.load()  # before listening: the first request should not wait for the model
+    app = create_app(config, preload=preload, generation=generation)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _remote_or_none(generation: Source) -> Source | None:
+    """The source the web page's answers use: a remote one as given; None for a local model (``Collection``'s own)."""
+    from ragspec.registry import LocalModel
+
+    return None if isinstance(generation, LocalModel) else generation

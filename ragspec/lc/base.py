@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from langchain_core.documents import Document
 from langchain_core.messages.ai import UsageMetadata
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
 from ragspec.config import CallOptions, GenerationConfig, GenerationConfigError
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
     from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
+    from ragspec.remote import RemoteGenerator, RemoteModel
 
 Reference = Union[str, Document, Sequence[int]]
 """A passage for the drafter: text, a LangChain ``Document`` or token ids."""
@@ -138,6 +139,12 @@ class RagSpecParams(BaseModel):
     """``"auto"`` (bf16 on CUDA, fp32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
     generator: Any = Field(default=None, exclude=True)
     """A ready ``SpeculativeGenerator`` to use instead of loading ``model`` (e.g. one with a custom drafter)."""
+    base_url: str | None = None
+    """An OpenAI-compatible server to generate on (vLLM, llama.cpp's server, Ollama, ``ragspec serve``) instead of loading ``model`` here; ``model`` is then the server's name for it (see ``ragspec.remote``)."""
+    api_key: SecretStr | None = Field(default=None, exclude=True)
+    """With ``base_url``: the server's API key (default: the ``RAGSPEC_GENERATOR_API_KEY`` environment variable); never serialized."""
+    tokenizer: str | None = None
+    """With ``base_url``: the served model's tokenizer, which builds the prompt here (default: ``model``; ``"default"`` for ragspec's embedded model)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -194,14 +201,34 @@ class RagSpecParams(BaseModel):
                     f"generator must be a ragspec SpeculativeGenerator, got {type(self.generator).__name__}; "
                     "to pick a model by name, pass model=... instead"
                 )
+        if self.base_url is not None:
+            from ragspec.remote import api_base
+
+            if self.generator is not None:
+                raise ValueError("pass either base_url (a remote generator) or generator (a local one), not both")
+            api_base(self.base_url)  # a clear error for an address that is not http(s)://host[:port][/path]
         return self
 
     # -- loading --------------------------------------------------------------------------------
-    def load(self, model: str | None = None) -> SpeculativeGenerator:
-        """The generator for ``model`` (default: this object's), loaded on first use and shared."""
+    def load(self, model: str | None = None) -> SpeculativeGenerator | RemoteGenerator:
+        """The generator for ``model`` (default: this object's), loaded on first use and shared.
+
+        With ``base_url`` it is a ``RemoteGenerator`` on that server, called the same way.
+        """
         if self.generator is not None and model in (None, self.model):
             return self.generator
+        if self.base_url is not None:
+            return self.remote_model().load(model or self.model)
         return registry.get_generator(model or self.model, self.device, self.dtype, self.max_draft)
+
+    def remote_model(self) -> RemoteModel:
+        """``base_url``, ``model``, ``api_key`` and ``tokenizer`` as a ``ragspec.remote.RemoteModel``."""
+        from ragspec.remote import RemoteModel
+
+        if self.base_url is None:
+            raise ValueError("remote_model() needs base_url")
+        key = self.api_key.get_secret_value() if self.api_key is not None else None
+        return RemoteModel(self.base_url, model=self.model, api_key=key, tokenizer=self.tokenizer)
 
     # -- tokens ---------------------------------------------------------------------------------
     def model_token_ids(self, text: str) -> list[int]:
@@ -311,4 +338,5 @@ class RagSpecParams(BaseModel):
             "stop": self.stop,
             "device": self.device,
             "dtype": self.dtype,
+            "base_url": self.base_url,
         }

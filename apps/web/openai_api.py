@@ -1,0 +1,671 @@
+"""The OpenAI-compatible API of ``ragspec serve``: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``.
+
+Any OpenAI client (the ``openai`` package, LangChain's ``ChatOpenAI``, curl, editors, agents)
+talks to the served model through these routes; docs/serving.md is the reference. In short:
+
+- Requests map onto one ``GenerationConfig``: ``max_tokens`` / ``max_completion_tokens``,
+  ``temperature`` (default 0, greedy: ragspec's default, not OpenAI's 1), ``top_p``, ``seed``,
+  ``stop``, and the extensions ``top_k``, ``speculative`` and ``references`` (passages the drafter
+  copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
+  ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
+  (``ragspec.constraints``), on both routes. A bad value is a 400 naming the parameter; so is
+  anything ragspec does not do yet (``n`` > 1, logprobs, penalties, tools) and any argument
+  OpenAI does not define.
+- Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
+  speculative statistics (tokens per forward, acceptance, by draft source), the finish reason in
+  ragspec's terms (``eos``, ``stop`` or ``length``) and the seconds spent in the queue. Streams
+  (``stream: true``) send it in the chunk that carries the ``finish_reason``; with
+  ``stream_options: {"include_usage": true}`` one more chunk carries ``usage``.
+- Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}}`` with
+  OpenAI's status codes, the security guard's own rejections included (``openai_error_body``).
+- Generation goes through the app's one ``ModelQueue``, shared with the web page's questions: a
+  full queue is a 429 with ``Retry-After``, a request that waited ``queue_timeout_s`` a 503 with
+  ``Retry-After``, an answer longer than ``answer_timeout_s`` is cut (``finish_reason: "length"``,
+  ``ragspec.finish_reason: "timeout"``), and a client that disconnects, streaming or not, stops
+  its generation and frees the model at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, Union
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError, Ticket
+from apps.web.security import plain_error
+from apps.web.streaming import ClientGone, EventStream, unless_gone
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "/v1/"
+MAX_STOP = 16
+MAX_REFERENCES = 64
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    410: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "server_error",
+    503: "server_error",
+}
+"""OpenAI error ``type`` by status (500 and anything else: ``server_error``)."""
+_GUARD_CODES = {401: "invalid_api_key", 413: "request_too_large"}
+
+
+class Source(Protocol):
+    """What the routes generate with: ``ragspec.registry.LocalModel`` or ``ragspec.remote.RemoteModel``."""
+
+    def load(self, model: str | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """The limits of the ``/v1`` routes (``AppConfig`` builds them)."""
+
+    model_id: str
+    """The name clients send as ``model`` (and ``/v1/models`` lists)."""
+    max_tokens: int = 256
+    """Most new tokens per request; also the default when a request sets none."""
+    queue_timeout_s: float = 120.0
+    answer_timeout_s: float = 300.0
+
+
+class OpenAIError(Exception):
+    """An error answered as an OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            error_object(self.status, self.message, param=self.param, code=self.code),
+            status_code=self.status,
+            headers=self.headers,
+        )
+
+
+def error_object(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}`` as OpenAI sends it."""
+    from ragspec.text import clean_text
+
+    return {
+        "error": {
+            "message": clean_text(message),
+            "type": ERROR_TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def openai_error_body(path: str, status: int, message: str) -> dict[str, Any]:
+    """The security guard's error hook: OpenAI error objects under ``/v1/``, the web app's shape elsewhere."""
+    if path.startswith(PREFIX):
+        return error_object(status, message, code=_GUARD_CODES.get(status))
+    return plain_error(path, status, message)
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+_COMMON = {
+    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
+    "top_k", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
+}  # fmt: skip
+_CHAT_ONLY = {
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
+    "function_call", "parallel_tool_calls", "metadata", "store", "service_tier", "modalities",
+}  # fmt: skip
+_COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
+Prompt = Union[list[dict[str, str]], str, list[int]]
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One request's fields, checked and in ragspec's terms."""
+
+    chat: bool
+    model: str
+    prompt: Prompt
+    """Chat: role/content turns. Completions: text or token ids."""
+    options: dict[str, Any]
+    """``GenerationConfig`` fields the request sets (``max_new_tokens`` only when given)."""
+    references: tuple[str | list[int], ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(body: object, *, chat: bool) -> ApiRequest:
+    """Check a request body; ``OpenAIError`` (400) names the first bad parameter."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    known = _COMMON | (_CHAT_ONLY if chat else _COMPLETION_ONLY)
+    for name in body:
+        if name not in known:
+            raise OpenAIError(400, f"unrecognized request argument supplied: {str(name)[:100]}", param=str(name)[:100])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError(400, "model is required: a model name from GET /v1/models", param="model")
+    _unsupported(body, chat)
+    prompt = _messages(body.get("messages")) if chat else _prompt(body.get("prompt"))
+    options: dict[str, Any] = {}
+    max_tokens = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") is not None else None
+    param = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, param = body.get("max_tokens"), "max_tokens"
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise OpenAIError(400, f"{param} must be a positive integer, got {max_tokens!r}", param=param)
+        options["max_new_tokens"] = max_tokens
+    temperature = body.get("temperature")
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+            raise OpenAIError(400, f"temperature must be a number from 0 to 2, got {temperature!r}", param="temperature")
+        options["temperature"] = temperature
+    for name in ("top_p", "seed", "top_k", "speculative"):
+        if body.get(name) is not None:
+            options[name] = body[name]
+    if body.get("stop") is not None:
+        options["stop"] = _stop(body["stop"])
+    constraint = response_constraint(body.get("response_format"))
+    if constraint is not None:
+        options["constraint"] = constraint
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise OpenAIError(400, f"stream must be true or false, got {stream!r}", param="stream")
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise OpenAIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+        if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
+            raise OpenAIError(400, 'stream_options must be like {"include_usage": true}', param="stream_options")
+        include_usage = bool(stream_options.get("include_usage", False))
+    return ApiRequest(chat, model, prompt, options, _references(body.get("references")), stream, include_usage)
+
+
+def _unsupported(body: Mapping[str, Any], chat: bool) -> None:
+    """A 400 for each OpenAI feature ragspec does not have (yet), naming it."""
+
+    def refuse(param: str, message: str) -> None:
+        raise OpenAIError(400, message, param=param, code="unsupported_parameter")
+
+    n = body.get("n")
+    if n is not None and n != 1:
+        refuse("n", f"n must be 1 (got {n!r}): ragspec decodes one sequence per request; send separate requests instead")
+    if body.get("best_of") not in (None, 1):
+        refuse("best_of", "best_of is not supported: ragspec decodes one sequence per request")
+    if body.get("echo"):
+        refuse("echo", "echo is not supported: the response holds the completion only")
+    if body.get("suffix"):
+        refuse("suffix", "suffix (insertion) is not supported")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        refuse("logprobs", "logprobs are not supported yet")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            refuse(name, f"{name} is not supported: ragspec samples from the model's own distribution (lossless)")
+    if body.get("logit_bias"):
+        refuse("logit_bias", "logit_bias is not supported")
+    if not chat:
+        return
+    if body.get("tools") or body.get("functions"):
+        refuse("tools", "tools and function calling are not supported yet")
+    if body.get("tool_choice") not in (None, "none") or body.get("function_call") not in (None, "none"):
+        refuse("tool_choice", "tool_choice is not supported yet: only \"none\"")
+    if body.get("modalities") not in (None, ["text"]):
+        refuse("modalities", 'only text output is supported: modalities ["text"]')
+
+
+def response_constraint(value: object) -> Any:
+    """``response_format`` as a ``ragspec.constraints.Constraint`` (None for text); 400 when it cannot be one.
+
+    ``{"type": "json_object"}``: any JSON object. ``{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}``: JSON valid against the schema. ``{"type": "text"}``: no constraint.
+    """
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    from ragspec.constraints import Constraint, ConstraintError
+
+    try:
+        if kind == "json_object":
+            return Constraint.json()
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ConstraintError('json_schema must be {"name": ..., "schema": {...}}')
+            return Constraint.json_schema(spec["schema"])
+    except ConstraintError as e:
+        raise OpenAIError(400, f"response_format: {e}", param="response_format") from e
+    raise OpenAIError(
+        400, 'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}',
+        param="response_format",
+    )  # fmt: skip
+
+
+def _messages(value: object) -> list[dict[str, str]]:
+    from ragspec.text import clean_text
+
+    if not isinstance(value, list) or not value:
+        raise OpenAIError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
+    turns = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise OpenAIError(400, f"{where} must be an object with role and content", param=where)
+        role = message.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise OpenAIError(
+                400, f"{where}.role {role!r} is not supported: use system, developer, user or assistant", param=f"{where}.role"
+            )
+        if message.get("tool_calls") or message.get("function_call"):
+            raise OpenAIError(400, f"{where} has tool calls: tool calling is not supported yet", param=where)
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                else:
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise OpenAIError(400, f"{where}.content: only text parts are supported, got {kind!r}", param=f"{where}.content")
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise OpenAIError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+        turns.append({"role": role, "content": clean_text(content)})
+    return turns
+
+
+def _prompt(value: object) -> str | list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # a batch of one
+    if isinstance(value, str):
+        if not value:
+            raise OpenAIError(400, "prompt is empty", param="prompt")
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return list(value)
+    if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        raise OpenAIError(400, "a batch of prompts is not supported: send one prompt per request", param="prompt")
+    raise OpenAIError(400, "prompt must be a non-empty string or a list of token ids", param="prompt")
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise OpenAIError(400, "stop must be a non-empty string or a list of them", param="stop")
+    if len(items) > MAX_STOP:
+        raise OpenAIError(400, f"stop takes at most {MAX_STOP} strings, got {len(items)}", param="stop")
+    return tuple(items)
+
+
+def _references(value: object) -> tuple[str | list[int], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_REFERENCES:
+        raise OpenAIError(400, f"references must be a list of at most {MAX_REFERENCES} passages", param="references")
+    out: list[str | list[int]] = []
+    for ref in value:
+        if isinstance(ref, str):
+            out.append(ref)
+        elif isinstance(ref, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ref):
+            out.append(list(ref))
+        else:
+            raise OpenAIError(400, "each reference must be a string or a list of token ids", param="references")
+    return tuple(out)
+
+
+# -- prompt and config ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked request, ready for the generator."""
+
+    request: ApiRequest
+    prompt_ids: list[int]
+    config: Any  # ragspec.config.GenerationConfig (imported lazily with the model)
+
+
+def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
+    """The prompt's token ids and the request's ``GenerationConfig``; 400 for what does not fit.
+
+    Runs in a worker thread (tokenizing a long prompt takes a while).
+    """
+    from ragspec.config import GenerationConfig, GenerationConfigError
+    from ragspec.prompts import chat_prompt_ids
+
+    lm = generator.lm
+    tokenizer = lm.tokenizer
+    if request.chat:
+        prompt_ids = chat_prompt_ids(tokenizer, request.prompt)  # as ChatRagSpec and the pipeline build it
+    elif isinstance(request.prompt, str):
+        prompt_ids = generator.encode(request.prompt, special_tokens=True)
+    else:
+        vocab = len(tokenizer)
+        if any(not 0 <= t < vocab for t in request.prompt):
+            raise OpenAIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+        prompt_ids = list(request.prompt)
+    context = lm.context_length
+    room = context - len(prompt_ids)
+    asked = request.options.get("max_new_tokens")
+    if room < 1 or (asked is not None and asked > room):
+        wanted = f" and {asked} for the completion" if asked is not None else ""
+        raise OpenAIError(
+            400,
+            f"this model's maximum context length is {context} tokens; the prompt has {len(prompt_ids)}{wanted}: "
+            "shorten the prompt" + (" or lower max_tokens" if asked is not None else ""),
+            param="messages" if request.chat else "prompt",
+            code="context_length_exceeded",
+        )
+    if asked is not None and asked > settings.max_tokens:
+        param = "max_tokens"
+        raise OpenAIError(
+            400, f"max_tokens must be at most {settings.max_tokens} on this server (ragspec serve --max-tokens)", param=param
+        )
+    options = {"max_new_tokens": min(settings.max_tokens, room), "temperature": 0.0, **request.options}
+    config = generator.config if isinstance(getattr(generator, "config", None), GenerationConfig) else GenerationConfig()
+    for name, value in options.items():  # one at a time, so an error names its parameter
+        param = "max_tokens" if name == "max_new_tokens" else name
+        try:
+            config = config.merged({name: value})
+        except GenerationConfigError as e:
+            raise OpenAIError(400, str(e).replace(name, param), param=param) from e
+    return Job(request, prompt_ids, config)
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+def _finish(reason: str) -> str:
+    """ragspec's finish reason in OpenAI's terms."""
+    return "length" if reason in ("length", "timeout") else "stop"
+
+
+def _usage(stats: Any, prompt_tokens: int) -> dict[str, int]:
+    completion = int(getattr(stats, "new_tokens", 0))
+    prompt = int(getattr(stats, "prompt_tokens", 0) or prompt_tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _ragspec(stats: Any, finish_reason: str, ticket: Ticket, model_name: str) -> dict[str, Any]:
+    as_dict = stats.as_dict() if hasattr(stats, "as_dict") else {}
+    return {**as_dict, "finish_reason": finish_reason, "queue_s": round(ticket.waited_s, 3), "model": model_name}
+
+
+def sse_data(payload: object) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+_Event = Union[str, Any]
+
+
+def _events(generator: Any, job: Job) -> Generator[_Event, None, None]:
+    """The live stats, the text deltas, then the result (for a worker thread)."""
+    with generator.stream(job.prompt_ids, job.config, references=job.request.references) as stream:
+        yield ("stats", stream.stats)
+        yield from stream
+    yield stream.result
+
+
+def add_openai_routes(app: FastAPI, *, source: Source, queue: ModelQueue, settings: ApiSettings) -> None:
+    """Add the ``/v1`` routes to ``app``; they generate with ``source`` through ``queue``."""
+    from ragspec.bridge import iterate_in_thread
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """An unknown route or method: an OpenAI error under ``/v1/``, FastAPI's usual answer elsewhere."""
+        if request.url.path.startswith(PREFIX):
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+            body = error_object(exc.status_code, str(exc.detail), code=code)
+            return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
+        return await http_exception_handler(request, exc)
+
+    async def generator() -> Any:
+        return await asyncio.to_thread(source.load)
+
+    def check_model(model: str, name: str) -> None:
+        if model not in (settings.model_id, name):
+            raise OpenAIError(
+                404, f"the model {model[:100]!r} does not exist here: this server serves {settings.model_id!r}",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        lm = (await generator()).lm
+        return {"object": "list", "data": [model_entry(lm)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict[str, Any]:
+        lm = (await generator()).lm
+        check_model(model, lm.name)
+        return model_entry(lm)
+
+    def model_entry(lm: Any) -> dict[str, Any]:
+        return {
+            "id": settings.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "ragspec",
+            "max_model_len": lm.context_length,
+            "ragspec": {"name": lm.name, "max_tokens": settings.max_tokens},
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await respond(request, parse_request(await _json_body(request), chat=True))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await respond(request, parse_request(await _json_body(request), chat=False))
+
+    async def respond(request: Request, api_request: ApiRequest) -> Response:
+        gen = await generator()
+        check_model(api_request.model, gen.lm.name)
+        job = await asyncio.to_thread(prepare, gen, api_request, settings)
+        try:
+            ticket = queue.ticket()
+        except QueueFullError as e:
+            raise OpenAIError(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after_s)}) from e
+        try:
+            await unless_gone(request, ticket.wait(settings.queue_timeout_s))
+        except QueueTimeoutError as e:
+            raise OpenAIError(503, str(e), code="queue_timeout", headers={"Retry-After": str(e.retry_after_s)}) from e
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the place in the queue is given back
+        except BaseException:
+            ticket.release()
+            raise
+        events = iterate_in_thread(lambda: _events(gen, job))
+        answer = Answer(job, ticket, events, gen.lm.name, time.monotonic() + settings.answer_timeout_s)
+        if api_request.stream:
+            return EventStream(
+                answer.chunks(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+                on_close=ticket.release,
+            )
+        try:
+            return JSONResponse(await unless_gone(request, answer.whole()))
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            await events.aclose()
+            ticket.release()
+
+
+class Answer:
+    """One generation of a ``/v1`` request, collected whole or as stream chunks."""
+
+    def __init__(self, job: Job, ticket: Ticket, events: AsyncIterator[_Event], model_name: str, deadline: float) -> None:
+        self.job = job
+        self.ticket = ticket
+        self.events = events
+        self.model_name = model_name
+        self.deadline = deadline
+        self.id = ("chatcmpl-" if job.request.chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        self.stats: Any = None
+        self.text = ""
+
+    async def _next(self) -> _Event | None:
+        """The next event; None at the end; ``TimeoutError`` past the deadline."""
+        try:
+            return await asyncio.wait_for(anext(self.events), max(0.0, self.deadline - time.monotonic()))
+        except StopAsyncIteration:
+            return None
+
+    async def run(self) -> AsyncIterator[str]:
+        """Text deltas; afterwards ``finish_reason`` and ``stats`` are set."""
+        self.finish_reason = "timeout"
+        while True:
+            try:
+                event = await self._next()
+            except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
+                return  # cut: the events' cleanup stops the generation
+            if event is None:
+                return
+            if isinstance(event, tuple):
+                self.stats = event[1]
+            elif isinstance(event, str):
+                self.text += event
+                yield event
+            else:
+                self.stats, self.finish_reason = event.stats, event.finish_reason
+
+    def usage(self) -> dict[str, int]:
+        return _usage(self.stats, len(self.job.prompt_ids))
+
+    def extension(self) -> dict[str, Any]:
+        return _ragspec(self.stats, self.finish_reason, self.ticket, self.model_name)
+
+    async def whole(self) -> dict[str, Any]:
+        try:
+            async for _ in self.run():
+                pass
+        except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
+            raise _generation_error(e) from e
+        request = self.job.request
+        finish = _finish(self.finish_reason)
+        if request.chat:
+            choice: dict[str, Any] = {
+                "index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None, "finish_reason": finish,
+            }  # fmt: skip
+        else:
+            choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": finish}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if request.chat else "text_completion",
+            "created": self.created,
+            "model": request.model,
+            "choices": [choice],
+            "usage": self.usage(),
+            "ragspec": self.extension(),
+        }
+
+    def chunk(self, delta: dict[str, str] | str | None, finish: str | None = None) -> dict[str, Any]:
+        """One stream chunk: a chat ``delta`` object or a completion's text, and the finish reason."""
+        request = self.job.request
+        if request.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": delta} if isinstance(delta, str) else delta or {}}
+        else:
+            choice = {"index": 0, "text": delta or ""}
+        choice.update({"logprobs": None, "finish_reason": finish})
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if request.chat else "text_completion",
+            "created": self.created,
+            "model": request.model,
+            "choices": [choice],
+        }
+        if request.include_usage:
+            out["usage"] = None  # as OpenAI: null on every chunk but the last
+        return out
+
+    async def chunks(self) -> AsyncIterator[str]:
+        """The SSE stream: a role chunk (chat), text chunks, the finish chunk with ``ragspec``, usage, ``[DONE]``."""
+        request = self.job.request
+        try:
+            if request.chat:
+                yield sse_data(self.chunk({"role": "assistant", "content": ""}))
+            async for delta in self.run():
+                yield sse_data(self.chunk(delta))
+            yield sse_data({**self.chunk(None, _finish(self.finish_reason)), "ragspec": self.extension()})
+            if request.include_usage:
+                yield sse_data({**self.chunk(None), "choices": [], "usage": self.usage()})
+        except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
+            error = _generation_error(e)
+            yield sse_data(error_object(error.status, error.message, code=error.code))
+        finally:
+            await self.events.aclose()  # stops the generation if the stream ended early
+        yield "data: [DONE]\n\n"
+
+
+def _generation_error(e: Exception) -> OpenAIError:
+    """An exception from the generator as an OpenAI error."""
+    from ragspec.generator import GeneratorBusyError, PromptTooLongError
+
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, PromptTooLongError):
+        return OpenAIError(400, str(e), code="context_length_exceeded")
+    if isinstance(e, GeneratorBusyError):
+        return OpenAIError(503, str(e), code="busy", headers={"Retry-After": "5"})
+    if type(e).__name__ == "RemoteGenerationError":
+        return OpenAIError(502, f"the upstream generator failed: {e}", code="upstream_error")
+    logger.exception("generation failed", exc_info=e)
+    return OpenAIError(500, f"generation failed: {type(e).__name__}: {e}", code="internal_error")
+
+
+async def _json_body(request: Request) -> object:
+    body = await request.body()
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OpenAIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+__all__ = [
+    "ApiRequest", "ApiSettings", "OpenAIError", "add_openai_routes", "error_object", "openai_error_body",
+    "parse_request", "prepare",
+]  # fmt: skip
