@@ -29,14 +29,15 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
-import llguidance.hf
 import numpy as np
-import torch
 
-from ragspec.drafting import Draft, DraftSource
+if TYPE_CHECKING:  # torch and transformers are imported when a grammar is compiled, not by the LangChain classes
+    import torch
+
+    from ragspec.drafting import Draft
 
 ENGINE = f"llguidance {llguidance.__version__}"
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -112,6 +113,8 @@ _lock = threading.Lock()
 
 def engine_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
     """llguidance's view of a Hugging Face fast tokenizer (built once per tokenizer, ~1 s, then cached)."""
+    import llguidance.hf
+
     key = (vocab_size, tuple(sorted(eos_token_ids)))
     with _lock:
         per_tokenizer = _tokenizers.setdefault(tokenizer, {})
@@ -156,6 +159,8 @@ class Grammar:
     def allowed(self, drafted: Sequence[int]) -> torch.Tensor:
         """Allowed tokens after the accepted tokens and after each prefix of ``drafted``:
         ``[1 + k, vocab]`` bool. ``drafted`` must be valid (``cut`` makes it so)."""
+        import torch
+
         start = time.perf_counter()
         rows = len(drafted) + 1
         if self._bits.shape[0] < rows:
@@ -179,6 +184,8 @@ class Grammar:
 
     def mask(self, logits: torch.Tensor, drafted: Sequence[int]) -> torch.Tensor:
         """``logits`` (``[1 + k, vocab]``) with the tokens the grammar rejects at each position set to -inf."""
+        import torch
+
         allowed = self.allowed(drafted).to(logits.device)
         if allowed.shape[-1] < logits.shape[-1]:  # ids past the tokenizer's vocabulary are never allowed
             allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]))
@@ -213,6 +220,8 @@ class Grammar:
 
     def forced_draft(self, max_tokens: int) -> Draft | None:
         """The tokens the grammar forces next as a draft (source ``GRAMMAR``), or None."""
+        from ragspec.drafting import Draft, DraftSource
+
         tokens = self.forced(max_tokens)
         return Draft(tokens, DraftSource.GRAMMAR, forced=len(tokens)) if tokens else None
 
@@ -227,7 +236,7 @@ class Grammar:
         if n == len(draft.tokens):
             return draft
         if draft.probs is not None:
-            return Draft(draft.tokens[:n], draft.source, draft.match_length, draft.reference, draft.probs[: n + 1])
+            return replace(draft, tokens=draft.tokens[:n], probs=draft.probs[: n + 1])
         return draft.truncated(n)
 
     def extend(self, draft: Draft, max_tokens: int) -> Draft:
@@ -237,6 +246,4 @@ class Grammar:
         tail = self.forced(max_tokens - len(draft), after=draft.tokens)
         if not tail:
             return draft
-        return Draft(
-            draft.tokens + tail, draft.source, draft.match_length, draft.reference, forced=draft.forced + len(tail)
-        )
+        return replace(draft, tokens=draft.tokens + tail, forced=draft.forced + len(tail))

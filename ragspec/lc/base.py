@@ -8,6 +8,9 @@ or of ``.bind(...)``):
   ``retriever | format | prompt | llm`` chain is sped up with no extra code.
 - ``model``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``speculative``:
   override the field of the same name for one call.
+- ``response_format``: the answer must match a JSON Schema, JSON or a grammar (constrained
+  decoding; see ``ragspec.lc.tools``). ``ChatRagSpec`` also takes ``tools`` and ``tool_choice``
+  (``bind_tools``).
 
 ``stop`` given at call time is added to the ``stop`` field; generation ends before the first of
 them, streamed or not.
@@ -50,7 +53,7 @@ _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _RENAMED = {"max_tokens": "max_new_tokens"}
 """LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
-CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative")
+CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative", "response_format")
 _GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "speculative", "max_draft")
 LC_NAMESPACE = ["ragspec", "lc"]
 """Where ``dumpd`` records the ragspec classes: ``["ragspec", "lc", "ChatRagSpec"]``."""
@@ -271,7 +274,11 @@ class RagSpecParams(BaseModel):
                 f"{type(self).__name__} got unsupported option(s) {', '.join(unknown)}; "
                 f"supported per call: stop, {', '.join(CALL_OPTIONS)}"
             )
-        overrides = {_RENAMED.get(k, k): v for k, v in kwargs.items() if k not in ("references", "model")}
+        overrides = {_RENAMED.get(k, k): v for k, v in kwargs.items() if k not in ("references", "model", "response_format")}
+        if kwargs.get("response_format") is not None:  # checked and compiled here, before any generation
+            from ragspec.lc.tools import response_constraint
+
+            overrides["constraint"] = response_constraint(kwargs["response_format"])
         if "max_new_tokens" in overrides and overrides["max_new_tokens"] == 0:
             raise GenerationConfigError("max_tokens must be >= 1, got 0")
         with _langchain_names():

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.runnables import Runnable
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from pydantic import ConfigDict
 
+from ragspec import tool_calls
 from ragspec.bridge import iterate_in_thread
-from ragspec.config import CallOptions
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 from ragspec.lc.messages import messages_prompt_ids
+from ragspec.lc.tools import answer_message, bound_tools, choice_name, chunk_messages, openai_tools, structured_output, to_tool
+from ragspec.tool_calls import CallStream
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult
@@ -60,10 +64,37 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         return self.model_token_ids(text)
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
-        """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model gets them."""
-        if tools:
-            raise ValueError("ChatRagSpec has no tool calling, so it cannot count tool schemas; pass tools=None")
-        return len(messages_prompt_ids(self.load().lm.tokenizer, messages))
+        """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model
+        gets them (with ``tools``, their listing in the system turn too)."""
+        prompt = tool_calls.system_prompt([to_tool(t) for t in tools]) if tools else ""
+        return len(messages_prompt_ids(self.load().lm.tokenizer, messages, prompt))
+
+    # -- tools and structured output (ragspec.lc.tools) -----------------------------------------------
+    def bind_tools(
+        self, tools: Sequence[Any], *, tool_choice: str | bool | dict[str, Any] | None = None, **kwargs: Any
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools the model may call; answers are constrained to well-formed calls (see ``ragspec.lc.tools``).
+
+        ``tool_choice``: ``"auto"`` (default), ``"any"``/``"required"``, ``"none"``, or a tool's name;
+        ``parallel_tool_calls=False`` allows one call per answer.
+        """
+        formatted = openai_tools(tools)
+        choice_name(tool_choice, [to_tool(t) for t in formatted])  # an unknown name fails here, not at the call
+        return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: Any = None,
+        *,
+        method: str = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """Answers parsed into ``schema`` (Pydantic class, TypedDict or JSON Schema dict), generated under
+        its grammar; ``method``: ``"json_schema"``, ``"json_mode"`` or ``"function_calling"``. The
+        grammar always enforces the schema, so ``strict`` (OpenAI's option) changes nothing."""
+        return structured_output(self, schema, method, include_raw, **kwargs)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -73,24 +104,39 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         return LangSmithParams(ls_model_type="chat", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
 
     # -- events -> chunks ----------------------------------------------------------------------
-    def _events(self, messages: list[BaseMessage], options: CallOptions) -> Iterator[str | GenerationResult]:
-        return self.events(options, lambda g: messages_prompt_ids(g.lm.tokenizer, messages))
+    def _events(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[Iterator[str | GenerationResult], bool]:
+        """The generation's events (checked before anything runs) and whether tools are bound."""
+        tools = bound_tools(kwargs)
+        options = self.call_options(stop, kwargs)
+        prompt = ""
+        if tools is not None:
+            if options.config.constraint is not None:
+                raise ValueError("a call cannot have both tools and a response_format; bind one of them")
+            constraint = tool_calls.tool_call_constraint(*tools)
+            options = dataclasses.replace(options, config=options.config.merged(constraint=constraint))
+            prompt = tool_calls.system_prompt(*tools[:2])
+        events = self.events(options, lambda g: messages_prompt_ids(g.lm.tokenizer, messages, prompt))
+        return events, tools is not None
 
     @staticmethod
-    def _chunk(event: str | GenerationResult) -> ChatGenerationChunk:
+    def _chunks(event: str | GenerationResult, calls: CallStream | None) -> list[ChatGenerationChunk]:
         if isinstance(event, str):
-            return ChatGenerationChunk(message=AIMessageChunk(content=event))
-        return ChatGenerationChunk(
+            if calls is None:
+                return [ChatGenerationChunk(message=AIMessageChunk(content=event))]
+            return [ChatGenerationChunk(message=m) for m in chunk_messages(calls, event)]
+        held = [ChatGenerationChunk(message=AIMessageChunk(content=p.text)) for p in (calls.flush() if calls else [])]
+        return [*held, ChatGenerationChunk(
             message=AIMessageChunk(
                 content="", usage_metadata=usage(event), response_metadata=response_metadata(event), chunk_position="last"
             )
-        )
+        )]
 
     @staticmethod
-    def _result(event: GenerationResult) -> ChatResult:
-        message = AIMessage(
-            content=event.text, usage_metadata=usage(event), response_metadata=response_metadata(event)
-        )
+    def _result(event: GenerationResult, tools: bool) -> ChatResult:
+        fields = {"usage_metadata": usage(event), "response_metadata": response_metadata(event)}
+        message = answer_message(event.text, **fields) if tools else AIMessage(content=event.text, **fields)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # -- LangChain hooks -----------------------------------------------------------------------
@@ -101,12 +147,12 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        options = self.call_options(stop, kwargs)
-        for event in self._events(messages, options):
+        events, tools = self._events(messages, stop, kwargs)
+        for event in events:
             if not isinstance(event, str):
-                return self._result(event)
+                return self._result(event, tools)
             if run_manager is not None:
-                run_manager.on_llm_new_token(event, chunk=self._chunk(event))
+                run_manager.on_llm_new_token(event, chunk=self._chunks(event, None)[0])
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     async def _agenerate(
@@ -116,12 +162,12 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        options = self.call_options(stop, kwargs)
-        async for event in iterate_in_thread(lambda: self._events(messages, options)):
+        events, tools = self._events(messages, stop, kwargs)
+        async for event in iterate_in_thread(lambda: events):
             if not isinstance(event, str):
-                return self._result(event)
+                return self._result(event, tools)
             if run_manager is not None:
-                await run_manager.on_llm_new_token(event, chunk=self._chunk(event))
+                await run_manager.on_llm_new_token(event, chunk=self._chunks(event, None)[0])
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     def _stream(
@@ -131,12 +177,13 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        options = self.call_options(stop, kwargs)
-        for event in self._events(messages, options):
-            chunk = self._chunk(event)
-            if run_manager is not None:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        events, tools = self._events(messages, stop, kwargs)
+        calls = CallStream() if tools else None
+        for event in events:
+            for chunk in self._chunks(event, calls):
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
 
     async def _astream(
         self,
@@ -145,9 +192,10 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        options = self.call_options(stop, kwargs)
-        async for event in iterate_in_thread(lambda: self._events(messages, options)):
-            chunk = self._chunk(event)
-            if run_manager is not None:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        events, tools = self._events(messages, stop, kwargs)
+        calls = CallStream() if tools else None
+        async for event in iterate_in_thread(lambda: events):
+            for chunk in self._chunks(event, calls):
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk

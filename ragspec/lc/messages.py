@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 
+from ragspec import tool_calls
 from ragspec.prompts import chat_prompt_ids
 
 if TYPE_CHECKING:
@@ -14,13 +15,16 @@ if TYPE_CHECKING:
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 _SUPPORTED = (
-    "SystemMessage, HumanMessage, AIMessage (text only, no tool calls) and ChatMessage with role "
+    "SystemMessage, HumanMessage, AIMessage (text and tool calls), ToolMessage and ChatMessage with role "
     "'system', 'user' or 'assistant'"
 )
+_CALL_BLOCKS = ("tool_use", "tool_call", "function_call")
+"""Content blocks that repeat an AIMessage's ``tool_calls`` (e.g. Anthropic's ``tool_use``)."""
 
 
-def message_text(message: BaseMessage) -> str:
-    """The text of a message whose content is a string or a list of text blocks."""
+def message_text(message: BaseMessage, skip: Sequence[str] = ()) -> str:
+    """The text of a message whose content is a string or a list of text blocks (blocks of the
+    types in ``skip`` are left out)."""
     content = message.content
     if isinstance(content, str):
         return content
@@ -30,6 +34,8 @@ def message_text(message: BaseMessage) -> str:
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
             parts.append(block["text"])
+        elif isinstance(block, dict) and block.get("type") in skip:
+            continue
         else:
             kind = block.get("type", "untyped") if isinstance(block, dict) else type(block).__name__
             raise ValueError(
@@ -39,10 +45,23 @@ def message_text(message: BaseMessage) -> str:
     return "".join(parts)
 
 
-def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """Role/content dicts for ``apply_chat_template``; a clear error for anything else."""
+def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict[str, str]]:
+    """Role/content dicts for ``apply_chat_template``; a clear error for anything else.
+
+    Tool calls and results follow ``ragspec.tool_calls``' convention: an AIMessage's calls are
+    written as the model writes them, a ToolMessage is a user turn with the result, and
+    ``tool_prompt`` (the bound tools) is added to the system turn (one is created if needed).
+    """
     chat: list[dict[str, str]] = []
     for message in messages:
+        if isinstance(message, ToolMessage):
+            chat.append({"role": "user", "content": tool_calls.format_result(message_text(message))})
+            continue
+        if isinstance(message, AIMessage) and message.tool_calls:
+            text = message_text(message, skip=_CALL_BLOCKS).strip()
+            calls = tool_calls.format_calls([(c["name"], c["args"]) for c in message.tool_calls])
+            chat.append({"role": "assistant", "content": f"{text}\n{calls}" if text else calls})
+            continue
         if isinstance(message, ChatMessage):
             role = message.role if message.role in ("system", "user", "assistant") else None
         else:
@@ -52,18 +71,24 @@ def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
                 f"ChatRagSpec cannot take a {type(message).__name__} (type {message.type!r}): "
                 f"it supports {_SUPPORTED}; tool calling is not available for local ragspec models"
             )
-        if isinstance(message, AIMessage) and (message.tool_calls or message.invalid_tool_calls):
+        if isinstance(message, AIMessage) and message.invalid_tool_calls:
             raise ValueError(
-                "ChatRagSpec cannot take an AIMessage with tool calls: tool calling is not available for "
-                "local ragspec models; keep only the text turns of the conversation"
+                "ChatRagSpec cannot take an AIMessage with invalid tool calls (they could not be parsed): "
+                "drop that turn or replace it with a text answer"
             )
         chat.append({"role": role, "content": message_text(message)})
     if not chat:
         raise ValueError("ChatRagSpec needs at least one message")
+    if tool_prompt:
+        if chat[0]["role"] == "system":
+            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{tool_prompt}"}
+        else:
+            chat.insert(0, {"role": "system", "content": tool_prompt})
     return chat
 
 
-def messages_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[BaseMessage]) -> list[int]:
+def messages_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[int]:
     """Token ids of the conversation, ready for the answer (``ragspec.prompts.chat_prompt_ids``:
-    the chat template, or a plain transcript and a warning for a model without one)."""
-    return chat_prompt_ids(tokenizer, to_chat(messages))
+    the chat template, or a plain transcript and a warning for a model without one); ``tool_prompt``
+    lists the bound tools (see ``to_chat``)."""
+    return chat_prompt_ids(tokenizer, to_chat(messages, tool_prompt))

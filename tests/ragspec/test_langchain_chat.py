@@ -101,10 +101,8 @@ def test_references_reach_the_drafter(chat, lc_tiny_model):
 @pytest.mark.parametrize(
     ("message", "fragment"),
     [
-        (ToolMessage("3", tool_call_id="a"), "ToolMessage"),
         (FunctionMessage("3", name="f"), "FunctionMessage"),
         (ChatMessage(role="tool", content="x"), "ChatMessage"),
-        (AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1"}]), "tool calls"),
         (HumanMessage(content=[{"type": "image", "url": "https://example.com/a.png"}]), "'image'"),
         (HumanMessage(content=[{"type": "image_url", "image_url": {"url": "data:x"}}]), "'image_url'"),
     ],

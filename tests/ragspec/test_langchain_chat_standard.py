@@ -1,8 +1,9 @@
 """LangChain's standard chat model suites, run against ChatRagSpec.
 
-Unsupported features are declared through the suites' own properties (a local text model has no
-tool calling, structured output, JSON mode or image/audio/PDF input, and no timeout, retries or
-API key). One standard test is an expected failure, strict and for one reason: ``test_serdes``
+Features are declared through the suites' own properties: tool calling, tool choice, structured
+output and JSON mode are on (grammar-constrained decoding, ``ragspec.lc.tools``); a local text
+model has no image/audio/PDF input, and no timeout, retries or API key. One standard test is an
+expected failure, strict and for one reason: ``test_serdes``
 loads with langchain-core's ``allowed_objects="all"``, which does not list third-party classes;
 ``test_serdes_with_the_ragspec_allowlist`` runs the same checks with ``load_options()``. The
 integration suite runs the real default model.
@@ -51,7 +52,27 @@ LOCAL_MODEL_HAS_NO = ("timeout", "max_retries", "api_key")
 """Parameters of the suites' remote API clients; the strict constructor rejects them as unknown."""
 
 
-class TestChatRagSpecUnit(ChatModelUnitTests):
+class Capabilities:
+    """What ChatRagSpec supports, for both suites."""
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+
+class TestChatRagSpecUnit(Capabilities, ChatModelUnitTests):
     @property
     def chat_model_class(self) -> type[ChatRagSpec]:
         return ChatRagSpec
@@ -83,14 +104,15 @@ class TestChatRagSpecUnit(ChatModelUnitTests):
 
 
 @pytest.mark.integration
-class TestChatRagSpecIntegration(ChatModelIntegrationTests):
+class TestChatRagSpecIntegration(Capabilities, ChatModelIntegrationTests):
     @property
     def chat_model_class(self) -> type[ChatRagSpec]:
         return ChatRagSpec
 
     @property
     def chat_model_params(self) -> dict:
-        return {"model": "default", "max_tokens": 16}
+        # Room for a tool call or a two-field JSON object (strings are bounded at 200 characters).
+        return {"model": "default", "max_tokens": 128}
 
     @property
     def standard_chat_model_params(self) -> dict:

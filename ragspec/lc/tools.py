@@ -1,0 +1,202 @@
+"""Tool calling and structured output for the LangChain models, by grammar-constrained decoding.
+
+- ``bind_tools(tools, tool_choice=...)`` binds the tools in OpenAI's format; each call renders
+  them into the prompt (``ragspec.tool_calls``' convention) and constrains the answer to
+  well-formed calls. ``tool_choice``: ``"auto"`` (default), ``"any"`` / ``"required"``,
+  ``"none"``, a tool's name, ``True`` (the only tool) or OpenAI's ``{"type": "function", ...}``.
+- ``with_structured_output(schema, method=...)``: ``"json_schema"`` (default) constrains the
+  answer to the schema; ``"json_mode"`` to a JSON object, and to the schema when one is given (a
+  local model gains nothing from being allowed to miss it); ``"function_calling"`` forces a call
+  of a tool built from the schema. Strings the schema leaves unbounded get ``maxLength`` 200
+  (``bounded_strings``), so that a small model that repeats itself still finishes the object, and
+  objects take only their declared properties unless they allow more (``closed_objects``). Pydantic classes give instances, TypedDicts and JSON Schema
+  dicts give dicts. Streaming yields the one parsed object at the end.
+- ``response_format=`` per call (``RagSpecLLM`` and ``ChatRagSpec``): a ``Constraint``, a JSON
+  Schema dict, a Pydantic class or TypedDict, ``"json"``, or OpenAI's ``{"type": "json_object"}`` /
+  ``{"type": "json_schema", "json_schema": {"schema": ...}}``.
+
+Every check (a tool without a name or description, an unknown ``tool_choice``, an invalid schema)
+runs when the tools or schema are bound, before anything is generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from operator import itemgetter
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+
+from ragspec import tool_calls
+from ragspec.constraints import Constraint, ConstraintError
+from ragspec.tool_calls import CallStream, Tool, ToolError
+
+METHODS = ("json_schema", "json_mode", "function_calling")
+
+
+# -- tools ------------------------------------------------------------------------------------
+def to_tool(tool: Any) -> Tool:
+    """A ragspec ``Tool`` from anything LangChain takes as a tool (BaseTool, function, Pydantic
+    class, TypedDict, OpenAI tool or function dict)."""
+    try:
+        function = convert_to_openai_tool(tool)["function"]
+    except Exception as e:
+        raise ToolError(f"cannot use {tool!r} as a tool: {e}") from e
+    return Tool(function.get("name", ""), function.get("description", ""),
+                function.get("parameters") or {"type": "object", "properties": {}})
+
+
+def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
+    """The tools in OpenAI's format, each checked (name, description, argument schema)."""
+    out = []
+    for tool in tools:
+        t = to_tool(tool)
+        tool_calls.tool_call_constraint([t], "any")  # its schema must compile now, not at the first call
+        out.append({"type": "function", "function": t.as_json()})
+    return out
+
+
+def choice_name(tool_choice: Any, tools: Sequence[Tool]) -> str:
+    """LangChain's and OpenAI's spellings of ``tool_choice`` as ``tool_calls.check_choice`` takes them."""
+    if tool_choice is True:
+        if len(tools) != 1:
+            raise ToolError(f"tool_choice=True needs exactly one tool, got {len(tools)}")
+        tool_choice = tools[0].name
+    elif tool_choice is False:
+        tool_choice = "none"
+    elif isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+        if not isinstance(name, str):
+            raise ToolError(f"tool_choice {dict(tool_choice)!r} is not {{'type': 'function', 'function': {{'name': ...}}}}")
+        tool_choice = name
+    elif tool_choice is not None and not isinstance(tool_choice, str):
+        raise ToolError(f"tool_choice must be a string, True, or a dict naming a function; got {tool_choice!r}")
+    return tool_calls.check_choice(tools, tool_choice)
+
+
+def bound_tools(kwargs: dict[str, Any]) -> tuple[list[Tool], str, bool] | None:
+    """Pop ``tools``, ``tool_choice`` and ``parallel_tool_calls`` from a call's options: the tools,
+    the choice and whether several calls may be made at once; None without tools."""
+    tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+    parallel = kwargs.pop("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ToolError(f"parallel_tool_calls must be True or False, got {parallel!r}")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ToolError(f"tool_choice={choice!r} but no tools are bound: use .bind_tools(tools, tool_choice=...)")
+        return None
+    parsed = [to_tool(t) for t in tools]
+    return parsed, choice_name(choice, parsed), parallel
+
+
+# -- response formats ---------------------------------------------------------------------------
+def response_constraint(response_format: Any) -> Constraint:
+    """A per-call ``response_format`` as a constraint (see the module docstring)."""
+    if isinstance(response_format, Constraint):
+        return response_format
+    if response_format == "json" or (isinstance(response_format, Mapping) and response_format.get("type") == "json_object"):
+        return Constraint.json()
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+        inner = response_format.get("json_schema") or {}
+        schema = inner.get("schema") if isinstance(inner, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise ConstraintError("response_format {'type': 'json_schema'} needs {'json_schema': {'schema': {...}}}")
+        return Constraint.json_schema(schema)
+    return Constraint.json_schema(_json_schema(response_format))
+
+
+def _json_schema(schema: Any) -> dict[str, Any]:
+    """A JSON Schema dict from a Pydantic class, a TypedDict or a JSON Schema dict."""
+    if isinstance(schema, Mapping) and ("type" in schema or "properties" in schema or "$ref" in schema or "anyOf" in schema):
+        return dict(schema)
+    try:
+        return convert_to_json_schema(schema)
+    except Exception as e:
+        raise ConstraintError(
+            f"a structured-output schema must be a Pydantic class, a TypedDict or a JSON Schema dict "
+            f"(or, as response_format, a Constraint, 'json' or an OpenAI response_format dict); got {schema!r} ({e})"
+        ) from e
+
+
+# -- structured output -----------------------------------------------------------------------------
+STRING_LIMIT = 200
+"""``maxLength`` given to the strings of a structured-output schema that set no bound of their own."""
+
+
+def bounded_strings(schema: Any, limit: int = STRING_LIMIT) -> Any:
+    """``schema`` with ``maxLength: limit`` on every string that has no length, pattern, format or value set.
+
+    A small model under greedy decoding can repeat itself inside a string until the token budget
+    runs out, which leaves the object unfinished; with a bound the grammar closes the string and
+    the object completes. Pass your own ``maxLength`` to choose another bound.
+    """
+    if isinstance(schema, list):
+        return [bounded_strings(s, limit) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: bounded_strings(v, limit) if k not in ("enum", "const", "default", "examples") else v for k, v in schema.items()}
+    types = schema.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    if is_string and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const")):
+        out["maxLength"] = limit
+    return out
+def structured_output(
+    model: Any, schema: Any, method: str = "json_schema", include_raw: bool = False, **kwargs: Any
+) -> Runnable:
+    """``ChatRagSpec.with_structured_output`` (see the module docstring)."""
+    if kwargs:
+        raise ValueError(f"with_structured_output got unsupported argument(s) {', '.join(sorted(kwargs))}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+    trace = {"kwargs": {"method": method}, "schema": schema}
+    if method == "function_calling":
+        if schema is None:
+            raise ValueError("method='function_calling' needs a schema")
+        tool = to_tool(schema)
+        bounded = {"type": "function", "function": {**tool.as_json(), "parameters": bounded_strings(dict(tool.parameters))}}
+        llm = model.bind_tools([bounded], tool_choice=tool.name, parallel_tool_calls=False, ls_structured_output_format=trace)
+        parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
+                            else JsonOutputKeyToolsParser(key_name=tool.name, first_tool_only=True))
+    else:
+        if schema is None and method == "json_schema":
+            raise ValueError("method='json_schema' needs a schema (or use method='json_mode')")
+        constraint = (Constraint.json() if schema is None
+                      else Constraint.json_schema(bounded_strings(tool_calls.closed_objects(_json_schema(schema)))))
+        llm = model.bind(response_format=constraint, ls_structured_output_format=trace)
+        parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+    final = RunnableLambda(lambda message: parser.invoke(message))  # one object, once the answer is complete
+    if not include_raw:
+        return llm | final
+    parse = RunnablePassthrough.assign(parsed=itemgetter("raw") | final, parsing_error=lambda _: None)
+    fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=llm) | parse.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+# -- answers -----------------------------------------------------------------------------------------
+def answer_message(text: str, **fields: Any) -> AIMessage:
+    """The AIMessage of a finished answer: its tool calls, or its text."""
+    try:
+        calls = tool_calls.parse_calls(text)
+    except ValueError as e:
+        invalid = [{"name": None, "args": text, "id": tool_calls.new_call_id(), "error": str(e), "type": "invalid_tool_call"}]
+        return AIMessage(content="", invalid_tool_calls=invalid, **fields)
+    if calls is None:
+        return AIMessage(content=text, **fields)
+    return AIMessage(content="", tool_calls=[{"name": c.name, "args": c.args, "id": c.id, "type": "tool_call"} for c in calls],
+                     **fields)
+
+
+def chunk_messages(stream: CallStream, delta: str) -> Iterator[AIMessageChunk]:
+    """The AIMessageChunks of one text delta of an answer to a call with tools bound."""
+    for piece in stream.add(delta):
+        if piece.index is None:
+            yield AIMessageChunk(content=piece.text)
+        else:
+            chunk = {"name": piece.name, "args": piece.args, "id": piece.id, "index": piece.index, "type": "tool_call_chunk"}
+            yield AIMessageChunk(content="", tool_call_chunks=[chunk])  # type: ignore[list-item]
+

@@ -1,0 +1,207 @@
+"""Tool calling and structured output of the LangChain models, on a tiny random model.
+
+The model's output is nonsense; the grammar still makes every call and every object well-formed,
+which is what these tests check (choosing well is the real model's job).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from ragspec.constraints import ConstraintError
+from ragspec.lc import ChatRagSpec, RagSpecLLM
+from ragspec.lc.messages import to_chat
+from ragspec.tool_calls import CallStream, Tool, ToolError, parse_calls, tool_call_constraint
+
+MAX = 48
+
+
+@tool
+def add(a: Literal[1, 2, 3], b: Literal[1, 2, 3]) -> int:
+    """Add two small integers."""
+    return a + b
+
+
+@tool
+def weather(city: Literal["Paris", "Oslo"], unit: Literal["C", "F"]) -> str:
+    """Get the weather in a city."""
+    return "sunny"
+
+
+class Forecast(BaseModel):
+    """A forecast."""
+
+    sky: Literal["sun", "rain", "snow"]
+    windy: bool
+    level: int = Field(ge=0, le=9)
+
+
+class ForecastDict(TypedDict):
+    """A forecast."""
+
+    sky: Literal["sun", "rain", "snow"]
+    windy: bool
+
+
+@pytest.fixture
+def chat(lc_tiny_generator) -> ChatRagSpec:
+    return ChatRagSpec(generator=lc_tiny_generator, max_tokens=MAX)
+
+
+def check_call(call: dict, tools: dict) -> None:
+    assert call["name"] in tools and call["id"].startswith("call_") and call["type"] == "tool_call"
+    schema = tools[call["name"]]
+    assert set(call["args"]) <= set(schema["properties"]) and set(schema.get("required", [])) <= set(call["args"])
+
+
+@pytest.mark.timeout(300)
+def test_forced_tool_calls_are_well_formed_in_invoke_and_stream(chat) -> None:
+    tools = {"add": add.args_schema.model_json_schema(), "weather": weather.args_schema.model_json_schema()}
+    bound = chat.bind_tools([add, weather], tool_choice="any", parallel_tool_calls=False)
+    message = bound.invoke("What is 2 + 3?")
+    assert isinstance(message, AIMessage) and message.content == "" and message.tool_calls
+    for call in message.tool_calls:
+        check_call(call, tools)
+    full = None
+    for chunk in bound.stream("What is 2 + 3?"):
+        assert chunk.content == ""
+        full = chunk if full is None else full + chunk
+    assert [(c["name"], c["args"]) for c in full.tool_calls] == [(c["name"], c["args"]) for c in message.tool_calls]
+    assert all(c["id"] for c in full.tool_calls) and full.tool_call_chunks
+
+
+@pytest.mark.timeout(300)
+def test_tool_choice_by_name_and_none(chat) -> None:
+    named = chat.bind_tools([add, weather], tool_choice="weather", parallel_tool_calls=False).invoke("Hi")
+    assert [c["name"] for c in named.tool_calls] and all(c["name"] == "weather" for c in named.tool_calls)
+    assert all(c["args"]["city"] in ("Paris", "Oslo") for c in named.tool_calls)
+    text = chat.bind_tools([add], tool_choice="none").invoke("Hi")
+    assert not text.tool_calls and not text.content.startswith("<tool_call>")
+
+
+@pytest.mark.timeout(300)
+def test_speculative_tool_calls_equal_plain_ones(chat) -> None:
+    bound = chat.bind_tools([add, weather], tool_choice="any", parallel_tool_calls=False)
+    plain = bound.invoke("What is 2 + 3?", speculative=False)
+    spec = bound.invoke("What is 2 + 3?", references=['{"name": "add", "arguments": {"a": 2, "b": 3}}'])
+    assert [(c["name"], c["args"]) for c in spec.tool_calls] == [(c["name"], c["args"]) for c in plain.tool_calls]
+    assert spec.response_metadata["speculative"]["by_source"]["grammar"]["accepted"] > 0
+
+
+def test_tool_history_is_rendered_in_the_convention() -> None:
+    call = {"name": "add", "args": {"a": 1, "b": 2}, "id": "abc", "type": "tool_call"}
+    turns = to_chat(
+        [HumanMessage("What is 1 + 2"),
+         AIMessage([{"type": "text", "text": "Let me add."}, {"type": "tool_use", "id": "abc", "name": "add", "input": {}}],
+                   tool_calls=[call]),
+         ToolMessage(json.dumps({"result": 3}), tool_call_id="abc")],
+        tool_prompt="TOOLS",
+    )
+    assert turns == [
+        {"role": "system", "content": "TOOLS"},
+        {"role": "user", "content": "What is 1 + 2"},
+        {"role": "assistant", "content": 'Let me add.\n<tool_call>[{"name": "add", "arguments": {"a": 1, "b": 2}}]</tool_call>'},
+        {"role": "user", "content": '<tool_response>\n{"result": 3}\n</tool_response>'},
+    ]
+    with_system = to_chat([SystemMessage("Be brief."), HumanMessage("hi")], tool_prompt="TOOLS")
+    assert with_system[0] == {"role": "system", "content": "Be brief.\n\nTOOLS"}
+
+
+@pytest.mark.timeout(300)
+def test_a_conversation_with_tool_results_continues(chat) -> None:
+    first = chat.bind_tools([add], tool_choice="any").invoke("What is 1 + 2?")
+    results = [ToolMessage(str(add.invoke(c["args"])), tool_call_id=c["id"]) for c in first.tool_calls]
+    answer = chat.bind_tools([add]).invoke([HumanMessage("What is 1 + 2?"), first, *results])
+    assert isinstance(answer, AIMessage)
+
+
+# -- bad input: clear errors before any generation -----------------------------------------------
+def no_docstring(x: int) -> int:
+    return x
+
+
+def test_bad_tools_and_choices_fail_when_bound(chat, monkeypatch) -> None:
+    monkeypatch.setattr(chat.load().__class__, "stream", lambda *a, **k: pytest.fail("generation started"))
+    with pytest.raises(ToolError, match="needs a description"):
+        chat.bind_tools([no_docstring])
+    with pytest.raises(ToolError, match="needs a non-empty name"):
+        chat.bind_tools([{"type": "function", "function": {"name": "", "description": "d", "parameters": {"type": "object"}}}])
+    with pytest.raises(ToolError, match="'multiply' is neither"):
+        chat.bind_tools([add], tool_choice="multiply")
+    with pytest.raises(ToolError, match="no tools are bound"):
+        chat.invoke("hi", tool_choice="any", parallel_tool_calls=False)
+    with pytest.raises(ConstraintError, match="Invalid type"):
+        chat.with_structured_output({"type": "object", "properties": {"a": {"type": "strin"}}})
+    with pytest.raises(ValueError, match="method must be one of"):
+        chat.with_structured_output(Forecast, method="xml")
+
+
+def test_call_stream_splits_text_and_calls() -> None:
+    text = '<tool_call>[{"name": "add", "arguments": {"a": 1, "s": "x}\\"y"}}, {"name": "f", "arguments": {}}]</tool_call>'
+    for size in (1, 4, 17):
+        stream, pieces = CallStream(), []
+        for i in range(0, len(text), size):
+            pieces += stream.add(text[i : i + size])
+        names = [p.name for p in pieces if p.name]
+        args = ["".join(p.args for p in pieces if p.index == i) for i in range(2)]
+        assert names == ["add", "f"] and [json.loads(a) for a in args] == [{"a": 1, "s": 'x}"y'}, {}]
+    stream = CallStream()
+    assert stream.add("<tool") == [] and [p.text for p in stream.add(" is a word")] == ["<tool is a word"]
+    stream = CallStream()
+    assert stream.add("<tool_") == [] and [p.text for p in stream.flush()] == ["<tool_"]  # the answer ended there
+    assert [c.name for c in parse_calls(text)] == ["add", "f"] and parse_calls("plain") is None
+    with pytest.raises(ValueError, match="incomplete"):
+        parse_calls('<tool_call>[{"name": "add"')
+
+
+def test_tool_call_grammar_by_choice(lc_tokenizer) -> None:
+    from ragspec.constraints import Grammar
+
+    tools = [Tool("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})]
+    ids = lc_tokenizer.encode('<tool_call>[{"name": "add", "arguments": {"a": 1}}]</tool_call>', add_special_tokens=False)
+    text = lc_tokenizer.encode("Hello there", add_special_tokens=False)
+    for choice, call_ok, text_ok in [("auto", True, True), ("any", True, False), ("none", False, True), ("add", True, False)]:
+        grammar = Grammar(tool_call_constraint(tools, choice), lc_tokenizer, len(lc_tokenizer), [lc_tokenizer.eos_token_id])
+        assert (grammar._matcher.validate_tokens(ids) == len(ids)) == call_ok, choice
+        assert (grammar._matcher.validate_tokens(text) == len(text)) == text_ok, choice
+
+
+# -- structured output ------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["json_schema", "json_mode", "function_calling"])
+def test_structured_output_for_pydantic_typeddict_and_json_schema(chat, method: str) -> None:
+    for schema, kind in [(Forecast, Forecast), (ForecastDict, dict), (Forecast.model_json_schema(), dict)]:
+        runnable = chat.with_structured_output(schema, method=method)
+        result = runnable.invoke("Forecast for tomorrow?")
+        assert isinstance(result, kind)
+        values = result if isinstance(result, dict) else result.model_dump()
+        assert values["sky"] in ("sun", "rain", "snow") and isinstance(values["windy"], bool)
+        streamed = list(runnable.stream("Forecast for tomorrow?"))
+        assert streamed == [result]  # one complete object, at the end
+
+
+@pytest.mark.timeout(300)
+def test_include_raw(chat) -> None:
+    out = chat.with_structured_output(Forecast, include_raw=True).invoke("Forecast?")
+    assert set(out) == {"raw", "parsed", "parsing_error"} and isinstance(out["raw"], AIMessage)
+    assert isinstance(out["parsed"], Forecast) and out["parsing_error"] is None
+    short = ChatRagSpec(generator=chat.generator, max_tokens=3)  # the object cannot be finished
+    cut = short.with_structured_output(Forecast, include_raw=True).invoke("Forecast?")
+    assert cut["parsed"] is None and cut["parsing_error"] is not None
+
+
+@pytest.mark.timeout(300)
+def test_llm_response_format_per_call(lc_tiny_generator) -> None:
+    llm = RagSpecLLM(generator=lc_tiny_generator, max_tokens=MAX)
+    text = llm.invoke("Forecast:", response_format=Forecast)
+    assert Forecast.model_validate_json(text)
+    assert isinstance(json.loads(llm.invoke("JSON:", response_format={"type": "json_object"})), dict)
+    with pytest.raises(ConstraintError):
+        llm.invoke("x", response_format=42)
