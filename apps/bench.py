@@ -212,6 +212,7 @@ def run_benchmark(
     open_ended: int = 10,
     max_new_tokens: int = 96,
     oracle_k: int = 8,
+    structured: int = 0,
     progress: Callable[[str], None] = print,
 ) -> dict[str, object]:
     """Run every method on the RAG workload and the open-ended one; returns the report as a dict."""
@@ -263,6 +264,10 @@ def run_benchmark(
             progress(f"[{name} {i + 1}/{len(prompts)}] " + "  ".join(
                 f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
         report["workloads"][name] = [asdict(s) for s in summarize(runs)]  # type: ignore[index]
+    if structured:  # its own methods and columns (apps.bench_structured)
+        from apps.bench_structured import run_structured
+
+        report["structured"] = run_structured(lm, structured, progress=progress)
     return report
 
 
@@ -356,15 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-ended", type=int, default=10, help="open-ended prompts with nothing to copy (max 10)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--oracle-k", type=int, default=8, help="tokens the oracle drafter proposes per step")
+    parser.add_argument("--structured", type=int, default=20,
+                        help="questions of the structured-extraction workload (JSON Schema, constrained decoding); 0 skips it")
     parser.add_argument("--out", default="bench-out", help="directory for report.json and speedup.png")
     args = parser.parse_args(argv)
-    for name in ("questions", "open_ended", "max_new_tokens", "oracle_k"):
-        if getattr(args, name) < (0 if name == "open_ended" else 1):
+    for name in ("questions", "open_ended", "max_new_tokens", "oracle_k", "structured"):
+        if getattr(args, name) < (0 if name in ("open_ended", "structured") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive")
     report = run_benchmark(
         model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
         questions=args.questions, open_ended=args.open_ended, max_new_tokens=args.max_new_tokens,
-        oracle_k=args.oracle_k,
+        oracle_k=args.oracle_k, structured=args.structured,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -374,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
           f"max_new_tokens={report['max_new_tokens']}, ragspec: {report.get('ragspec_forward')}")
     for name, rows in report["workloads"].items():  # type: ignore[union-attr]
         print(f"\n{name} workload\n{format_table(rows)}\n{headline(rows)}")
+    if "structured" in report:
+        from apps.bench_structured import format_table as structured_table
+
+        print(f"\nstructured workload (grammar-constrained extraction)\n{structured_table(report['structured'])}")  # type: ignore[arg-type]
     print(f"\nwrote {out / 'report.json'} and {out / 'speedup.png'}")
     return 0
 
