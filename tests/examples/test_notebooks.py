@@ -17,12 +17,13 @@ NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600  # per cell; the benchmark cell is the longest (about 40 s on an idle 2-core CPU)
 
 
-def test_the_four_notebooks_are_there() -> None:
+def test_the_five_notebooks_are_there() -> None:
     assert [p.name for p in NOTEBOOKS] == [
         "langchain_chain.ipynb",
         "quickstart.ipynb",
         "retrieval_options.ipynb",
         "speedup_benchmark.ipynb",
+        "structured_output.ipynb",
     ]
 
 
