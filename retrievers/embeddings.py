@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -403,17 +403,26 @@ class _TorchEncoder:
 
 
 Batch = dict[str, np.ndarray]
-Runner = Callable[[list[Batch]], list[np.ndarray]]
-_WAVE = 8  # batches handed to a runtime at once (it may run them in parallel); the progress bar's step
+
+
+class _Runner(Protocol):
+    """Runs an exported graph on batches; `parallelism` batches can be in flight at once."""
+
+    parallelism: int
+
+    def __call__(self, batches: list[Batch]) -> list[np.ndarray]:
+        """The [B, D] output of each batch, in order."""
+        ...
 
 
 class _ExportedEncoder:
     """Tokenizes, sorts by length, pads each batch to its longest text and runs an exported graph.
 
-    The runner takes a list of batches and returns their [B, D] outputs in the same order.
+    The texts are cut into a multiple of the runner's parallelism of equal batches (of at
+    most `batch_size`), so that every core gets the same work even for a few dozen texts.
     """
 
-    def __init__(self, directory: Path, run: Runner) -> None:
+    def __init__(self, directory: Path, run: _Runner) -> None:
         from tokenizers import Tokenizer
 
         spec = json.loads((directory / _SPEC_FILE).read_text(encoding="utf-8"))
@@ -423,13 +432,17 @@ class _ExportedEncoder:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_seq_length)  # as sentence-transformers does
         self._run = run
-        self.dimension = int(run([self._batches([[0]], 1)[0]])[0].shape[1])
+        self.dimension = int(run(self._batches([[0]], 1))[0].shape[1])
 
     @staticmethod
-    def _batches(encoded: list[list[int]], batch_size: int) -> list[Batch]:
+    def _batches(encoded: list[list[int]], n_batches: int) -> list[Batch]:
+        """`encoded` cut into `n_batches` consecutive batches whose sizes differ by at most one."""
+        size, extra = divmod(len(encoded), n_batches)
         batches: list[Batch] = []
-        for start in range(0, len(encoded), batch_size):
-            rows = encoded[start:start + batch_size]
+        start = 0
+        for b in range(n_batches):
+            rows = encoded[start:start + size + (b < extra)]
+            start += len(rows)
             width = max(len(row) for row in rows)
             ids = np.zeros((len(rows), width), dtype=np.int64)  # [B, S], S = longest in the batch
             mask = np.zeros_like(ids)
@@ -444,15 +457,19 @@ class _ExportedEncoder:
         inputs = [t.lower() for t in texts] if self.do_lower_case else texts
         encoded = [e.ids for e in self.tokenizer.encode_batch(inputs)]
         order = np.argsort([-len(ids) for ids in encoded], kind="stable")  # longest first: little padding
-        batches = self._batches([encoded[i] for i in order], batch_size)
+        lanes = self._run.parallelism
+        n_batches = -(-len(texts) // batch_size)  # the fewest batches of at most batch_size
+        n_batches = min(len(texts), -(-n_batches // lanes) * lanes)  # a multiple of the lanes, where possible
+        batches = self._batches([encoded[i] for i in order], n_batches)
+        wave_size = 4 * lanes  # batches handed to the runtime at once; the progress bar's step
         bar = None
         if show_progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(batches), desc="Batches")
         outputs: list[np.ndarray] = []
-        for start in range(0, len(batches), _WAVE):
-            wave = batches[start:start + _WAVE]
+        for start in range(0, len(batches), wave_size):
+            wave = batches[start:start + wave_size]
             outputs += self._run(wave)
             if bar is not None:
                 bar.update(len(wave))
@@ -465,27 +482,38 @@ class _ExportedEncoder:
         return result
 
 
-def _onnxruntime_runner(path: Path) -> Runner:
-    import onnxruntime as ort
+class _OnnxRuntimeRunner:
+    """One session; ONNX Runtime spreads each batch over the cores itself."""
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return lambda batches: [session.run(None, batch)[0] for batch in batches]
+    parallelism = 1
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def __call__(self, batches: list[Batch]) -> list[np.ndarray]:
+        return [self.session.run(None, batch)[0] for batch in batches]
 
 
-def _openvino_runner(path: Path, precision: str) -> Runner:
+class _OpenVinoRunner:
     """OpenVINO in throughput mode: one stream per core, a batch in flight on each."""
-    import openvino as ov
 
-    core = ov.Core()
-    config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "THROUGHPUT"}
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
-    streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+    def __init__(self, path: Path, precision: str) -> None:
+        import openvino as ov
 
-    def run(batches: list[Batch]) -> list[np.ndarray]:
+        core = ov.Core()
+        config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "THROUGHPUT"}
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self.parallelism = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+
+    def __call__(self, batches: list[Batch]) -> list[np.ndarray]:
+        import openvino as ov
+
         if len(batches) == 1:
-            return [compiled.create_infer_request().infer(batches[0])[0].copy()]
+            return [self.compiled.create_infer_request().infer(batches[0])[0].copy()]
         results: list[np.ndarray] = [np.empty(0)] * len(batches)
-        queue = ov.AsyncInferQueue(compiled, min(streams, len(batches)))
+        queue = ov.AsyncInferQueue(self.compiled, min(self.parallelism, len(batches)))
 
         def done(request: Any, index: int) -> None:
             results[index] = request.get_output_tensor(0).data.copy()
@@ -496,8 +524,6 @@ def _openvino_runner(path: Path, precision: str) -> Runner:
         queue.wait_all()
         return results
 
-    return run
-
 
 def _load_encoder(name_or_path: str, location: str, device: str | None, backend: str) -> _Encoder:
     if backend == "torch":
@@ -506,9 +532,9 @@ def _load_encoder(name_or_path: str, location: str, device: str | None, backend:
         return _TorchEncoder(SentenceTransformer(location, device=device, local_files_only=True))
     directory = export_dir(name_or_path, backend)
     if backend.startswith("onnx"):
-        return _ExportedEncoder(directory, _onnxruntime_runner(directory / "model.onnx"))
+        return _ExportedEncoder(directory, _OnnxRuntimeRunner(directory / "model.onnx"))
     precision = "bf16" if backend == "openvino-bf16" else "f32"
-    return _ExportedEncoder(directory, _openvino_runner(directory / "model.onnx", precision))
+    return _ExportedEncoder(directory, _OpenVinoRunner(directory / "model.onnx", precision))
 
 
 def _load_model(name_or_path: str, device: str | None, backend: str) -> _Encoder:

@@ -130,6 +130,25 @@ def test_batching_and_length_sorting_keep_the_input_order(tiny_model: Path, shar
     assert emb.embed_documents([]) == []
 
 
+def test_batches_are_balanced_over_the_runtime_lanes(tiny_model: Path, shared_cache: Path) -> None:
+    """With two lanes (OpenVINO streams), 33 texts go as 17 + 16, not 32 + 1 that would idle a core."""
+    seen: list[list[int]] = []
+
+    class TwoLanes:
+        parallelism = 2
+
+        def __call__(self, batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+            seen.append([b["input_ids"].shape[0] for b in batches])
+            return [np.ones((b["input_ids"].shape[0], 4), dtype=np.float32) for b in batches]
+
+    encoder = emb_mod._ExportedEncoder(emb_mod.export_dir(str(tiny_model), "onnx"), TwoLanes())
+    for n, batch_size, expected in [(33, 32, [[17, 16]]), (66, 32, [[17, 17, 16, 16]]), (3, 32, [[2, 1]]), (1, 32, [[1]]),
+                                    (200, 16, [[15] * 4 + [14] * 4, [14] * 6])]:
+        seen.clear()
+        assert encoder.encode(["some text"] * n, batch_size, False).shape == (n, 4)
+        assert seen == expected, n
+
+
 def test_export_happens_once_and_is_reused(tiny_model: Path, cache_dir: Path, export_counter: list[str]) -> None:
     first = np.array(SentenceTransformerEmbeddings(str(tiny_model), backend="openvino").embed_documents(TEXTS))
     assert export_counter == ["onnx"]
