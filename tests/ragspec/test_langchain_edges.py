@@ -44,8 +44,10 @@ def test_chat_messages_are_counted_through_the_chat_template(lc_tiny_generator):
     assert chat.get_num_tokens_from_messages(MESSAGES) == want
     # Exactly the prompt the model is given: the usage it reports agrees.
     assert chat.invoke(MESSAGES, max_tokens=1).usage_metadata["input_tokens"] == want
-    with pytest.raises(ValueError, match="no tool calling"):
-        chat.get_num_tokens_from_messages(MESSAGES, tools=[{"name": "f"}])
+    # Bound tools are listed in the system turn, so they count too.
+    search = {"name": "search", "description": "Search the documents.",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
+    assert chat.get_num_tokens_from_messages(MESSAGES, tools=[search]) > want
 
 
 def test_llm_counts_messages_as_the_prompt_it_is_given(lc_tiny_generator):

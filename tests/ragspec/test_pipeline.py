@@ -289,7 +289,7 @@ def test_invalid_arguments(qa, lc_tiny_generator):
         qa.ask("   ")
     with pytest.raises(ValueError, match="BaseRetriever"):
         DocumentQA(object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="ChatRagSpec, RagSpecLLM or LocalModel"):
+    with pytest.raises(ValueError, match="ChatRagSpec, RagSpecLLM, LocalModel or RemoteModel"):
         DocumentQA(FixedRetriever(passages=[]), llm=object())  # type: ignore[arg-type]
 
 
