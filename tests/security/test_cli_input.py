@@ -30,7 +30,7 @@ def run_fake_cli(*args: str | bytes, stdin: bytes | None = None) -> subprocess.C
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_ask_with_a_latin1_byte_in_argv_answers_with_a_replacement_character() -> None:
     r = run_fake_cli(b"ask", b"caf\xe9 ferry times?")  # "café" in latin-1: not UTF-8
     err = r.stderr.decode("utf-8", "replace")
@@ -39,7 +39,7 @@ def test_ask_with_a_latin1_byte_in_argv_answers_with_a_replacement_character() -
     assert "You asked: caf\N{REPLACEMENT CHARACTER} ferry times?" in r.stdout.decode("utf-8")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_chat_survives_a_line_that_is_not_utf8_and_a_failing_question() -> None:
     r = run_fake_cli(b"chat", stdin=b"caf\xe9 ferry?\nboom\nwhen do ferries leave?\n")
     out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
@@ -64,7 +64,7 @@ class FailingOnce:
         yield fake_answer("fine")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_chat_reports_a_failed_answer_in_one_line_and_keeps_no_half_turn(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -85,7 +85,7 @@ def _release_reader(fifo: Path) -> None:
         pass  # nobody is waiting on it
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_named_pipe_in_the_corpus_is_skipped_not_waited_on(tmp_path: Path) -> None:
     good = write(tmp_path / "good.txt", "the ferry leaves at seven")
     fifo = tmp_path / "pipe.txt"
@@ -114,7 +114,7 @@ _ZERO_PROBE = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 @pytest.mark.skipif(not Path("/dev/zero").exists() or sys.platform != "linux", reason="needs Linux /dev/zero")
 def test_a_link_to_dev_zero_is_skipped_not_read_until_memory_runs_out(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
@@ -132,7 +132,7 @@ def test_a_link_to_dev_zero_is_skipped_not_read_until_memory_runs_out(tmp_path: 
     assert all("not a regular file: a character device" in reason for _, reason in out["skipped"])
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_file_over_the_default_size_limit_is_skipped_unread(tmp_path: Path) -> None:
     limit = retrievers.DEFAULT_MAX_FILE_BYTES
     assert limit >= 20 * 2**20  # issue 13 ingests 20 MB files
@@ -161,7 +161,7 @@ def test_the_size_limit_is_configurable_and_reported_per_file(tmp_path: Path) ->
 # -- item 9: symbolic links to folders, binary files, library warnings, CLI reasons --------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_symlinked_subfolder_is_followed(tmp_path: Path) -> None:
     corpus, outside = tmp_path / "corpus", tmp_path / "outside"
     own = write(corpus / "own.md", "# Own\n\ntext")
@@ -172,7 +172,7 @@ def test_a_symlinked_subfolder_is_followed(tmp_path: Path) -> None:
     assert result.skipped == []
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_symlink_loop_ends_and_every_file_loads_once(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     top = write(corpus / "top.md", "top")
@@ -207,7 +207,7 @@ def _pdf_with_a_wrong_startxref() -> bytes:
     return head + b"startxref\n5" + tail[tail.index(b"\n") :]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_pypdf_complaints_are_attached_to_their_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     broken = write(tmp_path / "broken.pdf", _pdf_without_eof_marker())
@@ -230,7 +230,7 @@ class NeverEmbed(Embeddings):
         raise AssertionError("nothing should be embedded")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_ingest_of_only_bad_files_prints_each_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

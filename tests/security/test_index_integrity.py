@@ -45,7 +45,7 @@ def data_files(folder: Path) -> list[str]:
 # -- item 5: concurrent saves --------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_concurrent_saves_from_threads_leave_one_whole_index(tmp_path: Path) -> None:
     writers, trials = 4, 25
     stores = [make_store(f"w{k}") for k in range(writers)]
@@ -81,7 +81,7 @@ def _save_in_process(tag: str, folders: list[str], barrier: object) -> None:
         store.save(folder)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_concurrent_saves_from_processes_leave_one_whole_index(tmp_path: Path) -> None:
     writers, trials = 3, 12
     folders = [str(tmp_path / f"trial{t}") for t in range(trials)]
@@ -142,7 +142,7 @@ class _BlockedSave:
         assert self.errors == []
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_second_save_waits_a_bounded_time_then_says_who_holds_the_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,7 +157,7 @@ def test_a_second_save_waits_a_bounded_time_then_says_who_holds_the_folder(
     assert ids(FaissVectorStore.load(tmp_path, EMB)) == ids(first)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_waiting_save_commits_after_the_one_holding_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = make_store("first"), make_store("second")
     blocked = _BlockedSave(first, tmp_path, monkeypatch)
@@ -179,7 +179,7 @@ def test_lock_timeout_is_validated(tmp_path: Path) -> None:
 # -- item 6: loads during saves ------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_loads_during_saves_see_the_old_or_the_new_index_never_corrupt(tmp_path: Path) -> None:
     versions = [make_store("old", 500), make_store("new", 501)]  # big enough to widen the race window
     expected = {ids(s) for s in versions}
@@ -268,7 +268,7 @@ def docs(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_ingest_into_a_path_under_a_file_fails_before_embedding(
     tmp_path: Path, docs: Path, counting: CountingEmbeddings, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -280,7 +280,7 @@ def test_ingest_into_a_path_under_a_file_fails_before_embedding(
     assert "cannot write an index to" in err and "not-a-folder" in err, err
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_ingest_into_a_read_only_file_system_fails_before_embedding(
     tmp_path: Path, docs: Path, counting: CountingEmbeddings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -310,7 +310,7 @@ def _refuse_mkdir(under: Path, real_mkdir):  # type: ignore[no-untyped-def]
     return mkdir
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_ingest_into_a_writable_folder_still_embeds_and_saves(
     tmp_path: Path, docs: Path, counting: CountingEmbeddings
 ) -> None:
