@@ -160,10 +160,13 @@ def _local_dir(location: str) -> Path:
     path = Path(location)
     if path.is_dir():
         return path
-    try:
-        from huggingface_hub import snapshot_download
+    try:  # a file lookup in the local cache only: nothing is fetched
+        from huggingface_hub import try_to_load_from_cache
 
-        return Path(snapshot_download(location, local_files_only=True))
+        cached = try_to_load_from_cache(location, "config.json")
+        if not isinstance(cached, str):
+            raise FileNotFoundError(f"{location}/config.json is not in the local Hugging Face cache")
+        return Path(cached).parent
     except Exception as e:  # noqa: BLE001 - hub errors vary by version
         raise EmbeddingModelError(
             f"model {location!r} is neither a local directory nor in the local Hugging Face cache; "
