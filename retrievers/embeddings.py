@@ -276,6 +276,8 @@ def export_dir(name_or_path: str = "default", backend: str = _CPU_DEFAULT) -> Pa
         (tmp / _SPEC_FILE).write_text(json.dumps({
             **asdict(spec), "source": str(model_dir), "artefact": artefact, "format": _EXPORT_FORMAT,
         }, indent=2))
+        if (target / _SPEC_FILE).is_file():  # another process finished the same export meanwhile
+            return target
         if target.exists():  # a stale, incomplete entry from an older crash
             shutil.rmtree(target)
         try:
