@@ -167,13 +167,20 @@ class Grammar:
             self._bits = np.zeros((rows, self._words), dtype="<u4")
         bits = self._bits[:rows]
         m = self._matcher
+        consumed = 0
         for j in range(rows):
+            if j > 0 and drafted[j - 1] in self._eos:  # the output ends there: only EOS after it
+                bits[j:] = 0
+                for t in self._eos:
+                    bits[j:, t // 32] |= np.uint32(1 << (t % 32))
+                break
             m.unsafe_compute_mask_ptr(bits[j].ctypes.data, self._words * 4)
-            if j < len(drafted) and not m.consume_token(drafted[j]):
-                m.rollback(j)
-                raise AssertionError(f"drafted token {drafted[j]} is not allowed by the grammar (uncut draft)")
-        if drafted:
-            m.rollback(len(drafted))
+            if j < len(drafted) and drafted[j] not in self._eos:
+                if not m.consume_token(drafted[j]):
+                    self._rollback(consumed)
+                    raise AssertionError(f"drafted token {drafted[j]} is not allowed by the grammar (uncut draft)")
+                consumed += 1
+        self._rollback(consumed)
         # numpy, single-threaded: torch's thread pool costs milliseconds on tensors this small when
         # the cores are busy (measured here: 15 ms instead of 36 us per mask).
         unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
@@ -192,6 +199,12 @@ class Grammar:
         return logits.masked_fill(~allowed[:, : logits.shape[-1]], float("-inf"))
 
     # -- state --------------------------------------------------------------------------------
+    def _rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens. EOS is never consumed here: when the grammar scans
+        it, llguidance does not record it as a token, and a rollback would then undo one too many."""
+        if n and not self._matcher.rollback(n):
+            raise AssertionError(f"grammar rollback of {n} tokens failed: {self._matcher.get_error()}")
+
     def advance(self, tokens: Sequence[int]) -> None:
         """Consume accepted tokens (each was allowed by the mask it was chosen under); an EOS ends the output."""
         tokens = list(tokens)
@@ -210,12 +223,13 @@ class Grammar:
         """Tokens the grammar forces next (after the accepted tokens and then ``after``)."""
         if max_tokens <= 0:
             return ()
+        if any(t in self._eos for t in after):  # nothing follows the end of the output
+            return ()
         m = self._matcher
         if after and not m.consume_tokens(list(after)):
             raise AssertionError("forced() after tokens the grammar rejects")
         tokens = tuple(m.compute_ff_tokens()[:max_tokens])
-        if after:
-            m.rollback(len(after))
+        self._rollback(len(after))
         return tokens
 
     def forced_draft(self, max_tokens: int) -> Draft | None:
@@ -233,6 +247,9 @@ class Grammar:
         token had been verified and rejected (which keeps sampling exact).
         """
         n = self._matcher.validate_tokens(list(draft.tokens)) if draft.tokens else 0
+        end = next((i + 1 for i, t in enumerate(draft.tokens[:n]) if t in self._eos), None)
+        if end is not None:  # nothing is drafted after an EOS: the output ends there
+            return draft.truncated(end)
         if n == len(draft.tokens):
             return draft
         if draft.probs is not None:

@@ -22,6 +22,7 @@ from ragspec.generator import SpeculativeGenerator
 from ragspec.models import LoadedModel
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import AdaptivePolicy, FixedPolicy
+from ragspec.tool_calls import Tool, tool_call_constraint
 
 from tests.ragspec.test_generator import NoisyOracle, assert_same_or_tie
 from tests.ragspec.tiny import EOS, tiny_model
@@ -241,10 +242,12 @@ def test_constraint_travels_in_the_config() -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_default_model_constrained_speculation_equals_constrained_plain() -> None:
-    """The real model on an extraction from a passage: the same tokens, fewer forwards."""
+    """The real model on an extraction from a passage: the same tokens, fewer forwards, and the
+    grammar's forced tokens drafted. No history of earlier answers: the speculative run would
+    otherwise copy the plain run's answer whole, and what the grammar drafts would depend on it."""
     from ragspec import registry
 
-    gen = registry.get_generator("default")
+    gen = SpeculativeGenerator(registry.get_generator("default").lm, drafter=NgramDrafter(history_tokens=0))
     passage = ("The Kestrel Lane cooperative was founded in 1987. Every member owns exactly one share, "
                "bought for 250 pounds, and the general meeting is held each March.")
     schema = {"type": "object", "properties": {"founded": {"type": "integer"}, "share_price": {"type": "string", "maxLength": 60},
@@ -260,3 +263,30 @@ def test_default_model_constrained_speculation_equals_constrained_plain() -> Non
     value = json.loads(spec.text)
     assert set(value) == set(schema["required"]) and value["meeting"] in ("January", "March", "June")
     assert spec.stats.forward_passes < plain.stats.forward_passes and spec.stats.by_source["grammar"].accepted > 5
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("kind", ["tool_calls", "schema"])
+def test_a_draft_that_ends_the_output_leaves_the_grammar_where_it_was(kind: str) -> None:
+    """A drafted EOS is never consumed while masks are computed: llguidance does not record an EOS
+    it scans as a token, so rolling it back undid one accepted token too many (found in CI, where a
+    copied ``...</tool_call><|im_end|>`` draft made the next step accept a token the grammar rejects)."""
+    lm = tiny_model(257, 1)
+    tool = Tool("add", "Adds two integers.", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    constraint = tool_call_constraint([tool], "any") if kind == "tool_calls" else CONSTRAINTS["schema"]
+    text = '<tool_call>[{"name": "add", "arguments": {"a": 1' if kind == "tool_calls" else '{"name": "jo", "age": 1'
+    tail = "}}]</tool_call>" if kind == "tool_calls" else ', "role": "author", "active": true, "tags": []}'
+    grammar = Grammar(constraint, lm.tokenizer, 257, [EOS])
+    accepted = lm.tokenizer.encode(text)
+    grammar.advance(accepted)
+    before = grammar.allowed(())
+    drafted = [*lm.tokenizer.encode(tail), EOS, *lm.tokenizer.encode("xy")]
+    cut = grammar.cut(Draft(tuple(drafted), DraftSource.PASSAGE))
+    assert cut.tokens == tuple(drafted[: len(tail) + 1])  # nothing is drafted after the EOS
+    masks = grammar.allowed(cut.tokens)
+    for j in range(len(tail) + 1):
+        assert torch.equal(masks[j], fresh_mask(lm, constraint, accepted + drafted[:j])), j
+    assert masks[-1].nonzero().flatten().tolist() == [EOS]
+    assert grammar.extend(cut, 32) == cut
+    assert torch.equal(grammar.allowed(()), before)
+    grammar.advance(lm.tokenizer.encode("2"))  # the accepted state is intact: a digit may follow

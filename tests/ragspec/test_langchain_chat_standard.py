@@ -125,9 +125,10 @@ class TestChatRagSpecIntegration(Capabilities, ChatModelIntegrationTests):
 
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     @pytest.mark.xfail(
-        reason="failed (both parametrizations) in the last full run of the session that landed tool calling; "
-        "not yet diagnosed whether the 135M model or the tool loop is at fault: open item of issue 11",
-        strict=False,
+        reason="diagnosed: under tool_choice='auto' the 135M model answers 'What is the weather in San Francisco, "
+        "CA?' in text ('The weather in San Francisco, CA, is mostly sunny with a high of 88°F ...') instead of "
+        "calling get_weather; it is the model's choice, not a malformed call. Open item of issue 11.",
+        strict=True,
     )
     def test_agent_loop(self, model: ChatRagSpec) -> None:
         super().test_agent_loop(model)
