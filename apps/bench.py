@@ -1,11 +1,25 @@
-"""Side-by-side benchmark: ragspec against transformers' decoding, on identical RAG prompts.
+"""Side-by-side benchmark: ragspec against transformers' and llama.cpp's decoding, on identical RAG prompts.
 
 Every method decodes the same prompts in one process, interleaved prompt by prompt (the order
-of methods rotates), so drift in machine speed hits all of them alike. Reported per method:
-decode tokens/s (tokens after the first over the time after the first), the ratio to
-transformers greedy ``generate``, time to first token, new tokens per target forward, draft
-acceptance, drafting time per step, peak resident memory, and whether each output equals
-transformers greedy token for token.
+of methods rotates), so drift in machine speed hits all of them alike. Methods, per back end:
+
+- PyTorch: transformers greedy ``generate`` and its prompt lookup; ragspec plain and n-gram on
+  the PyTorch back end; an oracle drafter (the target's own output: the ceiling).
+- llama.cpp (GGUF models, with ``ragspec[llamacpp]``): llama-cpp-python's ``Llama`` greedy (its
+  high-level ``generate``, as a user runs it) and ``Llama`` with its ``LlamaPromptLookupDecoding``
+  (10 tokens); ragspec plain and n-gram on the llama.cpp back end; the oracle on it. Every
+  llama.cpp method runs with the same settings (threads, batch sizes, flash attention), which
+  are llama-cpp-python's default thread counts on a 2-core machine (one-token steps on half the
+  cores, batches on all of them). One more row, ``llama_greedy_all_cores``, runs one-token steps
+  on every physical core too, as Ollama and llama.cpp's own CLI do by default: faster plain
+  decoding, but its attention then sums in another order, so it is not the exactness reference.
+
+Reported per method: decode tokens/s (tokens after the first over the time after the first),
+its ratio to transformers greedy and to llama.cpp greedy, time to first token, end-to-end
+tokens/s (new tokens over the whole call), new tokens per target forward, draft acceptance,
+drafting time per step, peak resident memory of the process, and how many outputs equal their
+back end's own greedy decoding (transformers for PyTorch methods, llama.cpp for llama.cpp
+methods) token for token. The report also holds each back end's verify cost r(k).
 
 Run ``ragspec bench --help`` (or ``python -m apps.bench --help``) for the options.
 """
@@ -24,10 +38,11 @@ from pathlib import Path
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from ragspec.backends import TargetModel
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import SpeculativeGenerator
 from ragspec.models import LoadedModel, load_model
-from ragspec.policy import FixedPolicy
+from ragspec.policy import AdaptivePolicy, FixedPolicy
 
 DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 
@@ -71,18 +86,31 @@ class Run:
 class MethodSummary:
     method: str
     decode_tokens_per_s: float
-    ratio_vs_hf_greedy: float
+    ratio_vs_hf_greedy: float | None
     ttft_ms: float
     tokens_per_forward: float | None
     acceptance_rate: float | None
     draft_ms_per_step: float | None
     peak_rss_mb: float
-    identical: int
+    identical: int | None
+    """Outputs equal to the back end's own greedy (transformers or llama.cpp); None without it."""
     prompts: int
+    ratio_vs_llama_greedy: float | None = None
+    e2e_tokens_per_s: float = 0.0
+    """New tokens over the whole call (prefill included)."""
+
+
+GREEDY = {"torch": "hf_greedy", "llamacpp": "llama_greedy"}
+"""Each back end's own greedy decoding: the reference for speed ratios and identical outputs."""
+
+
+def family(method: str) -> str:
+    """The back end a method runs on."""
+    return "llamacpp" if method.startswith(("llama_", "ragspec_llamacpp", "oracle_llamacpp")) else "torch"
 
 
 # -- workload ---------------------------------------------------------------------------------
-def rag_prompts(lm: LoadedModel, n: int, k: int = 3) -> list[Prompt]:
+def rag_prompts(lm: TargetModel, n: int, k: int = 3) -> list[Prompt]:
     """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
     from retrievers import FaissVectorStore, HybridRetriever, default_embeddings, load_documents, split_documents
 
@@ -101,7 +129,7 @@ def rag_prompts(lm: LoadedModel, n: int, k: int = 3) -> list[Prompt]:
     return prompts
 
 
-def open_prompts(lm: LoadedModel, n: int) -> list[Prompt]:
+def open_prompts(lm: TargetModel, n: int) -> list[Prompt]:
     from ragspec.prompts import chat_prompt_ids
 
     return [Prompt(chat_prompt_ids(lm.tokenizer, [{"role": "user", "content": r}]), [], "open") for r in OPEN_ENDED[:n]]
@@ -201,6 +229,64 @@ def ragspec_method(gen: SpeculativeGenerator, speculative: bool, use_passages: b
     return run
 
 
+def llama_method(llm: object, eos: frozenset[int]) -> Callable[[Prompt, int], Run]:
+    """llama-cpp-python's ``Llama`` greedy (``generate`` with temperature 0).
+
+    It gets the same prompt ids as every method (the tokenizers agree: tests check it) and stops
+    at the same end-of-sequence ids. Each prompt is evaluated from an empty context, like
+    transformers ``generate``: ``Llama`` would otherwise reuse the prefix it shares with the
+    previous prompt, and a short remainder is computed by another attention kernel than a whole
+    prompt (see docs/backends.md), so its output would depend on the previous question.
+    """
+
+    def run(prompt: Prompt, max_new_tokens: int) -> Run:
+        llm.reset()  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        first: float | None = None
+        out: list[int] = []
+        for token in llm.generate(prompt.ids, temp=0.0):  # type: ignore[attr-defined]
+            if first is None:
+                first = time.perf_counter()
+            if token in eos:
+                break
+            out.append(token)
+            if len(out) >= max_new_tokens:
+                break
+        wall = time.perf_counter() - start
+        return Run(len(out), wall, (first or start + wall) - start, token_ids=out)
+
+    return run
+
+
+def llama_instances(lm: TargetModel, n_ctx: int) -> dict[str, object]:
+    """llama-cpp-python ``Llama`` instances on ``lm``'s file, with the back end's settings:
+    greedy, greedy with every physical core on one-token steps, and prompt lookup."""
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    s = lm.settings  # type: ignore[union-attr]
+    kw = dict(n_ctx=n_ctx, n_threads_batch=s.threads_batch, n_batch=s.n_batch,
+              n_ubatch=s.n_ubatch, flash_attn=s.flash_attn, verbose=False)
+    path = str(lm.path)  # type: ignore[union-attr]
+    return {
+        "llama_greedy": llama_cpp.Llama(path, n_threads=s.n_threads, **kw),
+        # What a user who sets threads to the core count gets (Ollama's and llama.cpp's CLI default):
+        # faster one-token steps, whose attention then adds its parts in another order (not a reference).
+        "llama_greedy_all_cores": llama_cpp.Llama(path, n_threads=s.threads_batch, **kw),
+        # logits_all=True as well: with a draft model Llama keeps every position's logits, but sizes its
+        # score array from this argument, and overflows it after n_batch positions without it (0.3.36).
+        "llama_prompt_lookup": llama_cpp.Llama(path, n_threads=s.n_threads, logits_all=True,
+                                               draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw),
+    }
+
+
+def verify_costs(policy: object, lengths: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16)) -> dict[int, float]:
+    """r(k): a verify of ``k`` drafted tokens in plain steps, as the adaptive policy holds it."""
+    if not isinstance(policy, AdaptivePolicy):
+        return {}
+    return {k: round(policy.relative_cost(k), 2) for k in lengths}
+
+
 # -- driver -----------------------------------------------------------------------------------
 def run_benchmark(
     *,
@@ -213,50 +299,94 @@ def run_benchmark(
     max_new_tokens: int = 96,
     oracle_k: int = 8,
     structured: int = 0,
+    backends: Sequence[str] = ("torch", "llamacpp"),
+    llamacpp: object | None = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, object]:
-    """Run every method on the RAG workload and the open-ended one; returns the report as a dict."""
-    lm = load_model(model, device=device, dtype=dtype)
-    # One generator per method: each reuses only its own previous prompt's prefix (the system prompt).
-    plain, ngram = SpeculativeGenerator(lm), SpeculativeGenerator(lm)
-    oracle_drafter = OracleDrafter()
-    oracle = SpeculativeGenerator(lm, drafter=oracle_drafter, policy=FixedPolicy(k=oracle_k, min_match=0))
-    methods: dict[str, Callable[[Prompt, int], Run]] = {
-        "hf_greedy": hf_method(lm),
-        "hf_prompt_lookup": hf_method(lm, prompt_lookup_num_tokens=10),
-        "ragspec_plain": ragspec_method(plain, speculative=False),
-        "ragspec_ngram": ragspec_method(ngram, speculative=True),
-    }
-    generators = [plain, ngram, oracle]
-    if draft_model:
-        both = SpeculativeGenerator(lm, draft_model=draft_model)
-        methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)
-        generators.append(both)
-    methods[f"oracle_k{oracle_k}"] = ragspec_method(oracle, speculative=True)
+    """Run every method on the RAG workload and the open-ended one; returns the report as a dict.
 
-    workloads = {"rag": rag_prompts(lm, questions)}
+    ``backends`` picks the method families (``"torch"``, ``"llamacpp"``); llama.cpp runs only
+    GGUF models, with ``llamacpp`` (a ``LlamaCppSettings``) or its defaults.
+    """
+    from ragspec.backends import is_gguf_name
+    from ragspec.backends import llamacpp as llamacpp_backend
+
+    unknown = sorted(set(backends) - set(GREEDY))
+    if unknown or not backends:
+        raise ValueError(f"unknown backends {unknown}: use torch and/or llamacpp")
+    use_llama = "llamacpp" in backends
+    if use_llama and not (llamacpp_backend.available() and is_gguf_name(model)):
+        progress("skipping the llama.cpp methods: they need a GGUF model and llama-cpp-python "
+                 f"(`{llamacpp_backend.INSTALL_HINT}`)")
+        use_llama = False
+    lm = load_model(model, device=device, dtype=dtype, backend="torch") if "torch" in backends else None
+    cpp = load_model(model, backend="llamacpp", llamacpp=llamacpp) if use_llama else None  # type: ignore[arg-type]
+    if lm is None and cpp is None:
+        raise ValueError("no back end left to run")
+    # One generator per method: each reuses only its own previous prompt's prefix (the system prompt).
+    methods: dict[str, Callable[[Prompt, int], Run]] = {}
+    generators: list[SpeculativeGenerator] = []
+    oracles: dict[str, tuple[OracleDrafter, str]] = {}  # oracle method -> its drafter and the plain run it replays
+    report: dict[str, object] = {"max_new_tokens": max_new_tokens, "workloads": {}, "verify_cost": {}}
+    if lm is not None:
+        plain, ngram = SpeculativeGenerator(lm), SpeculativeGenerator(lm)
+        methods |= {
+            "hf_greedy": hf_method(lm),
+            "hf_prompt_lookup": hf_method(lm, prompt_lookup_num_tokens=10),
+            "ragspec_plain": ragspec_method(plain, speculative=False),
+            "ragspec_ngram": ragspec_method(ngram, speculative=True),
+        }
+        generators += [plain, ngram]
+        if draft_model:
+            both = SpeculativeGenerator(lm, draft_model=draft_model)
+            methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)
+            generators.append(both)
+        report |= {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
+                   "threads": torch.get_num_threads(), "ragspec_forward": plain.backend.description}
+    if cpp is not None:
+        cplain, cngram = SpeculativeGenerator(cpp), SpeculativeGenerator(cpp)
+        methods |= {m: llama_method(llm, cpp.eos_token_ids) for m, llm in llama_instances(cpp, n_ctx=4096).items()}
+        methods |= {
+            "ragspec_llamacpp_plain": ragspec_method(cplain, speculative=False),
+            "ragspec_llamacpp_ngram": ragspec_method(cngram, speculative=True),
+        }
+        generators += [cplain, cngram]
+        report |= {"llamacpp": cplain.backend.description}
+        report.setdefault("model", cpp.name)
+        report.setdefault("device", "cpu")
+        report.setdefault("dtype", cpp.quantization)
+        report.setdefault("threads", cpp.settings.threads_batch)
+    for name, target, source in [(f"oracle_k{oracle_k}", lm, "ragspec_plain"),
+                                 (f"oracle_llamacpp_k{oracle_k}", cpp, "ragspec_llamacpp_plain")]:
+        if target is not None:
+            drafter = OracleDrafter()
+            gen = SpeculativeGenerator(target, drafter=drafter, policy=FixedPolicy(k=oracle_k, min_match=0))
+            methods[name] = ragspec_method(gen, speculative=True)
+            generators.append(gen)
+            oracles[name] = (drafter, source)
+
+    tokenizer_lm = lm if lm is not None else cpp
+    workloads = {"rag": rag_prompts(tokenizer_lm, questions)}
     if open_ended:
-        workloads["open"] = open_prompts(lm, open_ended)
-    report: dict[str, object] = {
-        "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
-        "ragspec_forward": plain._forward.description, "workloads": {},
-    }
+        workloads["open"] = open_prompts(tokenizer_lm, open_ended)
     warm = workloads["rag"][0]
-    for fn in methods.values():  # one untimed run each: allocator and kernel warm-up
-        oracle_drafter.truth = methods["ragspec_plain"](warm, 8).token_ids
+    for m, fn in methods.items():  # one untimed run each: allocator and kernel warm-up
+        if m in oracles:
+            drafter, source = oracles[m]
+            drafter.truth = methods[source](warm, 8).token_ids
         fn(warm, 8)
     for gen in generators:  # the warm-up prompt is also measured: its keys and values must not be reused
         gen.clear_cache()
     for name, prompts in workloads.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         for i, prompt in enumerate(prompts):
-            # Rotate the order; the oracle goes last because it replays ragspec_plain's output.
-            order = [m for m in methods if not m.startswith("oracle")]
-            order = order[i % len(order) :] + order[: i % len(order)] + [m for m in methods if m.startswith("oracle")]
+            # Rotate the order; the oracles go last because they replay a plain run's output.
+            order = [m for m in methods if m not in oracles]
+            order = order[i % len(order) :] + order[: i % len(order)] + list(oracles)
             for m in order:
-                if m.startswith("oracle"):
-                    oracle_drafter.truth = runs["ragspec_plain"][-1].token_ids
+                if m in oracles:
+                    drafter, source = oracles[m]
+                    drafter.truth = runs[source][-1].token_ids
                 with _PeakRss() as rss:
                     run = methods[m](prompt, max_new_tokens)
                 run.peak_rss_mb = rss.peak
@@ -264,7 +394,12 @@ def run_benchmark(
             progress(f"[{name} {i + 1}/{len(prompts)}] " + "  ".join(
                 f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
         report["workloads"][name] = [asdict(s) for s in summarize(runs)]  # type: ignore[index]
-    if structured:  # its own methods and columns (apps.bench_structured)
+    # r(k) as each n-gram generator's policy ended up (calibrated, then refined by the run's timings).
+    if lm is not None:
+        report["verify_cost"]["torch"] = verify_costs(ngram.policy)  # type: ignore[index]
+    if cpp is not None:
+        report["verify_cost"]["llamacpp"] = verify_costs(cngram.policy)  # type: ignore[index]
+    if structured and lm is not None:  # its own methods and columns (apps.bench_structured)
         from apps.bench_structured import run_structured
 
         report["structured"] = run_structured(lm, structured, progress=progress)
@@ -278,52 +413,59 @@ def _tps(runs: Sequence[Run]) -> float:
 
 
 def summarize(runs: dict[str, list[Run]]) -> list[MethodSummary]:
-    base = _tps(runs["hf_greedy"])
-    reference = [r.token_ids for r in runs["hf_greedy"]]
+    base = {fam: _tps(runs[m]) for fam, m in GREEDY.items() if m in runs}
+    reference = {fam: [r.token_ids for r in runs[m]] for fam, m in GREEDY.items() if m in runs}
     out = []
     for method, rs in runs.items():
         forwards = sum(r.forwards or 0 for r in rs)
         drafted = sum(r.drafted for r in rs)
         steps = sum(max((r.forwards or 1) - 1, 1) for r in rs)
         tps = _tps(rs)
+        ref = reference.get(family(method))
+        wall = sum(r.wall_s for r in rs)
         out.append(MethodSummary(
             method=method,
             decode_tokens_per_s=round(tps, 2),
-            ratio_vs_hf_greedy=round(tps / base, 3) if base else 0.0,
+            ratio_vs_hf_greedy=round(tps / base["torch"], 3) if base.get("torch") else None,
+            ratio_vs_llama_greedy=round(tps / base["llamacpp"], 3) if base.get("llamacpp") else None,
             ttft_ms=round(1000 * sum(r.ttft_s for r in rs) / len(rs), 1),
+            e2e_tokens_per_s=round(sum(r.new_tokens for r in rs) / wall, 2) if wall > 0 else 0.0,
             tokens_per_forward=round(sum(r.new_tokens for r in rs) / forwards, 2) if forwards else None,
             acceptance_rate=round(sum(r.accepted for r in rs) / drafted, 3) if drafted else None,
             draft_ms_per_step=round(1000 * sum(r.draft_s for r in rs) / steps, 3) if forwards else None,
             peak_rss_mb=round(max(r.peak_rss_mb for r in rs), 1),
-            identical=sum(r.token_ids == ref for r, ref in zip(rs, reference)),
+            identical=sum(r.token_ids == want for r, want in zip(rs, ref)) if ref is not None else None,
             prompts=len(rs),
         ))
     return out
 
 
 def format_table(rows: Sequence[dict[str, object]]) -> str:
-    cols = ["method", "decode_tokens_per_s", "ratio_vs_hf_greedy", "ttft_ms", "tokens_per_forward",
-            "acceptance_rate", "draft_ms_per_step", "peak_rss_mb", "identical"]
-    heads = ["method", "decode tok/s", "vs HF greedy", "TTFT ms", "tok/forward", "acceptance",
-             "draft ms/step", "peak MB", "identical"]
+    cols = ["method", "decode_tokens_per_s", "ratio_vs_hf_greedy", "ratio_vs_llama_greedy", "ttft_ms",
+            "e2e_tokens_per_s", "tokens_per_forward", "acceptance_rate", "draft_ms_per_step", "peak_rss_mb", "identical"]
+    heads = ["method", "decode tok/s", "vs HF greedy", "vs llama.cpp greedy", "TTFT ms", "e2e tok/s", "tok/forward",
+             "acceptance", "draft ms/step", "peak MB", "identical"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for row in rows:
         cells = []
         for c in cols:
-            v = row[c]
-            cells.append(f"{v}/{row['prompts']}" if c == "identical" else "–" if v is None else str(v))
+            v = row.get(c)
+            if c == "identical" and v is not None:
+                cells.append(f"{v}/{row['prompts']}")
+            else:
+                cells.append("–" if v is None else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def headline(rows: Sequence[dict[str, object]], method: str = "ragspec_ngram") -> str:
-    """One line: ``method``'s speed against every other method, and its share of the oracle's."""
+    """One line: ``method``'s speed against every other method, and its share of its back end's oracle's."""
     speed = {str(r["method"]): float(r["decode_tokens_per_s"]) for r in rows}  # type: ignore[arg-type]
     if not speed.get(method):
         return ""
     parts = [f"{speed[method] / v:.2f}x {m}" for m, v in speed.items()
              if m != method and not m.startswith("oracle") and v > 0]
-    oracle = next((v for m, v in speed.items() if m.startswith("oracle")), 0.0)
+    oracle = next((v for m, v in speed.items() if m.startswith("oracle") and family(m) == family(method)), 0.0)
     if oracle > 0:
         parts.append(f"{speed[method] / oracle:.0%} of the oracle's speed")
     return f"{method}: " + ", ".join(parts)
@@ -338,13 +480,17 @@ def plot(report: dict[str, object], path: Path) -> None:
     workloads: dict[str, list[dict[str, object]]] = report["workloads"]  # type: ignore[assignment]
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
     for ax, (name, rows) in zip(axes[0], workloads.items()):
+        # Each method against its own back end's greedy decoding (transformers or llama.cpp).
         names = [str(r["method"]) for r in rows]
-        ratios = [float(r["ratio_vs_hf_greedy"]) for r in rows]  # type: ignore[arg-type]
-        bars = ax.barh(names, ratios, color=["#888" if n.startswith(("hf", "oracle")) else "#2a7" for n in names])
+        key = {"torch": "ratio_vs_hf_greedy", "llamacpp": "ratio_vs_llama_greedy"}
+        ratios = [float(r.get(key[family(n)]) or 0.0) for r, n in zip(rows, names)]  # type: ignore[arg-type]
+        colors = ["#888" if n.startswith(("hf", "llama_", "oracle")) else "#2a7" if family(n) == "torch" else "#27a"
+                  for n in names]
+        bars = ax.barh(names, ratios, color=colors)
         ax.axvline(1.0, color="k", lw=0.8)
         ax.bar_label(bars, fmt="%.2fx")
         ax.invert_yaxis()
-        ax.set_title(f"{name} workload: decode speed vs transformers greedy")
+        ax.set_title(f"{name} workload: decode speed vs its back end's greedy")
         ax.set_xlabel(f"ratio ({report['model']}, {report['device']}, {report['dtype']})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -363,24 +509,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--oracle-k", type=int, default=8, help="tokens the oracle drafter proposes per step")
     parser.add_argument("--structured", type=int, default=20,
                         help="questions of the structured-extraction workload (JSON Schema, constrained decoding); 0 skips it")
+    parser.add_argument("--backends", default="torch,llamacpp",
+                        help="method families to run, comma-separated: torch, llamacpp (default: both; llama.cpp "
+                             "needs a GGUF model and ragspec[llamacpp])")
+    parser.add_argument("--llamacpp-threads", type=int, default=None,
+                        help="llama.cpp threads for prompts and verification (default: the physical cores)")
+    parser.add_argument("--llamacpp-ubatch", type=int, default=512, help="llama.cpp micro-batch size (default: 512)")
     parser.add_argument("--out", default="bench-out", help="directory for report.json and speedup.png")
     args = parser.parse_args(argv)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or set(backends) - set(GREEDY):
+        parser.error("--backends takes torch and/or llamacpp")
+    try:
+        from ragspec.backends.llamacpp import LlamaCppSettings
+
+        settings = LlamaCppSettings(n_threads_batch=args.llamacpp_threads, n_ubatch=args.llamacpp_ubatch,
+                                    n_batch=max(512, args.llamacpp_ubatch))
+    except ValueError as e:
+        parser.error(str(e))
     for name in ("questions", "open_ended", "max_new_tokens", "oracle_k", "structured"):
         if getattr(args, name) < (0 if name in ("open_ended", "structured") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive")
     report = run_benchmark(
         model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
         questions=args.questions, open_ended=args.open_ended, max_new_tokens=args.max_new_tokens,
-        oracle_k=args.oracle_k, structured=args.structured,
+        oracle_k=args.oracle_k, structured=args.structured, backends=backends, llamacpp=settings,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "speedup.png")
     print(f"\n{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads), "
-          f"max_new_tokens={report['max_new_tokens']}, ragspec: {report.get('ragspec_forward')}")
+          f"max_new_tokens={report['max_new_tokens']}")
+    for label, key in (("ragspec on PyTorch", "ragspec_forward"), ("ragspec on llama.cpp", "llamacpp")):
+        if key in report:
+            print(f"{label}: {report[key]}")
     for name, rows in report["workloads"].items():  # type: ignore[union-attr]
-        print(f"\n{name} workload\n{format_table(rows)}\n{headline(rows)}")
+        lines = [headline(rows, m) for m in ("ragspec_ngram", "ragspec_llamacpp_ngram")]
+        print(f"\n{name} workload\n{format_table(rows)}\n" + "\n".join(line for line in lines if line))
+    for backend, costs in report["verify_cost"].items():  # type: ignore[union-attr]
+        print(f"r(k) on {backend} (verify of k drafted tokens, in plain steps): "
+              + ", ".join(f"r({k})={v}" for k, v in costs.items()))
     if "structured" in report:
         from apps.bench_structured import format_table as structured_table
 

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder made by 'ragspec ingest' (default: {DEFAULT_INDEX})")
         p.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
         p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
-        p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
+        _local_model_options(p)
         _generator_options(p)
 
     ask = commands.add_parser("ask", help="answer one question, streamed, with citations and speed",
@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--concurrency", type=_positive, default=None, metavar="N",
                        help="answers generated at once: 1 with the local model; with --generator-url the server may "
                             "batch them (default: 4 there)")
+    _local_model_options(serve)
     _generator_options(serve)
 
     commands.add_parser("bench", help="speedup benchmark (see 'ragspec bench --help')", add_help=False)
@@ -324,7 +325,16 @@ def _collection(args: argparse.Namespace) -> Collection:
     if not index.is_dir():
         raise CLIError(f"no index at {index}: build one with 'ragspec ingest PATH... --index {index}'")
     _quiet_model_loading()
-    return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args))
+    return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args),
+                      backend=args.backend)
+
+
+def _local_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
+    p.add_argument("--backend", choices=("auto", "torch", "llamacpp"), default="auto",
+                   help="what runs the local model: llama.cpp (GGUF files; pip install 'ragspec[llamacpp]') or PyTorch "
+                        "(default: auto, llama.cpp for GGUF files of 1B parameters or more when it is installed; "
+                        "docs/backends.md)")
 
 
 def _remote(args: argparse.Namespace) -> RemoteModel | None:
@@ -457,7 +467,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         if not Path(args.index).is_dir():
             raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
-        preload = Collection(args.index, max_tokens=args.max_tokens, source=remote)
+        preload = Collection(args.index, max_tokens=args.max_tokens, source=remote, model=args.model, backend=args.backend)
     _quiet_model_loading()
     locked = " (API key required)" if api_key else ""
     url = f"http://{args.host}:{args.port}"
@@ -470,8 +480,14 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
     if remote is not None:
         serve(args.host, args.port, config=config, preload=preload, generation=remote)
-    else:
-        serve(args.host, args.port, config=config, preload=preload)  # the local default model, loaded before listening
+    else:  # the local model, loaded before listening
+        from ragspec.registry import LocalModel
+
+        try:
+            local = LocalModel(model=args.model, backend=args.backend)
+        except ValueError as e:
+            raise CLIError(str(e)) from e
+        serve(args.host, args.port, config=config, preload=preload, generation=local)
     return 0
 
 

@@ -75,7 +75,8 @@ def calibration_key(lm: LoadedModel, forward: str, lengths: tuple[int, ...], con
     return {
         "format": FORMAT,
         "model": lm.name,
-        "weights": weights_fingerprint(lm.model),
+        # A GGUF file run by llama.cpp is identified by its path, size and modification time.
+        "weights": weights_fingerprint(lm.model) if isinstance(lm, LoadedModel) else lm.fingerprint,
         "device": str(lm.device),
         "device_model": _device_model(lm.device),
         "dtype": str(lm.dtype),

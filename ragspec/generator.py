@@ -1,10 +1,15 @@
-"""The speculative generator: owns the target model, its KV cache and the verify loop.
+"""The speculative generator: owns the target model's back end, its KV cache and the verify loop.
+
+The target runs behind the back-end seam (``ragspec.backends``: PyTorch or llama.cpp): a forward
+over ids after the cached positions returning their logits, and a cache that can be cropped.
+Drafting, the policy and verification here are the same for every back end.
 
 KV cache positions: the cache always holds exactly the tokens before ``pending`` (the newest
 accepted token, whose logits are not computed yet). A verify forward appends ``pending`` and the
 ``k`` drafted tokens; after accepting ``n`` of them the cache is cropped by ``k - n`` entries
-(``Cache.crop`` with a negative count), leaving it again just before the new pending token. The
-cache writes positions into preallocated buffers (``ragspec.kv_cache``), so a crop is free.
+(``crop`` with a negative count), leaving it again just before the new pending token. Both back
+ends make a crop cheap: PyTorch writes positions into preallocated buffers (``ragspec.kv_cache``),
+llama.cpp removes the positions from its context's memory (``llama_memory_seq_rm``).
 """
 
 from __future__ import annotations
@@ -17,12 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
-from transformers import DynamicCache
 
+from ragspec.backends import KVCache, TargetModel, make_backend
 from ragspec.config import GenerationConfig
 from ragspec.constraints import Grammar
 from ragspec.drafting import Draft, Drafter, DraftSource
-from ragspec.forward import make_forward
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
@@ -153,14 +157,19 @@ class SpeculativeGenerator:
     that starts with the same tokens (a system prompt, the same passages in a follow-up
     question) only computes the rest, which shortens the time to first token.
 
-    Lossless: greedy output is token-identical to plain greedy decoding of the same model (a
-    drafted token is kept only when it equals the target's argmax after the tokens before it),
-    and sampled output has the distribution of plain sampling (see ``ragspec.sampling``).
+    Lossless: greedy output is token-identical to plain greedy decoding of the same model on the
+    same back end (a drafted token is kept only when it equals the target's argmax after the
+    tokens before it), and sampled output has the distribution of plain sampling (see
+    ``ragspec.sampling``).
+
+    ``backend`` chooses what runs a model given by name: ``"torch"``, ``"llamacpp"`` (GGUF files
+    through llama.cpp, ``pip install 'ragspec[llamacpp]'``) or ``"auto"`` (see
+    ``ragspec.backends.choose_backend``). A loaded model (``load_model``) brings its own.
     """
 
     def __init__(
         self,
-        model: LoadedModel | str = "default",
+        model: TargetModel | str = "default",
         *,
         drafter: Drafter | None = None,
         draft_model: LoadedModel | str | None = None,
@@ -169,6 +178,7 @@ class SpeculativeGenerator:
         prefix_cache: bool = True,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
+        backend: str = "auto",
         config: GenerationConfig | None = None,
         busy_timeout_s: float = 300.0,
     ) -> None:
@@ -180,25 +190,28 @@ class SpeculativeGenerator:
         """Defaults of every call; per-call options merge into it."""
         self.busy_timeout_s = busy_timeout_s
         """How long a request waits for another thread's request to finish before ``GeneratorBusyError``."""
-        self.lm = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
+        if isinstance(model, str):
+            self.lm: TargetModel = load_model(model, device=device, dtype=dtype, backend=backend)
+        elif backend not in ("auto", model.backend):
+            raise ValueError(f"backend={backend!r} but the model given is loaded for {model.backend!r}")
+        else:
+            self.lm = model
         # Earlier answers are a source too: a small model repeats its own phrasing across questions.
         self.drafter: Drafter = drafter if drafter is not None else NgramDrafter(history_tokens=2048)
         if isinstance(draft_model, str):
-            draft_model = load_model(draft_model, device=self.lm.device, dtype=self.lm.dtype)
+            draft_model = load_model(draft_model, device=self.lm.device, dtype=self.lm.dtype, backend="torch")
         self.model_drafter = ModelDrafter(draft_model, self.lm) if draft_model is not None else None
         self.policy: Policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         self.max_draft = max_draft
-        self._forward = make_forward(self.lm.model, self.lm.device, self.lm.dtype)
-        eos = self.lm.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self.lm.tokenizer.eos_token_id is not None:
-            eos_ids.add(self.lm.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos_ids)
+        self.backend = make_backend(self.lm)
+        """This generator's forward and KV cache (the model's weights are shared)."""
+        self._forward = self.backend.forward
+        self.eos_token_ids = self.backend.eos_token_ids
         self.prefix_cache = prefix_cache
         if getattr(self.policy, "needs_calibration", False):
             self._calibrate()
         # The last finished request's KV cache and the tokens it holds (see ``_take_cache``).
-        self._kept: tuple[DynamicCache, list[int]] | None = None
+        self._kept: tuple[KVCache, list[int]] | None = None
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id of the request holding ``_lock``
 
@@ -242,7 +255,7 @@ class SpeculativeGenerator:
         acceptor = make_acceptor(config, self.lm.device)
         grammar = None
         if config.constraint is not None:  # compiled now: a bad constraint fails before any decoding
-            vocab = int(self.lm.model.config.vocab_size)
+            vocab = self.backend.vocab_size
             grammar = Grammar(config.constraint, self.lm.tokenizer, vocab, sorted(self.eos_token_ids))
             acceptor = MaskedAcceptor(acceptor, grammar)
         assembler = StopTextAssembler(self.lm.tokenizer, config.stop)
@@ -301,7 +314,7 @@ class SpeculativeGenerator:
 
     # -- decoding -----------------------------------------------------------------------------
     def _verify(
-        self, cache: DynamicCache, pending: int, draft: Draft | None, acceptor: Acceptor
+        self, cache: KVCache, pending: int, draft: Draft | None, acceptor: Acceptor
     ) -> tuple[list[int], int]:
         """One target forward over ``[pending, *draft]``; returns the new tokens and the accepted count.
 
@@ -380,12 +393,12 @@ class SpeculativeGenerator:
 
         lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.lm.context_length)
         context = min(context, self.lm.context_length - max(lengths) - 1)  # stay inside the position limit
-        key = calibration.calibration_key(self.lm, self._forward.description, lengths, context)
+        key = calibration.calibration_key(self.lm, self.backend.description, lengths, context)
         cached = calibration.load(key)
         if cached is not None:
             self.policy.calibrate(cached)  # type: ignore[attr-defined]
             return
-        cache = self._forward.new_cache(context + max(lengths) + 1)
+        cache = self.backend.new_cache(context + max(lengths) + 1)
         self._forward([0] * context, cache, last_only=True)
         seconds: dict[int, float] = {}
         for k in lengths:
@@ -399,7 +412,7 @@ class SpeculativeGenerator:
         calibration.save(key, seconds)
         self.policy.calibrate(seconds)  # type: ignore[attr-defined]
 
-    def _take_cache(self, prompt_ids: list[int], capacity: int) -> tuple[DynamicCache, int]:
+    def _take_cache(self, prompt_ids: list[int], capacity: int) -> tuple[KVCache, int]:
         """The previous request's cache cropped to the prefix it shares with this prompt, or a new one.
 
         Returns the cache and how many prompt tokens it already holds. At least the last prompt
@@ -414,7 +427,7 @@ class SpeculativeGenerator:
             if shared > 0:
                 cache.crop(shared - cache.get_seq_length())
                 return cache, shared
-        return self._forward.new_cache(capacity), 0
+        return self.backend.new_cache(capacity), 0
 
     def _clip(self, new: list[int], room: int) -> tuple[list[int], str]:
         """Cut newly accepted tokens at EOS and at the token budget."""
@@ -425,7 +438,7 @@ class SpeculativeGenerator:
 
     def _step(
         self,
-        cache: DynamicCache,
+        cache: KVCache,
         context: list[int],
         room: int,
         acceptor: Acceptor,

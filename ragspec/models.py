@@ -16,12 +16,17 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,8 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    backend: ClassVar[str] = "torch"
+    """What runs it (``ragspec.backends``); a GGUF file in llama.cpp is a ``LlamaCppModel``."""
 
     @property
     def context_length(self) -> int:
@@ -117,13 +124,29 @@ def load_model(
     *,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
-) -> LoadedModel:
+    backend: str = "auto",
+    llamacpp: LlamaCppSettings | None = None,
+) -> LoadedModel | LlamaCppModel:
     """Load a causal LM and its tokenizer.
 
     ``name`` is ``"default"`` (the embedded SmolLM2-135M-Instruct), a path to a ``.gguf`` file, a
     local model directory, or a Hugging Face model id (which transformers may fetch if it is not
     in the local hub cache; set ``HF_HUB_OFFLINE=1`` to forbid that).
+
+    ``backend`` picks what runs it (``ragspec.backends.choose_backend``): ``"torch"`` returns a
+    ``LoadedModel`` (transformers weights; a GGUF file is de-quantized once into the cache),
+    ``"llamacpp"`` a ``LlamaCppModel`` (the GGUF file itself, with ``llamacpp`` settings), and
+    ``"auto"`` llama.cpp for GGUF files of a billion parameters or more on a CPU when
+    llama-cpp-python is installed, PyTorch otherwise (the default model included).
     """
+    from ragspec.backends import choose_backend
+
+    if choose_backend(name, backend, device, dtype) == "llamacpp":
+        from ragspec.backends.llamacpp import load_llamacpp
+
+        if name == DEFAULT_MODEL:
+            return load_llamacpp(default_gguf_path(), DEFAULT_MODEL_NAME, llamacpp)
+        return load_llamacpp(name, None, llamacpp)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if name == DEFAULT_MODEL:
@@ -160,6 +183,16 @@ def _not_found_message(name: str) -> str:
     )
 
 
+def _cache_key(gguf: Path) -> str:
+    """A cache entry's key: the file's path, size and modification time, the transformers version."""
+    import transformers
+
+    stat = gguf.stat()
+    return hashlib.sha256(
+        f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{_CACHE_FORMAT}".encode()
+    ).hexdigest()[:16]
+
+
 def _converted_gguf(gguf: Path) -> Path:
     """Return a directory holding ``gguf`` converted to safetensors, converting it on first use.
 
@@ -167,21 +200,45 @@ def _converted_gguf(gguf: Path) -> Path:
     written to a temporary sibling directory that is renamed into place only when complete, so an
     interrupted conversion never leaves an entry that a later load would trust.
     """
-    import transformers
-
-    stat = gguf.stat()
-    key = hashlib.sha256(
-        f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|{_CACHE_FORMAT}".encode()
-    ).hexdigest()[:16]
-    target = cache_root() / "models" / f"{gguf.stem}-{key}"
+    target = cache_root() / "models" / f"{gguf.stem}-{_cache_key(gguf)}"
     if (target / _COMPLETE_MARKER).is_file():
         return target
     logger.warning("converting %s to safetensors once (about 30 s); cached in %s", gguf.name, target)
+    _write_entry(target, gguf, _convert_gguf)
+    return target
+
+
+def gguf_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
+    """The Hugging Face tokenizer stored in ``gguf``, without reading or converting its weights.
+
+    For back ends that run the GGUF file itself (llama.cpp). Reading the tokenizer from a GGUF
+    takes ~6 s, so it is saved once in the cache; a full conversion of the same file (made for
+    the PyTorch back end) holds the same tokenizer and is used when present.
+    """
+    key = _cache_key(gguf)
+    for entry in (cache_root() / "models" / f"{gguf.stem}-{key}", cache_root() / "tokenizers" / f"{gguf.stem}-{key}"):
+        if (entry / _COMPLETE_MARKER).is_file():
+            return _load_tokenizer(entry, gguf.stem)
+    target = cache_root() / "tokenizers" / f"{gguf.stem}-{key}"
+    _write_entry(target, gguf, _convert_tokenizer)
+    return _load_tokenizer(target, gguf.stem)
+
+
+def _convert_tokenizer(gguf: Path, out: Path) -> None:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as e:  # gguf raises a variety of errors for damaged files
+        raise ModelLoadError(f"could not read the tokenizer of GGUF file {gguf}: {e}") from e
+    tokenizer.save_pretrained(out)
+
+
+def _write_entry(target: Path, gguf: Path, convert: Callable[[Path, Path], None]) -> None:
+    """Run ``convert(gguf, directory)`` in a temporary sibling of ``target``, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished entry is an ordinary cache directory
     try:
-        _convert_gguf(gguf, tmp)
+        convert(gguf, tmp)
         (tmp / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "format": _CACHE_FORMAT}))
         if target.exists():  # a stale, incomplete entry from an older crash
             shutil.rmtree(target)
@@ -193,7 +250,6 @@ def _converted_gguf(gguf: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

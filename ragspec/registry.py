@@ -1,7 +1,8 @@
 """A process-wide cache of loaded models and their speculative generators.
 
 Loading a model takes seconds and hundreds of MiB, so every LangChain object with the same
-``(model, device, dtype)`` shares one ``LoadedModel``; generators over it are keyed by
+``(model, device, dtype, backend)`` shares one loaded model (``"auto"`` is resolved first, so it
+shares with the back end it picks); generators over it are keyed by
 ``max_draft`` as well (their drafting policy depends on it). A generator serializes its own
 calls, so sharing one between instances is safe from any thread.
 """
@@ -17,19 +18,22 @@ from ragspec.config import CallOptions, GenerationConfig
 
 if TYPE_CHECKING:
     from ragspec.generator import SpeculativeGenerator
-    from ragspec.models import LoadedModel
+    from ragspec.backends import TargetModel
 
 _lock = threading.Lock()
-_models: dict[tuple[str, str, str], LoadedModel] = {}
-_generators: dict[tuple[str, str, str, int], SpeculativeGenerator] = {}
+_models: dict[tuple[str, str, str, str], TargetModel] = {}
+_generators: dict[tuple[str, str, str, str, int], SpeculativeGenerator] = {}
 
 
-def get_generator(model: str, device: str = "auto", dtype: str = "auto", max_draft: int = 16) -> SpeculativeGenerator:
+def get_generator(
+    model: str, device: str = "auto", dtype: str = "auto", max_draft: int = 16, backend: str = "auto"
+) -> SpeculativeGenerator:
     """The shared generator for these settings, loading the model on first use."""
+    from ragspec.backends import choose_backend
     from ragspec.generator import SpeculativeGenerator
     from ragspec.models import load_model
 
-    key = (model, device, dtype)
+    key = (model, device, dtype, choose_backend(model, backend, device, dtype))
     generator = _generators.get((*key, max_draft))
     if generator is not None:  # the common case: no lock, so a long first load elsewhere never blocks it
         return generator
@@ -38,7 +42,7 @@ def get_generator(model: str, device: str = "auto", dtype: str = "auto", max_dra
         if generator is None:
             lm = _models.get(key)
             if lm is None:
-                lm = _models[key] = load_model(model, device=device, dtype=dtype)
+                lm = _models[key] = load_model(model, device=device, dtype=dtype, backend=key[3])
             generator = _generators[(*key, max_draft)] = SpeculativeGenerator(lm, max_draft=max_draft)
         return generator
 
@@ -61,10 +65,18 @@ class LocalModel:
     device: str = "auto"
     dtype: str = "auto"
     max_draft: int = 16
+    backend: str = "auto"
+    """``"auto"``, ``"torch"`` or ``"llamacpp"`` (see ``ragspec.backends.choose_backend``)."""
     config: GenerationConfig = field(default_factory=GenerationConfig)
 
+    def __post_init__(self) -> None:
+        from ragspec.backends import BACKENDS
+
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+
     def load(self, model: str | None = None) -> SpeculativeGenerator:
-        return get_generator(model or self.model, self.device, self.dtype, self.max_draft)
+        return get_generator(model or self.model, self.device, self.dtype, self.max_draft, self.backend)
 
     def call_options(self, stop: Sequence[str] | None = None, options: Mapping[str, Any] | None = None) -> CallOptions:
         """This model's defaults with ``options`` (generation options, ``model=``) merged in; ``stop`` is added."""

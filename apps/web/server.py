@@ -161,6 +161,8 @@ class DefaultBackend:
     max_tokens: int = 256
     k: int = 4
     model: str = "default"
+    model_backend: str = "auto"
+    """What runs the local ``model``: ``"auto"``, ``"torch"`` or ``"llamacpp"`` (``ragspec.backends``)."""
     source: Source | None = None
     """Where answers are generated (a ``RemoteModel``); None: the local ``model``."""
 
@@ -169,7 +171,8 @@ class DefaultBackend:
     ) -> tuple[Answerer, IndexSummary]:
         index_dir = workdir / "index"
         summary = update_index(paths, index_dir, progress=progress)
-        collection = Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model, source=self.source)
+        collection = Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model,
+                                source=self.source, backend=self.model_backend)
         return collection, summary
 
 
@@ -211,7 +214,10 @@ def create_app(
 
     config = config or AppConfig()
     generation = generation if generation is not None else LocalModel()
-    backend = backend or DefaultBackend(max_tokens=config.max_tokens, source=_remote_or_none(generation))
+    if backend is None:
+        local = generation if isinstance(generation, LocalModel) else None
+        backend = DefaultBackend(max_tokens=config.max_tokens, source=_remote_or_none(generation),
+                                 model=local.model if local else "default", model_backend=local.backend if local else "auto")
     store = SessionStore(sessions_root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
     queue = ModelQueue(config.concurrency, config.max_queue)
     progress_board = ProgressBoard()
@@ -227,6 +233,7 @@ def create_app(
     app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config = config
     app.state.sessions = store
+    app.state.backend = backend
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(_SessionCookie, secure=config.secure_cookie)
     app.add_middleware(Guard, policy=config.security())  # outermost: nothing reaches the app unchecked

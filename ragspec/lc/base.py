@@ -51,6 +51,7 @@ Reference = Union[str, Document, Sequence[int]]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_BACKENDS = ("auto", "torch", "llamacpp")  # ragspec.backends.BACKENDS, without importing torch here
 _RENAMED = {"max_tokens": "max_new_tokens"}
 """LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative", "response_format")
@@ -140,6 +141,8 @@ class RagSpecParams(BaseModel):
     """``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``."""
     dtype: str = "auto"
     """``"auto"`` (bf16 on CUDA, fp32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
+    backend: str = "auto"
+    """What runs the model: ``"torch"``, ``"llamacpp"`` (GGUF files, ``pip install 'ragspec[llamacpp]'``) or ``"auto"`` (llama.cpp for GGUF models on a CPU when installed)."""
     generator: Any = Field(default=None, exclude=True)
     """A ready ``SpeculativeGenerator`` to use instead of loading ``model`` (e.g. one with a custom drafter)."""
     base_url: str | None = None
@@ -194,6 +197,13 @@ class RagSpecParams(BaseModel):
             raise ValueError(f"unknown dtype {v!r}: use one of {', '.join(_DTYPES)}")
         return v
 
+    @field_validator("backend")
+    @classmethod
+    def _v_backend(cls, v: str) -> str:
+        if v not in _BACKENDS:
+            raise ValueError(f"unknown backend {v!r}: use one of {', '.join(_BACKENDS)}")
+        return v
+
     @model_validator(mode="after")
     def _v_generator(self) -> RagSpecParams:
         if self.generator is not None:
@@ -222,7 +232,7 @@ class RagSpecParams(BaseModel):
             return self.generator
         if self.base_url is not None:
             return self.remote_model().load(model or self.model)
-        return registry.get_generator(model or self.model, self.device, self.dtype, self.max_draft)
+        return registry.get_generator(model or self.model, self.device, self.dtype, self.max_draft, self.backend)
 
     def remote_model(self) -> RemoteModel:
         """``base_url``, ``model``, ``api_key`` and ``tokenizer`` as a ``ragspec.remote.RemoteModel``."""
@@ -345,5 +355,6 @@ class RagSpecParams(BaseModel):
             "stop": self.stop,
             "device": self.device,
             "dtype": self.dtype,
+            "backend": self.backend,
             "base_url": self.base_url,
         }

@@ -38,3 +38,25 @@ def test_headline_compares_against_every_method_and_the_oracle() -> None:
             {"method": "ragspec_ngram", "decode_tokens_per_s": 25.0}, {"method": "oracle_k8", "decode_tokens_per_s": 100.0}]
     assert headline(rows) == "ragspec_ngram: 2.50x hf_greedy, 2.00x hf_prompt_lookup, 25% of the oracle's speed"
     assert headline(rows[:2]) == ""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
+    """The llama.cpp family end to end on one question (shape and exactness, not speed)."""
+    from ragspec.backends import llamacpp
+
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is not installed")
+    from apps.bench import run_benchmark
+
+    report = run_benchmark(model="default", backends=("llamacpp",), questions=1, open_ended=0,
+                           max_new_tokens=12, structured=0, progress=lambda _: None)
+    rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
+    assert set(rows) == {"llama_greedy", "llama_greedy_all_cores", "llama_prompt_lookup", "ragspec_llamacpp_plain",
+                         "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"}
+    for method in ("llama_prompt_lookup", "ragspec_llamacpp_plain", "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"):
+        assert rows[method]["identical"] == 1, method  # equal to llama.cpp's own greedy output
+    assert rows["llama_greedy"]["ratio_vs_llama_greedy"] == 1.0 and rows["llama_greedy"]["ratio_vs_hf_greedy"] is None
+    costs = report["verify_cost"]["llamacpp"]  # type: ignore[index]
+    assert costs and all(v > 0 for v in costs.values())

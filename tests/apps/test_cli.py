@@ -255,3 +255,18 @@ def test_ingest_shows_progress_and_skips_files_over_max_file_mb(
 def test_max_file_mb_must_be_a_positive_size(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["ingest", "x", "--max-file-mb", value]) == 2
     assert "--max-file-mb" in capsys.readouterr().err
+
+
+def test_serve_runs_the_chosen_model_and_backend_for_the_page_and_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve --model --backend`` reaches both the ``/v1`` routes and the web page's answers."""
+    import apps.web.server as web
+    from ragspec.registry import LocalModel
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(web, "serve", lambda host, port, **kw: seen.update(kw))
+    assert cli.main(["serve", "--model", "my.gguf", "--backend", "llamacpp"]) == 0
+    generation = seen["generation"]
+    assert isinstance(generation, LocalModel) and (generation.model, generation.backend) == ("my.gguf", "llamacpp")
+    page = web.create_app(seen["config"], generation=generation).state.backend  # type: ignore[arg-type]
+    assert isinstance(page, web.DefaultBackend) and (page.model, page.model_backend) == ("my.gguf", "llamacpp")
+    assert cli.main(["serve", "--backend", "onnx"]) == 2  # argparse names the choices

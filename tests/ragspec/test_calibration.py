@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-import ragspec.generator as generator_module
+import ragspec.backends.pytorch as torch_backend
 from ragspec import calibration
 from ragspec.generator import SpeculativeGenerator
 
@@ -23,7 +23,7 @@ def cache_dir(tmp_path, monkeypatch):
 def forwards(monkeypatch):
     """Counts target forwards of every generator built in the test."""
     calls: list[int] = []
-    make = generator_module.make_forward
+    make = torch_backend.make_forward
 
     def counting_make_forward(*args, **kwargs):
         forward = make(*args, **kwargs)
@@ -40,7 +40,7 @@ def forwards(monkeypatch):
 
         return Counting()
 
-    monkeypatch.setattr(generator_module, "make_forward", counting_make_forward)
+    monkeypatch.setattr(torch_backend, "make_forward", counting_make_forward)
     return calls
 
 

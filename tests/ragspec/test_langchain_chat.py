@@ -146,7 +146,7 @@ def counting_loader(monkeypatch, lc_tiny_model):
     calls: list[tuple[str, str, str]] = []
     gate = threading.Event()
 
-    def fake_load(name: str, *, device: str = "auto", dtype: str = "auto"):
+    def fake_load(name: str, *, device: str = "auto", dtype: str = "auto", backend: str = "auto"):
         calls.append((name, device, dtype))
         gate.wait(timeout=5)  # widen the race window for the concurrency test
         return lc_tiny_model

@@ -1,0 +1,141 @@
+"""Back ends under the decoding loop (see ``ragspec.backends.base`` for the seam).
+
+``choose_backend`` resolves ``backend="auto"``; ``make_backend`` builds a generator's own back end
+(forward + KV cache) over a loaded model, whose weights stay shared.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Union
+
+import torch
+
+from ragspec.backends.base import Backend, BackendUnavailableError, KVCache
+from ragspec.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, resolve_device
+
+if TYPE_CHECKING:
+    from ragspec.backends.llamacpp import LlamaCppModel
+
+BACKENDS = ("auto", "torch", "llamacpp")
+
+AUTO_LLAMACPP_MIN_PARAMETERS = 1_000_000_000
+"""``"auto"`` runs a GGUF file on llama.cpp from this many parameters, and on PyTorch below.
+
+Chosen by end-to-end time on the RAG workload (long prompts, short answers), where PyTorch's
+fp32 prefill outweighs llama.cpp's faster steps on the default 135M model, and by memory from a
+billion parameters on; the measurements are in docs/backends.md ("The default back end")."""
+
+TargetModel = Union[LoadedModel, "LlamaCppModel"]
+"""A loaded target model: transformers weights (``LoadedModel``) or a GGUF file in llama.cpp."""
+
+__all__ = ["AUTO_LLAMACPP_MIN_PARAMETERS", "BACKENDS", "Backend", "BackendUnavailableError", "KVCache", "TargetModel",
+           "choose_backend", "make_backend"]
+
+
+def is_gguf_name(model: str) -> bool:
+    """``"default"`` (a GGUF file in a package) or a path ending in ``.gguf``."""
+    return model == DEFAULT_MODEL or model.lower().endswith(".gguf")
+
+
+def choose_backend(model: str, backend: str = "auto", device: str | torch.device = "auto", dtype: str | torch.dtype = "auto") -> str:
+    """``"torch"`` or ``"llamacpp"`` for loading ``model`` by name; raises when the choice cannot work.
+
+    ``"auto"`` is llama.cpp for GGUF files of at least ``AUTO_LLAMACPP_MIN_PARAMETERS``
+    parameters when llama-cpp-python is installed, the device is the CPU and no dtype is asked
+    for (an explicit dtype asks for the de-quantized PyTorch weights); otherwise PyTorch. The
+    default model (135M) therefore runs on PyTorch unless ``"llamacpp"`` is asked for.
+    """
+    from ragspec.backends import llamacpp
+
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return "torch"
+    if backend == "llamacpp":
+        if not is_gguf_name(model):
+            raise ModelLoadError(
+                f"backend='llamacpp' runs GGUF files and {model!r} is not one: pass a .gguf file or 'default', "
+                "or use backend='torch' for a transformers model"
+            )
+        if not (device == "auto" or str(device) == "cpu"):
+            raise ValueError(f"the llama.cpp back end runs on the CPU: use device='cpu' or 'auto', or backend='torch' for {device}")
+        if dtype != "auto":
+            raise ValueError(
+                f"the llama.cpp back end computes with the GGUF file's own quantization: leave dtype='auto', "
+                f"or use backend='torch' for {dtype}"
+            )
+        if not llamacpp.available():
+            llamacpp._lib()  # raises the error that names the install command
+        return "llamacpp"
+    use_llamacpp = (
+        is_gguf_name(model) and dtype == "auto" and resolve_device(device).type == "cpu" and llamacpp.available()
+        and gguf_parameters(model) >= AUTO_LLAMACPP_MIN_PARAMETERS
+    )
+    return "llamacpp" if use_llamacpp else "torch"
+
+
+def gguf_parameters(model: str) -> int:
+    """Parameters of a GGUF model (``"default"`` or a path), from its tensor table; 0 when unreadable."""
+    from ragspec.models import default_gguf_path
+
+    try:
+        path = default_gguf_path() if model == DEFAULT_MODEL else Path(model).expanduser()
+        return _tensor_elements(str(path.resolve()), path.stat().st_mtime_ns)
+    except (OSError, ValueError, ModelLoadError):
+        return 0  # loading it reports the problem
+
+
+@functools.lru_cache(maxsize=32)
+def _tensor_elements(path: str, mtime_ns: int) -> int:
+    """Sum of the tensor shapes in a GGUF file's header (reads only the header; ``gguf.GGUFReader``
+    takes seconds on a 49k-token vocabulary)."""
+    import struct
+
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
+    with open(path, "rb") as f:
+        def read(fmt: str) -> int:
+            return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
+
+        def skip(kind: int) -> None:
+            if kind == 8:  # string
+                f.seek(read("Q"), 1)
+            elif kind == 9:  # array
+                item, count = read("I"), read("Q")
+                if item in scalar:
+                    f.seek(scalar[item] * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                f.seek(scalar[kind], 1)
+
+        if f.read(4) != b"GGUF" or read("I") < 2:
+            return 0
+        n_tensors, n_kv = read("Q"), read("Q")
+        for _ in range(n_kv):
+            f.seek(read("Q"), 1)  # key
+            skip(read("I"))
+        total = 0
+        for _ in range(n_tensors):
+            f.seek(read("Q"), 1)  # name
+            elements = 1
+            for _ in range(read("I")):
+                elements *= read("Q")
+            total += elements
+            f.seek(12, 1)  # type (u32), offset (u64)
+        return total
+
+
+def make_backend(lm: TargetModel) -> Backend:
+    """A new back end (its own KV cache, or llama.cpp context) over ``lm``'s shared weights."""
+    if isinstance(lm, LoadedModel):
+        from ragspec.backends.pytorch import TorchBackend
+
+        return TorchBackend(lm)
+    from ragspec.backends.llamacpp import LlamaCppBackend, LlamaCppModel
+
+    if isinstance(lm, LlamaCppModel):
+        return LlamaCppBackend(lm)
+    raise TypeError(f"expected a LoadedModel or a LlamaCppModel, got {type(lm).__name__}")

@@ -1,0 +1,73 @@
+"""The seam under the decoding loop: a target model's forward over a KV cache that can be rolled back.
+
+Drafting, the cost policy, greedy and sampling verification (``ragspec.generator``,
+``ragspec.sampling``) are written once, over this protocol. An implementation evaluates token ids
+after the positions its cache holds and returns one row of logits per position asked for; the
+generator rolls the cache back over rejected draft positions with ``crop`` and reuses a cache
+across requests for their shared prompt prefix.
+
+Positions: a cache holds exactly the first ``get_seq_length()`` tokens of the sequence; a
+forward over ``n`` ids appends them (positions ``len .. len + n - 1``), ``crop(-m)`` forgets the
+last ``m``. Implementations: ``ragspec.backends.pytorch`` (transformers' weights, the lean Llama
+forward) and ``ragspec.backends.llamacpp`` (GGUF files through llama.cpp's own kernels).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from ragspec.models import ModelLoadError
+
+
+class KVCache(Protocol):
+    """Keys and values of the positions a back end has evaluated, in order."""
+
+    def get_seq_length(self) -> int:
+        """How many positions the cache holds."""
+        ...
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (a negative count, transformers' convention)."""
+        ...
+
+
+class Backend(Protocol):
+    """One target model's forward and KV cache; a generator owns one, the weights may be shared."""
+
+    name: str
+    """``"torch"`` or ``"llamacpp"``."""
+    description: str
+    """What runs, in words (shown in benchmark reports)."""
+    model_name: str
+    tokenizer: PreTrainedTokenizerBase
+    """Text <-> ids for every back end: the Hugging Face tokenizer (chat template, stop strings, streaming)."""
+    context_length: int
+    """Most positions (prompt and answer together) a cache takes."""
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    """Columns of the logits."""
+    device: torch.device
+    """Where the returned logits live."""
+
+    def forward(self, ids: list[int], cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """Evaluate ``ids`` after the cached positions and append them to ``cache``.
+
+        Returns logits ``[len(ids), vocab]`` (``[1, vocab]`` with ``last_only``) on ``device``. The
+        tensor may be a view of the back end's own buffer: it is valid until the next ``forward``.
+        """
+        ...
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty cache with room for ``capacity`` positions.
+
+        A back end may hold one cache at a time (llama.cpp: one context's memory); a new cache
+        then replaces the previous one, and using the replaced one is an error.
+        """
+        ...
+
+
+class BackendUnavailableError(ModelLoadError):
+    """A back end's optional dependency is not installed; the message names the install command."""

@@ -1,0 +1,37 @@
+"""The PyTorch back end: transformers' weights, the lean Llama forward (``ragspec.forward``) on a
+preallocated KV cache (``ragspec.kv_cache``), transformers' own forward for other architectures."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ragspec.forward import make_forward
+from ragspec.models import LoadedModel
+
+
+class TorchBackend:
+    """Forward and cache of a ``LoadedModel`` (its weights are shared by every back end built on it)."""
+
+    name = "torch"
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self.lm = lm
+        self._forward = make_forward(lm.model, lm.device, lm.dtype)
+        self.description = self._forward.description
+        self.model_name = lm.name
+        self.tokenizer = lm.tokenizer
+        self.context_length = lm.context_length
+        self.device = lm.device
+        self.vocab_size = int(lm.model.config.vocab_size)
+        eos = lm.model.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if lm.tokenizer.eos_token_id is not None:
+            ids.add(lm.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(ids)
+
+    def forward(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
+        return self._forward(ids, cache, last_only)
+
+    def new_cache(self, capacity: int) -> DynamicCache:
+        return self._forward.new_cache(capacity)
