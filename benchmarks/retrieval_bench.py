@@ -5,6 +5,7 @@ Run from the repository root (offline):
 
     .venv/bin/python benchmarks/retrieval_bench.py --quick      # back ends and recall, a few minutes
     .venv/bin/python benchmarks/retrieval_bench.py              # everything, ~25 min on 2 busy cores
+    .venv/bin/python benchmarks/retrieval_bench.py --parts reingest   # re-ingest times, 20 MiB file's peak RSS
 
 Timings on a shared machine are noisy: the back ends are timed in interleaved rounds (each round
 runs every back end once, in a rotating order) and compared by their ratio to PyTorch within the
@@ -207,12 +208,12 @@ def _ranks(search, questions: list[dict]) -> list[int | None]:
 
 
 def _dense_store(embeddings, chunks, headers: bool) -> FaissVectorStore:
-    """A flat store of the chunks; with `headers`, their vectors are of `contextual_text` (`embed_chunks`)."""
+    """A flat store of the chunks; their vectors are of `contextual_text` (`embed_chunks`) with
+    `headers`, of the chunk's text alone without."""
     store = FaissVectorStore(embeddings)
-    if headers:
-        store.add_embeddings([c.page_content for c in chunks], embed_chunks(embeddings, chunks), [c.metadata for c in chunks], [c.id for c in chunks])
-    else:
-        store.add_documents(chunks)
+    texts = [c.page_content for c in chunks]
+    vectors = embed_chunks(embeddings, chunks) if headers else embeddings.embed_documents(texts)
+    store.add_embeddings(texts, vectors, [c.metadata for c in chunks], [c.id for c in chunks])
     return store
 
 
@@ -241,7 +242,7 @@ def bench_recall(chunk_sizes: list[int], after_backend: str) -> list[RecallResul
             ("hybrid", "after", hybrid(after_store, headed, "relative_score"), headed),
             ("hybrid", "headers only (RRF)", hybrid(after_store, headed, "rrf"), headed),
             ("hybrid", "score fusion only (no headers)", hybrid(_dense_store(default_embeddings(after_backend), plain, False), plain, "relative_score"), plain),
-            ("hybrid", "after, dense without header (store.add_documents)", hybrid(no_dense_header, headed, "relative_score"), headed),
+            ("hybrid", "after, dense without header", hybrid(no_dense_header, headed, "relative_score"), headed),
         ]
         for method, setup, search, chunks in setups:
             results.append(RecallResult(size, len(chunks), method, setup, *_rank_stats(_ranks(search, questions))))
@@ -337,6 +338,116 @@ def bench_backends(backends: list[str], rounds: int, passes: int) -> tuple[list[
     return results, context
 
 
+# --- re-ingest: incremental updates, deduplication, memory -------------------------------------
+
+
+@dataclass
+class ReingestRow:
+    what: str
+    files: str
+    passages: str
+    seconds: float
+    peak_rss_mib: float | None = None
+
+
+def _reingest_folder(root: Path, n_files: int) -> Path:
+    """`n_files` distinct documents: the corpus articles in turn, every paragraph tagged with its file's number."""
+    articles = [p.read_text(encoding="utf-8") for p in sorted(CORPUS.glob("*.md")) + sorted(CORPUS.glob("*.txt"))]
+    folder = root / "docs"
+    folder.mkdir(parents=True)
+    for i in range(n_files):
+        paragraphs = articles[i % len(articles)].split("\n\n")
+        (folder / f"doc{i:04d}.md").write_text("\n\n".join(f"[{i}] {p}" for p in paragraphs), encoding="utf-8")
+    return folder
+
+
+def _cli_ingest(folder: Path, index: Path) -> tuple[float, float, str]:
+    """`ragspec ingest FOLDER --index INDEX` in a new process: (seconds, its peak RSS in MiB, its output)."""
+    import subprocess
+
+    # VmHWM: this process's own peak (ru_maxrss would include the benchmark's RSS at the fork on Linux).
+    probe = ("import sys\nfrom apps.cli import main\ncode = main(sys.argv[1:])\n"
+             "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM'))\n"
+             "print('peak_rss_kib', hwm.split()[1])\nsys.exit(code)")
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "ingest", str(folder), "--index", str(index), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"ragspec ingest failed: {done.stderr.strip()[-2000:]}")
+    rss = next(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("peak_rss_kib"))
+    return seconds, rss / 1024, done.stdout
+
+
+def _passages_line(output: str) -> str:
+    return next((line.removeprefix("Passages: ") for line in output.splitlines() if line.startswith("Passages:")), "?")
+
+
+def bench_reingest(n_files: int, big_mb: float) -> list[ReingestRow]:
+    """Re-ingest times (unchanged folder, 1% of files changed) and a large repetitive file's time and peak RSS.
+
+    A generated folder under a temporary directory; `sync_index` in this process (model loaded
+    once) and `ragspec ingest` in new processes (what a user waits for: start-up, and the model
+    load only when something is embedded).
+    """
+    import math
+    import tempfile
+
+    from retrievers import sync_index
+
+    rows: list[ReingestRow] = []
+    changed_per_run = max(1, math.ceil(n_files / 100))
+    with tempfile.TemporaryDirectory(prefix="ragspec-reingest-") as tmp:
+        root = Path(tmp)
+        folder = _reingest_folder(root, n_files)
+        index = root / "index"
+        emb = default_embeddings()
+        emb.embed_query("warm up")  # the model load is not part of the figures below
+
+        def timed_sync(what: str) -> None:
+            t0 = time.perf_counter()
+            _, report = sync_index(folder, index, emb)
+            seconds = time.perf_counter() - t0
+            rows.append(ReingestRow(what, report.files_line(), f"{report.embedded} embedded of {report.chunks_read} read", seconds))
+            print(f"  {what}: {seconds:.2f} s", flush=True)
+
+        def change(run: int) -> None:
+            for i in range(changed_per_run):
+                path = folder / f"doc{(run * changed_per_run + i) % n_files:04d}.md"
+                path.write_text(path.read_text(encoding="utf-8") + f"\n\nRevision {run}: one more paragraph.\n", encoding="utf-8")
+
+        timed_sync(f"first ingest, {n_files} files (sync_index)")
+        timed_sync("unchanged folder (sync_index)")
+        seconds, rss, out = _cli_ingest(folder, index)
+        rows.append(ReingestRow("unchanged folder (`ragspec ingest`, new process)", f"{n_files} unchanged", _passages_line(out), seconds, rss))
+        change(1)
+        timed_sync(f"{changed_per_run} of {n_files} files changed (sync_index)")
+        change(2)
+        seconds, rss, out = _cli_ingest(folder, index)
+        rows.append(ReingestRow(f"{changed_per_run} of {n_files} files changed (`ragspec ingest`, new process)",
+                                f"{changed_per_run} changed", _passages_line(out), seconds, rss))
+
+        small = root / "small"
+        small.mkdir()
+        (small / "one.md").write_text(sorted(CORPUS.glob("*.md"))[0].read_text(encoding="utf-8"), encoding="utf-8")
+        seconds, rss, out = _cli_ingest(small, root / "small-index")
+        rows.append(ReingestRow("baseline: one 7 KB file (`ragspec ingest`, new process)", "1 new", _passages_line(out), seconds, rss))
+        big = root / "big"
+        big.mkdir()
+        text = (CORPUS / "ledgerline-recovery-note.txt").read_text(encoding="utf-8") + "\n\n"
+        with open(big / "big.txt", "w", encoding="utf-8") as f:
+            for _ in range(int(big_mb * 2**20) // len(text) + 1):
+                f.write(text)
+        size = (big / "big.txt").stat().st_size / 2**20
+        print(f"  ingesting a {size:.1f} MiB file...", flush=True)
+        seconds, rss, out = _cli_ingest(big, root / "big-index")
+        rows.append(ReingestRow(f"one {size:.0f} MiB file: one article repeated (`ragspec ingest`, new process)",
+                                "1 new", _passages_line(out), seconds, rss))
+    return rows
+
+
 def _fmt(triple: tuple[float, float, float]) -> str:
     return " / ".join(f"{x:.2f}" for x in triple)
 
@@ -356,8 +467,10 @@ def main() -> None:
     parser.add_argument("--ef-search", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--threads", type=int, default=1, help="OpenMP threads for the timed queries (1: no sync overhead)")
     parser.add_argument("--data", nargs="+", choices=["random", "clustered"], default=["random", "clustered"])
-    parts = ["backends", "recall", "ingest", "latency"]
+    parts = ["backends", "recall", "ingest", "reingest", "latency"]
     parser.add_argument("--parts", nargs="+", choices=parts, default=None, help="default: all (quick: backends recall)")
+    parser.add_argument("--reingest-files", type=int, default=200, help="files in the generated folder for re-ingest (default 200)")
+    parser.add_argument("--big-file-mb", type=float, default=20.0, help="size of the repetitive file for peak RSS (default 20)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "retrieval.json")
     args = parser.parse_args()
     quick = args.quick
@@ -410,6 +523,16 @@ def main() -> None:
         print(f"- embed + index {ingest.chunks_per_pass * ingest.passes} chunks in {ingest.embed_index_s:.1f} s: "
               f"**{ingest.chunks_per_s:.1f} chunks/s**\n", flush=True)
 
+    reingest: list[ReingestRow] = []
+    if "reingest" in args.parts:
+        print(f"## Re-ingest and memory (default embeddings, chunk_size 256; a generated folder of {args.reingest_files} files)\n", flush=True)
+        reingest = bench_reingest(args.reingest_files, args.big_file_mb)
+        print("\n| run | files | passages | seconds | peak RSS MiB |\n|---|---|---|---|---|")
+        for row in reingest:
+            rss = "" if row.peak_rss_mib is None else f"{row.peak_rss_mib:.0f}"
+            print(f"| {row.what} | {row.files} | {row.passages} | {row.seconds:.1f} | {rss} |")
+        print(flush=True)
+
     hnsw = HNSWIndex(m=args.m, ef_construction=args.ef_construction)
     latency: list[LatencyResult] = []
     if "latency" in args.parts:
@@ -430,6 +553,7 @@ def main() -> None:
         "backends_context": backend_context,
         "recall": [asdict(r) for r in recall],
         "ingest": asdict(ingest) if ingest else None,
+        "reingest": [asdict(r) for r in reingest],
         "latency": [asdict(r) for r in latency],
     }, indent=2))
     print(f"\nfigures written to {args.out}")

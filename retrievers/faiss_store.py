@@ -24,7 +24,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from retrievers.catalog import CATALOG_VERSION, Catalog
-from retrievers.embeddings import embeddings_fingerprint
+from retrievers.embeddings import embed_chunks, embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
 from retrievers.persistence import DEFAULT_LOCK_TIMEOUT_S, read_store, write_store
 from retrievers.types import MetadataFilter, check_filter, matches_filter
@@ -125,7 +125,9 @@ class FaissVectorStore(VectorStore):
     def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
         """Embed and add (or replace, for ids already present) documents; returns their ids.
 
-        Ids come from the ``ids`` keyword, else each document's ``id``, else a new UUID.
+        Ids come from the ``ids`` keyword, else each document's ``id``, else a new UUID. A chunk
+        made by ``split_documents`` is embedded with its contextual header (``contextual_text``),
+        as ``ragspec ingest`` does; other documents as their ``page_content``.
         """
         ids = kwargs.pop("ids", None)
         if ids is not None and len(ids) != len(documents):
@@ -136,7 +138,7 @@ class FaissVectorStore(VectorStore):
         ]
         if not documents:
             return []
-        vectors = self._embedding.embed_documents([doc.page_content for doc in documents])
+        vectors = embed_chunks(self._embedding, documents)
         return self.add_embeddings(
             [doc.page_content for doc in documents], vectors, [doc.metadata for doc in documents], resolved
         )

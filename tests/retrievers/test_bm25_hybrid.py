@@ -214,8 +214,8 @@ def test_hybrid_score_fusion_matches_brute_force_over_the_whole_store(fetch_k: i
     hybrid = HybridRetriever(vectorstore=store, documents=docs, k=3, fetch_k=fetch_k, dense_weight=1.0, bm25_weight=2.0)
     fetch = max(fetch_k, 3)  # each side gives at least k candidates
     for query in ["lighthouse lamp", "notes on bread", "commit log recovery", "sea bread db"]:
-        # Dense: cosine of every stored vector, exact; BM25: the hand-written formula over header + text.
-        vectors = np.array(embedding.embed_documents([d.page_content for d in docs]))
+        # Dense: cosine of every stored vector, exact; BM25: the hand-written formula; both over header + text.
+        vectors = np.array(embedding.embed_documents([contextual_text(d) for d in docs]))
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         q = np.array(embedding.embed_query(query))
         cos = vectors @ (q / np.linalg.norm(q))

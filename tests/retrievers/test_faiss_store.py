@@ -136,3 +136,22 @@ def test_scores_relevance_mmr_and_edge_cases() -> None:
         store.similarity_search_by_vector([0.1, 0.2, 0.3])
     retriever = store.as_retriever(search_kwargs={"k": 2, "filter": lambda m: True})
     assert [d.id for d in retriever.invoke("banana")][0] == "b"
+
+
+def test_add_documents_embeds_chunks_with_their_header_as_ingest_does() -> None:
+    """A chunk from ``split_documents`` gets the vector of its ``contextual_text`` (what ``ragspec
+    ingest`` stores, so both paths build the same index); its text and metadata stay its own."""
+    from retrievers import contextual_text, split_documents
+
+    emb = DeterministicFakeEmbedding(size=16)
+    doc = Document("The trial period is six months. " * 3, metadata={"source": "staff-handbook.md"})
+    chunks = split_documents([doc], chunk_size=64, chunk_overlap=0)
+    plain = Document("no header here", id="plain")
+    store = FaissVectorStore(emb)
+    store.add_documents([*chunks, plain])
+    for chunk in chunks:
+        assert contextual_text(chunk).startswith("staff handbook")
+        hit, score = store.similarity_search_with_score_by_vector(emb.embed_query(contextual_text(chunk)), k=1)[0]
+        assert hit.id == chunk.id and hit.page_content == chunk.page_content and score == pytest.approx(1.0, abs=1e-5)
+    hit, score = store.similarity_search_with_score_by_vector(emb.embed_query("no header here"), k=1)[0]
+    assert hit.id == "plain" and score == pytest.approx(1.0, abs=1e-5)
