@@ -478,7 +478,21 @@ def plot(report: dict[str, object], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads: dict[str, list[dict[str, object]]] = report["workloads"]  # type: ignore[assignment]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
+    costs: dict[str, dict[str, float]] = {b: c for b, c in report.get("verify_cost", {}).items() if c}  # type: ignore[union-attr]
+    panels = len(workloads) + (1 if costs else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), squeeze=False)
+    if costs:  # r(k) of each back end: what a verify of k drafted tokens costs, in plain steps
+        ax = axes[0][-1]
+        for backend, curve in costs.items():
+            points = sorted((int(k), float(v)) for k, v in curve.items())  # JSON keys are strings
+            ax.plot([k for k, _ in points], [v for _, v in points], marker="o",
+                    label={"torch": "PyTorch", "llamacpp": "llama.cpp"}.get(backend, backend))
+        ax.plot([0, 16], [1, 17], color="#bbb", lw=0.8, ls="--", label="k+1 plain steps")
+        ax.set_ylim(0, 10)
+        ax.set_xlabel("drafted tokens verified, k")
+        ax.set_ylabel("r(k): verify cost in plain steps")
+        ax.set_title("verify cost r(k)")
+        ax.legend()
     for ax, (name, rows) in zip(axes[0], workloads.items()):
         # Each method against its own back end's greedy decoding (transformers or llama.cpp).
         names = [str(r["method"]) for r in rows]

@@ -60,3 +60,26 @@ def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
     assert rows["llama_greedy"]["ratio_vs_llama_greedy"] == 1.0 and rows["llama_greedy"]["ratio_vs_hf_greedy"] is None
     costs = report["verify_cost"]["llamacpp"]  # type: ignore[index]
     assert costs and all(v > 0 for v in costs.values())
+
+
+def test_plot_draws_each_workload_and_the_verify_cost_curves(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.figure
+
+    from apps.bench import plot
+
+    row = {"method": "hf_greedy", "ratio_vs_hf_greedy": 1.0}
+    report = {"model": "m", "device": "cpu", "dtype": "float32", "workloads": {"rag": [row], "open": [row]},
+              "verify_cost": {"torch": {"1": 1.1, "8": 1.7}, "llamacpp": {1: 1.8, 8: 4.9}}}
+    drawn = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        drawn.append({ax.get_title(): len(ax.get_lines()) for ax in fig.axes})
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    plot(report, tmp_path / "speedup.png")
+    assert (tmp_path / "speedup.png").stat().st_size > 0
+    titles = drawn[0]
+    assert titles.get("verify cost r(k)") == 3  # two back ends and the k+1 line
+    assert sum("workload" in t for t in titles) == 2
