@@ -502,7 +502,12 @@ class _OnnxRuntimeRunner:
 
 
 class _OpenVinoRunner:
-    """OpenVINO in throughput mode: one stream per core, a batch in flight on each."""
+    """OpenVINO in throughput mode: one stream per core, a batch in flight on each.
+
+    Batches go to a fixed set of infer requests and are collected on the calling thread, with no
+    Python callback: a callback makes OpenVINO's stream threads take the GIL, and a compiled model
+    freed by Python (which holds the GIL while OpenVINO joins those threads) then deadlocks.
+    """
 
     def __init__(self, path: Path, precision: str) -> None:
         import openvino as ov
@@ -511,23 +516,22 @@ class _OpenVinoRunner:
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "THROUGHPUT"}
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
         self.parallelism = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        self.requests = [self.compiled.create_infer_request() for _ in range(self.parallelism)]
+        self._lock = threading.Lock()  # the requests are shared: one call at a time (a query waits for a wave)
 
     def __call__(self, batches: list[Batch]) -> list[np.ndarray]:
-        import openvino as ov
-
-        if len(batches) == 1:
-            return [self.compiled.create_infer_request().infer(batches[0])[0].copy()]
-        results: list[np.ndarray] = [np.empty(0)] * len(batches)
-        queue = ov.AsyncInferQueue(self.compiled, min(self.parallelism, len(batches)))
-
-        def done(request: Any, index: int) -> None:
-            results[index] = request.get_output_tensor(0).data.copy()
-
-        queue.set_callback(done)
-        for index, batch in enumerate(batches):
-            queue.start_async(batch, index)
-        queue.wait_all()
-        return results
+        with self._lock:
+            if len(batches) == 1:
+                return [self.requests[0].infer(batches[0])[0].copy()]
+            results: list[np.ndarray] = []
+            for start in range(0, len(batches), len(self.requests)):  # one wave: a batch per request
+                wave = list(zip(self.requests, batches[start : start + len(self.requests)]))
+                for request, batch in wave:
+                    request.start_async(batch)
+                for request, _ in wave:
+                    request.wait()
+                    results.append(request.get_output_tensor(0).data.copy())
+            return results
 
 
 def _load_encoder(name_or_path: str, location: str, device: str | None, backend: str) -> _Encoder:
