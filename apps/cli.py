@@ -330,8 +330,10 @@ def _collection(args: argparse.Namespace) -> Collection:
 
 
 def _local_model_options(p: argparse.ArgumentParser) -> None:
+    from ragspec.config import BACKENDS
+
     p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
-    p.add_argument("--backend", choices=("auto", "torch", "llamacpp"), default="auto",
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="what runs the local model: llama.cpp (GGUF files; pip install 'ragspec[llamacpp]') or PyTorch "
                         "(default: auto, llama.cpp for GGUF files of 1B parameters or more when it is installed; "
                         "docs/backends.md)")
@@ -483,11 +485,7 @@ def _serve(args: argparse.Namespace) -> int:
     else:  # the local model, loaded before listening
         from ragspec.registry import LocalModel
 
-        try:
-            local = LocalModel(model=args.model, backend=args.backend)
-        except ValueError as e:
-            raise CLIError(str(e)) from e
-        serve(args.host, args.port, config=config, preload=preload, generation=local)
+        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend))
     return 0
 
 

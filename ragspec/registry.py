@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ragspec.config import CallOptions, GenerationConfig
+from ragspec.config import CallOptions, GenerationConfig, check_backend
 
 if TYPE_CHECKING:
     from ragspec.generator import SpeculativeGenerator
@@ -70,10 +70,7 @@ class LocalModel:
     config: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
-        from ragspec.backends import BACKENDS
-
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}: use one of {', '.join(BACKENDS)}")
+        check_backend(self.backend)
 
     def load(self, model: str | None = None) -> SpeculativeGenerator:
         return get_generator(model or self.model, self.device, self.dtype, self.max_draft, self.backend)

@@ -214,9 +214,9 @@ def create_app(
 
     config = config or AppConfig()
     generation = generation if generation is not None else LocalModel()
-    if backend is None:
+    if backend is None:  # the page answers with the same model as /v1: local (its own Collection) or remote
         local = generation if isinstance(generation, LocalModel) else None
-        backend = DefaultBackend(max_tokens=config.max_tokens, source=_remote_or_none(generation),
+        backend = DefaultBackend(max_tokens=config.max_tokens, source=None if local else generation,
                                  model=local.model if local else "default", model_backend=local.backend if local else "auto")
     store = SessionStore(sessions_root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
     queue = ModelQueue(config.concurrency, config.max_queue)
@@ -654,10 +654,3 @@ def serve(
     generation.load()  # before listening: the first request should not wait for the model
     app = create_app(config, preload=preload, generation=generation)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-
-def _remote_or_none(generation: Source) -> Source | None:
-    """The source the web page's answers use: a remote one as given; None for a local model (``Collection``'s own)."""
-    from ragspec.registry import LocalModel
-
-    return None if isinstance(generation, LocalModel) else generation

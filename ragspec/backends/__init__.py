@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Union
 import torch
 
 from ragspec.backends.base import Backend, BackendUnavailableError, KVCache
+from ragspec.config import BACKENDS, check_backend
 from ragspec.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, resolve_device
 
 if TYPE_CHECKING:
     from ragspec.backends.llamacpp import LlamaCppModel
 
-BACKENDS = ("auto", "torch", "llamacpp")
 
 AUTO_LLAMACPP_MIN_PARAMETERS = 1_000_000_000
 """``"auto"`` runs a GGUF file on llama.cpp from this many parameters, and on PyTorch below.
@@ -49,8 +49,7 @@ def choose_backend(model: str, backend: str = "auto", device: str | torch.device
     """
     from ragspec.backends import llamacpp
 
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     if backend == "torch":
         return "torch"
     if backend == "llamacpp":

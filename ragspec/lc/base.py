@@ -38,7 +38,7 @@ from langchain_core.messages.ai import UsageMetadata
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
-from ragspec.config import CallOptions, GenerationConfig, GenerationConfigError
+from ragspec.config import CallOptions, GenerationConfig, GenerationConfigError, check_backend
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -51,7 +51,6 @@ Reference = Union[str, Document, Sequence[int]]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-_BACKENDS = ("auto", "torch", "llamacpp")  # ragspec.backends.BACKENDS, without importing torch here
 _RENAMED = {"max_tokens": "max_new_tokens"}
 """LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative", "response_format")
@@ -200,9 +199,7 @@ class RagSpecParams(BaseModel):
     @field_validator("backend")
     @classmethod
     def _v_backend(cls, v: str) -> str:
-        if v not in _BACKENDS:
-            raise ValueError(f"unknown backend {v!r}: use one of {', '.join(_BACKENDS)}")
-        return v
+        return check_backend(v)
 
     @model_validator(mode="after")
     def _v_generator(self) -> RagSpecParams:
