@@ -64,7 +64,9 @@ __all__ = ["CHUNKER_REVISION", "ChunkingSettings", "SyncProgress", "SyncReport",
 
 CHUNKER_REVISION = 1
 """Recorded with the chunking settings; bump it when `split_documents` or `split_stream` start
-cutting the same text differently, so that synced indexes are rebuilt instead of mixing both."""
+cutting the same text differently, so that synced indexes are rebuilt instead of mixing both.
+``tests/retrievers/test_ingest.py::test_the_chunker_revision_names_how_text_is_cut`` fails on
+such a change until the revision is bumped and the new cut's digest recorded there."""
 
 _PARAGRAPH = re.compile("\n\n")
 _MAX_WINDOWS = 8  # a window grows to this many times window_chars waiting for a paragraph break

@@ -32,7 +32,7 @@ from retrievers import (
     sync_index,
 )
 from retrievers.catalog import CATALOG_VERSION, content_key
-from retrievers.ingest import ChunkingSettings, SyncProgress, split_stream
+from retrievers.ingest import CHUNKER_REVISION, ChunkingSettings, SyncProgress, split_stream
 from retrievers.loaders import file_digest, iter_text, markdown_title
 from tests.retrievers.conftest import CORPUS_DIR, CountingEmbeddings
 
@@ -660,3 +660,34 @@ def test_a_20_mb_file_is_ingested_in_bounded_memory(tmp_path: Path) -> None:
     assert result["chunks"] > 10_000 and result["embedded"] < 100
     # Measured: about 10 MiB (the 1 MiB window's splits and chunks); reading the file whole, about 90 MiB.
     assert result["grew_kib"] < 24 * 1024, result
+
+
+# Digest of how the bundled corpus (default settings) and a synthetic text (small chunks, every
+# separator) are cut, per chunker revision. When this fails, chunking changed: bump
+# retrievers.ingest.CHUNKER_REVISION (synced indexes then rebuild instead of mixing old and new
+# chunks) and record the new digest under the new revision.
+RECORDED_CUTS = {1: "7ab3c932df3a42120fb0c268101f27a4b5ed1a2bd9a19a22244230f6c2849bfb"}
+
+
+def _cuts_digest() -> str:
+    corpus = split_documents(retrievers.load_documents(CORPUS_DIR).documents)
+    # Each unit longer than a chunk, so that every separator of the splitter cuts somewhere.
+    words = iter(f"w{i % 97}" for i in range(100_000))
+    part = lambda n: " ".join(next(words) for _ in range(n))  # noqa: E731
+    clause = lambda: ", ".join(part(7) for _ in range(8))  # noqa: E731
+    sentence = lambda end: "; ".join(clause() for _ in range(2)) + end  # noqa: E731
+    line = lambda: " ".join(sentence(end) for end in ".?!")  # noqa: E731
+    text = "\n\n".join("\n".join(line() for _ in range(2)) for _ in range(3)) + "\n\n" + part(120) + " " + "x" * 400
+    synthetic = split_documents([Document(page_content=text, metadata={"source": "synthetic.txt", "title": "Synthetic"})],
+                                chunk_size=48, chunk_overlap=8)
+    rows = [[Path(c.metadata["source"]).name, c.metadata["start_index"], c.metadata.get(retrievers.HEADER_KEY), c.page_content]
+            for c in [*corpus, *synthetic]]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+
+
+def test_the_chunker_revision_names_how_text_is_cut() -> None:
+    digest = _cuts_digest()
+    assert RECORDED_CUTS.get(CHUNKER_REVISION) == digest, (
+        f"chunking changed (digest {digest}) without a new CHUNKER_REVISION: bump it in retrievers/ingest.py "
+        f"and record the digest in RECORDED_CUTS"
+    )
