@@ -137,7 +137,9 @@ class GenerationStream:
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        self.result = yield from self._steps
+        result = yield from self._steps
+        if self.result is None:  # iterating an exhausted stream again yields nothing and keeps the result
+            self.result = result
 
     def __enter__(self) -> GenerationStream:
         return self
@@ -189,7 +191,8 @@ class SpeculativeGenerator:
         self.config = config if config is not None else GenerationConfig()
         """Defaults of every call; per-call options merge into it."""
         self.busy_timeout_s = busy_timeout_s
-        """How long a request waits for another thread's request to finish before ``GeneratorBusyError``."""
+        """How long a request waits for another thread's request to finish before ``GeneratorBusyError``
+        (``float("inf")``: as long as it takes)."""
         if isinstance(model, str):
             self.lm: TargetModel = load_model(model, device=device, dtype=dtype, backend=backend)
         elif backend not in ("auto", model.backend):
@@ -278,6 +281,7 @@ class SpeculativeGenerator:
         if not callable(getattr(self.policy, "calibrate", None)):
             raise ValueError(f"{type(self.policy).__name__} takes no calibration (AdaptivePolicy does)")
         with self._hold():
+            self._kept = None  # a llama.cpp context holds one cache: timing replaces the kept one
             self._calibrate(context=context)
 
     def clear_cache(self) -> None:
@@ -288,10 +292,15 @@ class SpeculativeGenerator:
                 self.model_drafter.clear_cache()
 
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
-        """Token ids of ``text`` (lone surrogates, which no tokenizer takes, become U+FFFD); ids pass through."""
+        """Token ids of ``text`` (lone surrogates, which no tokenizer takes, become U+FFFD); ids pass
+        through, checked against the model's vocabulary (``ValueError`` for one outside it)."""
         if isinstance(text, str):
             return list(self.lm.tokenizer.encode(clean_text(text), add_special_tokens=special_tokens))
-        return [int(t) for t in text]
+        ids = [int(t) for t in text]
+        vocab = self.backend.vocab_size
+        if (bad := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab})")
+        return ids
 
     @contextmanager
     def _hold(self) -> Iterator[None]:
@@ -301,7 +310,8 @@ class SpeculativeGenerator:
                 "this thread still has an open stream of this generator: exhaust or close it first "
                 "(`with generator.stream(...) as s:` closes it on exit)"
             )
-        if not self._lock.acquire(timeout=self.busy_timeout_s):
+        wait = self.busy_timeout_s
+        if not self._lock.acquire(timeout=-1 if wait > threading.TIMEOUT_MAX else wait):  # inf: for as long as it takes
             raise GeneratorBusyError(
                 f"the generator stayed busy with another request for {self.busy_timeout_s:g} s; try again later"
             )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 class BufferLayer(DynamicLayer):
@@ -65,10 +65,15 @@ class BufferLayer(DynamicLayer):
 
 
 def make_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` whose full-attention layers are ``BufferLayer``s sized for ``capacity`` positions.
+    """A ``DynamicCache`` whose attention layers are ``BufferLayer``s sized for ``capacity`` positions.
 
-    Other layer kinds (sliding windows, linear attention) keep transformers' own implementation.
+    Sliding-window layers get one too: transformers' own drops positions that leave the window, so
+    it cannot be cropped back once the sequence is longer than the window (a rejected draft would
+    end the request), while the attention mask, built from the model's config, still limits every
+    query to its window over a cache that keeps all positions. Other layer kinds (linear
+    attention) keep transformers' implementation.
     """
     cache = DynamicCache(config=config)
-    cache.layers = [BufferLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [BufferLayer(capacity) if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+                    for layer in cache.layers]
     return cache

@@ -372,12 +372,14 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
 
     lm = generator.lm
     tokenizer = lm.tokenizer
+    vocab = len(tokenizer)
+    if any(not isinstance(ref, str) and any(t >= vocab for t in ref) for ref in request.references):
+        raise OpenAIError(400, f"reference token ids must be in [0, {vocab})", param="references")
     if request.chat:
         prompt_ids = chat_prompt_ids(tokenizer, request.prompt)  # as ChatRagSpec and the pipeline build it
     elif isinstance(request.prompt, str):
         prompt_ids = generator.encode(request.prompt, special_tokens=True)
     else:
-        vocab = len(tokenizer)
         if any(not 0 <= t < vocab for t in request.prompt):
             raise OpenAIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
         prompt_ids = list(request.prompt)

@@ -138,6 +138,22 @@ def test_web_questions_and_v1_calls_share_one_bounded_queue(tmp_path: Path, lc_t
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"
 
 
+@pytest.mark.timeout(120)
+def test_token_ids_outside_the_vocabulary_are_a_400_not_a_crash(tmp_path: Path, lc_tiny_generator: Any) -> None:
+    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
+    vocab = len(lc_tiny_generator.lm.tokenizer)
+    ok = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
+        for body, param in [
+            ({**ok, "references": [[1, 2, 3, vocab]]}, "references"),
+            ({**ok, "references": [[1, 2**70]]}, "references"),
+            ({**ok, "prompt": [1, vocab]}, "prompt"),
+        ]:
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert c.post("/v1/completions", json={**ok, "references": [[1, 2, 3, vocab - 1]]}).status_code == 200
+
+
 # -- against a real server on the default model ------------------------------------------------
 
 

@@ -202,6 +202,25 @@ def test_prefix_is_reused_across_requests(tiny: tuple[LlamaCppModel, LlamaForCau
     assert reused.token_ids == cold.token_ids == plain_greedy(lm, second, 20)
 
 
+@needs_llamacpp
+@pytest.mark.timeout(120)
+def test_calibrating_between_requests_does_not_break_prefix_reuse(
+    tiny: tuple[LlamaCppModel, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A llama.cpp context holds one cache: timing verify forwards replaces the one kept for reuse."""
+    from ragspec import calibration
+
+    lm, _ = tiny
+    rng = random.Random(8)
+    system = [rng.randrange(EOS) for _ in range(100)]
+    gen = SpeculativeGenerator(lm)
+    gen.generate(system + [5, 6, 7], max_new_tokens=5)
+    monkeypatch.setattr(calibration, "load", lambda key: None)  # time them now, not from the disk cache
+    gen.calibrate(context=64)
+    second = system + [8, 9, 10, 11]
+    assert gen.generate(second, max_new_tokens=20).token_ids == plain_greedy(lm, second, 20)
+
+
 # -- sampling keeps its distribution (the chi-square test of test_sampling, on llama.cpp) ------
 @torch.inference_mode()
 def exact_distribution(lm: LlamaCppModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:

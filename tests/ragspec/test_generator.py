@@ -92,6 +92,29 @@ def test_ngram_speculation_equals_brute_force_greedy(vocab: int, seed: int) -> N
     assert plain.stats.drafted_tokens == 0 and plain.stats.forward_passes == len(plain.token_ids) + (plain.finish_reason == "eos")
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_sliding_window_model_rolls_back_past_its_window(seed: int) -> None:
+    """Rejected drafts after the sequence outgrew the window (transformers' own sliding-window cache
+    cannot be cropped there), and the output still equals greedy decoding without a cache."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tests.ragspec.tiny import byte_tokenizer
+
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, sliding_window=16, initializer_range=0.3,
+        eos_token_id=EOS, bos_token_id=None, pad_token_id=EOS, tie_word_embeddings=False,
+    )  # fmt: skip
+    lm = LoadedModel(MistralForCausalLM(config).eval(), byte_tokenizer(257), "tiny-swa", torch.device("cpu"), torch.float32)
+    prompt = [random.Random(seed).randrange(EOS) for _ in range(40)]
+    expected = brute_greedy(lm, prompt, 40)
+    oracle = NoisyOracle(expected, len(prompt), seed, 257)
+    spec = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=4)).generate(prompt, max_new_tokens=40)
+    assert_same_or_tie(lm, prompt, expected, spec.token_ids)
+    assert any(n < 4 for n in oracle.accepted), "some drafts were rejected and rolled back"
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_partial_acceptance_and_rollback_keep_output_exact(seed: int) -> None:
     lm = tiny_model(300, seed, layers=3)
@@ -276,6 +299,26 @@ def test_stream_stats_are_live() -> None:
         seen.append((stream.stats.new_tokens, stream.stats.forward_passes))
     assert seen[0][0] >= 1 and seen[-1][0] > seen[0][0]  # counts grow while streaming
     assert stream.result is not None and stream.result.stats is stream.stats
+    result = stream.result
+    assert list(stream) == [] and stream.result is result  # iterating again yields nothing, keeps the result
+
+
+@pytest.mark.timeout(60)
+def test_an_infinite_busy_timeout_waits_for_the_other_request() -> None:
+    import threading
+
+    gen = SpeculativeGenerator(tiny_model(257, 3), policy=FixedPolicy(k=4), busy_timeout_s=float("inf"))
+    stream = gen.stream([5, 6, 7], max_new_tokens=20)
+    deltas = iter(stream)
+    next(deltas)  # held by this thread
+    done: list[str] = []
+    worker = threading.Thread(target=lambda: done.append(gen.generate([5, 6, 7], max_new_tokens=3).finish_reason))
+    worker.start()
+    worker.join(timeout=0.3)
+    assert worker.is_alive() and not done  # waiting, not failed
+    stream.close()
+    worker.join(timeout=30)
+    assert done == ["length"]
 
 
 @pytest.mark.timeout(60)
@@ -350,6 +393,16 @@ def test_bad_options_are_rejected_before_any_work(options: dict, name: str) -> N
     gen = SpeculativeGenerator(tiny_model(257, 3), policy=FixedPolicy(k=4))
     with pytest.raises(ValueError, match=name):
         gen.stream([5, 6, 7], **options)
+
+
+@pytest.mark.parametrize("where", ["prompt", "reference"])
+@pytest.mark.parametrize("bad", [257, 2**70, -1])
+def test_token_ids_outside_the_vocabulary_are_refused_before_decoding(where: str, bad: int) -> None:
+    gen = SpeculativeGenerator(tiny_model(257, 3), policy=FixedPolicy(k=4))
+    prompt, references = ([5, bad], ()) if where == "prompt" else ([5, 6], [[5, 6, bad]])
+    with pytest.raises(ValueError, match=rf"token id {bad} is outside the model's vocabulary \[0, 257\)"):
+        gen.stream(prompt, references=references)
+    assert gen.generate([5, 6], references=[[5, 6, 256]], max_new_tokens=3).finish_reason == "length"
 
 
 def test_lone_surrogates_in_a_prompt_are_replaced_not_a_crash() -> None:
