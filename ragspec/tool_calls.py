@@ -162,106 +162,100 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_calls(text: str) -> list[ToolCall] | None:
-    """The calls in an answer, or ``None`` when it is a text answer. Raises ``ValueError`` for a
-    call cut short (e.g. by the token budget)."""
-    if not text.startswith(CALL_OPEN):
-        return None
-    body = text[len(CALL_OPEN) :]
-    if not body.endswith(CALL_CLOSE):
-        raise ValueError(f"the tool call is incomplete (the answer ended first): {text!r}")
-    items = json.loads(body[: -len(CALL_CLOSE)])
-    return [ToolCall(item["name"], item["arguments"], new_call_id()) for item in items]
-
-
 @dataclass
 class CallStreamPiece:
-    """What one streamed delta adds: text, or a piece of the ``index``-th call."""
+    """What one streamed delta adds: text, or one whole call (``index``, ``name``, a new ``id`` and
+    ``args``, the arguments as JSON text). At the end of an answer whose calls are unfinished, a
+    piece with ``error`` set holds the whole answer as ``args``."""
 
     text: str = ""
     index: int | None = None
     name: str | None = None
     id: str | None = None
     args: str = ""
+    error: str | None = None
 
 
 class CallStream:
-    """Turns an answer's text deltas into text pieces and tool-call pieces as they arrive.
+    """Turns an answer's text deltas into text pieces and tool calls as each call completes.
 
-    While the answer could still be the start of ``<tool_call>`` nothing is released. In a call,
-    each item ``{"name": "...", "arguments": {...}}`` gives a piece with its name and a new id once
-    the name is complete, then pieces of the arguments' JSON text as it grows.
+    While the answer could still be the start of ``<tool_call>`` nothing is released. In a list of
+    calls, an item ``{"name": "...", "arguments": {...}}`` is released once it is complete, never
+    half-way: an answer cut inside a call (by the token budget or a stop string) would otherwise
+    leave merged chunks that look like a finished call with arguments missing. ``flush`` at the
+    end reports a list the answer left unfinished (or that is not a list of calls) as one piece
+    with ``error`` set.
     """
 
     def __init__(self) -> None:
         self.text = ""
-        self._mode = "undecided"  # "text" | "calls"
-        self._pos = 0  # in calls: how far ``text`` was consumed
-        self._index = -1
-        self._depth = 0
-        self._in_string = False
-        self._escape = False
-        self._in_args = False
+        self.mode = "undecided"  # "text" | "calls"
+        self._pos = 0  # in calls: how far ``text`` was parsed
+        self._expect = "["  # in calls: "[", "item", "sep", "close", "done" or "bad"
+        self._index = 0
+        self._decoder = json.JSONDecoder()
 
     def add(self, delta: str) -> list[CallStreamPiece]:
         self.text += delta
-        if self._mode == "undecided":
+        if self.mode == "undecided":
             if self.text.startswith(CALL_OPEN):
-                self._mode, self._pos = "calls", len(CALL_OPEN) + 1  # past "["
+                self.mode, self._pos = "calls", len(CALL_OPEN)
             elif CALL_OPEN.startswith(self.text):
                 return []
             else:
-                self._mode = "text"
+                self.mode = "text"
                 return [CallStreamPiece(text=self.text)]
-        if self._mode == "text":
+        if self.mode == "text":
             return [CallStreamPiece(text=delta)] if delta else []
         return self._calls()
 
     def flush(self) -> list[CallStreamPiece]:
-        """At the end of the answer: text still held back (it only looked like the start of a call)."""
-        if self._mode == "undecided" and self.text:
-            self._mode = "text"
+        """At the end of the answer: text still held back (it only looked like the start of a
+        call), or the unfinished calls as an error piece."""
+        if self.mode == "undecided" and self.text:
+            self.mode = "text"
             return [CallStreamPiece(text=self.text)]
+        if self.mode == "calls" and self._expect != "done":
+            error = ("the tool call is not well-formed" if self._expect == "bad"
+                     else "the tool call is incomplete (the answer ended first)")
+            return [CallStreamPiece(index=self._index, id=new_call_id(), args=self.text, error=error)]
         return []
 
     def _calls(self) -> list[CallStreamPiece]:
         pieces: list[CallStreamPiece] = []
-        while self._pos < len(self.text):
-            if not self._in_args:
-                prefix = '{"name": "'
-                rest = self.text[self._pos :]
-                start = rest.find(prefix)
-                marker = rest.find('", "arguments": ', start + len(prefix)) if start >= 0 else -1
-                if marker < 0:
-                    break
-                self._index += 1
-                name = json.loads('"' + rest[start + len(prefix) : marker] + '"')
-                pieces.append(CallStreamPiece(index=self._index, name=name, id=new_call_id()))
-                self._pos += marker + len('", "arguments": ')
-                self._in_args, self._depth = True, 0
-                continue
-            start, end = self._pos, self._scan()
-            if end > start:
-                pieces.append(CallStreamPiece(index=self._index, args=self.text[start:end]))
-            if self._in_args:
+        while self._expect not in ("done", "bad"):
+            rest = self.text[self._pos :]
+            start = len(rest) - len(rest.lstrip())
+            rest = rest[start:]
+            if not rest:
                 break
-        return pieces
-
-    def _scan(self) -> int:
-        """Advance over the arguments' JSON; stop at its end (then leave the arguments) or the text's."""
-        while self._pos < len(self.text):
-            c = self.text[self._pos]
-            self._pos += 1
-            if self._in_string:
-                self._escape, self._in_string = (False, True) if self._escape else (c == "\\", c != '"')
+            if self._expect == "item":
+                if rest[0] == "]" and self._index == 0:  # an empty list: no calls
+                    self._pos, self._expect = self._pos + start + 1, "close"
+                    continue
+                try:
+                    item, end = self._decoder.raw_decode(self.text, self._pos + start)
+                except json.JSONDecodeError:
+                    break  # not complete yet (or never: ``flush`` says so)
+                if not (isinstance(item, dict) and set(item) == {"name", "arguments"} and isinstance(item["name"], str)
+                        and isinstance(item["arguments"], dict)):
+                    self._expect = "bad"
+                    break
+                args = json.dumps(item["arguments"], ensure_ascii=False)
+                pieces.append(CallStreamPiece(index=self._index, name=item["name"], id=new_call_id(), args=args))
+                self._index += 1
+                self._pos, self._expect = end, "sep"
                 continue
-            if c == '"':
-                self._in_string = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    self._in_args = False
-                    return self._pos
-        return self._pos
+            if self._expect == "close":
+                if rest.startswith(CALL_CLOSE) and not rest[len(CALL_CLOSE) :].strip():
+                    self._expect = "done"
+                elif not CALL_CLOSE.startswith(rest):
+                    self._expect = "bad"
+                break
+            wanted = {"[": ("[",), "sep": (",", "]")}[self._expect]
+            if rest[0] not in wanted:
+                self._expect = "bad"
+                break
+            self._pos += start + 1
+            self._expect = "item" if rest[0] in "[," else "close"
+        return pieces

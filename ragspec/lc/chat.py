@@ -18,7 +18,7 @@ from ragspec import tool_calls
 from ragspec.bridge import iterate_in_thread
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 from ragspec.lc.messages import messages_prompt_ids
-from ragspec.lc.tools import answer_message, bound_tools, choice_name, chunk_messages, openai_tools, structured_output, to_tool
+from ragspec.lc.tools import answer_message, bound_tools, choice_name, openai_tools, piece_message, structured_output, to_tool
 from ragspec.tool_calls import CallStream
 
 if TYPE_CHECKING:
@@ -125,8 +125,8 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         if isinstance(event, str):
             if calls is None:
                 return [ChatGenerationChunk(message=AIMessageChunk(content=event))]
-            return [ChatGenerationChunk(message=m) for m in chunk_messages(calls, event)]
-        held = [ChatGenerationChunk(message=AIMessageChunk(content=p.text)) for p in (calls.flush() if calls else [])]
+            return [ChatGenerationChunk(message=piece_message(p)) for p in calls.add(event)]
+        held = [ChatGenerationChunk(message=piece_message(p)) for p in (calls.flush() if calls else [])]
         return [*held, ChatGenerationChunk(
             message=AIMessageChunk(
                 content="", usage_metadata=usage(event), response_metadata=response_metadata(event), chunk_position="last"
@@ -148,11 +148,13 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         **kwargs: Any,
     ) -> ChatResult:
         events, tools = self._events(messages, stop, kwargs)
+        calls = CallStream() if tools else None
         for event in events:
+            if run_manager is not None:  # the same chunks as streaming gives (the last one carries no text)
+                for chunk in self._chunks(event, calls)[: None if isinstance(event, str) else -1]:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             if not isinstance(event, str):
                 return self._result(event, tools)
-            if run_manager is not None:
-                run_manager.on_llm_new_token(event, chunk=self._chunks(event, None)[0])
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     async def _agenerate(
@@ -163,11 +165,13 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         **kwargs: Any,
     ) -> ChatResult:
         events, tools = self._events(messages, stop, kwargs)
+        calls = CallStream() if tools else None
         async for event in iterate_in_thread(lambda: events):
+            if run_manager is not None:
+                for chunk in self._chunks(event, calls)[: None if isinstance(event, str) else -1]:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             if not isinstance(event, str):
                 return self._result(event, tools)
-            if run_manager is not None:
-                await run_manager.on_llm_new_token(event, chunk=self._chunks(event, None)[0])
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     def _stream(

@@ -13,7 +13,11 @@ from ragspec.prompts import chat_prompt_ids
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
+_ROLES = {
+    "system": "system", "human": "user", "ai": "assistant",
+    # a streamed message (the sum of its chunks) passed back as history
+    "SystemMessageChunk": "system", "HumanMessageChunk": "user", "AIMessageChunk": "assistant",
+}  # fmt: skip
 _SUPPORTED = (
     "SystemMessage, HumanMessage, AIMessage (text and tool calls), ToolMessage and ChatMessage with role "
     "'system', 'user' or 'assistant'"
@@ -69,7 +73,7 @@ def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict
         if role is None:
             raise ValueError(
                 f"ChatRagSpec cannot take a {type(message).__name__} (type {message.type!r}): "
-                f"it supports {_SUPPORTED}; tool calling is not available for local ragspec models"
+                f"it supports {_SUPPORTED} (or their chunks)"
             )
         if isinstance(message, AIMessage) and message.invalid_tool_calls:
             raise ValueError(

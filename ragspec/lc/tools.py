@@ -9,8 +9,9 @@
   local model gains nothing from being allowed to miss it); ``"function_calling"`` forces a call
   of a tool built from the schema. Strings the schema leaves unbounded get ``maxLength`` 200
   (``bounded_strings``), so that a small model that repeats itself still finishes the object, and
-  objects take only their declared properties unless they allow more (``closed_objects``). Pydantic classes give instances, TypedDicts and JSON Schema
-  dicts give dicts. Streaming yields the one parsed object at the end.
+  objects take only their declared properties unless they allow more (``closed_objects``).
+  Pydantic classes give instances, TypedDicts and JSON Schema dicts give dicts; an answer cut
+  short raises ``OutputParserException``. Streaming yields the one parsed object at the end.
 - ``response_format=`` per call (``RagSpecLLM`` and ``ChatRagSpec``): a ``Constraint``, a JSON
   Schema dict, a Pydantic class or TypedDict, ``"json"``, or OpenAI's ``{"type": "json_object"}`` /
   ``{"type": "json_schema", "json_schema": {"schema": ...}}``.
@@ -21,19 +22,24 @@ runs when the tools or schema are bound, before anything is generated.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import json
+
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk
-from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
+from langchain_core.exceptions import OutputParserException
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ValidationError
+from pydantic.v1 import ValidationError as ValidationErrorV1
 
 from ragspec import tool_calls
 from ragspec.constraints import Constraint, ConstraintError
-from ragspec.tool_calls import CallStream, Tool, ToolError
+from ragspec.lc.messages import message_text
+from ragspec.tool_calls import CallStream, CallStreamPiece, Tool, ToolError
 
 METHODS = ("json_schema", "json_mode", "function_calling")
 
@@ -144,6 +150,8 @@ def bounded_strings(schema: Any, limit: int = STRING_LIMIT) -> Any:
     if is_string and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const")):
         out["maxLength"] = limit
     return out
+
+
 def structured_output(
     model: Any, schema: Any, method: str = "json_schema", include_raw: bool = False, **kwargs: Any
 ) -> Runnable:
@@ -160,43 +168,61 @@ def structured_output(
         tool = to_tool(schema)
         bounded = {"type": "function", "function": {**tool.as_json(), "parameters": bounded_strings(dict(tool.parameters))}}
         llm = model.bind_tools([bounded], tool_choice=tool.name, parallel_tool_calls=False, ls_structured_output_format=trace)
-        parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
-                            else JsonOutputKeyToolsParser(key_name=tool.name, first_tool_only=True))
     else:
         if schema is None and method == "json_schema":
             raise ValueError("method='json_schema' needs a schema (or use method='json_mode')")
         constraint = (Constraint.json() if schema is None
                       else Constraint.json_schema(bounded_strings(tool_calls.closed_objects(_json_schema(schema)))))
         llm = model.bind(response_format=constraint, ls_structured_output_format=trace)
-        parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
-    final = RunnableLambda(lambda message: parser.invoke(message))  # one object, once the answer is complete
+
+    def parse(message: AIMessage) -> Any:
+        """The one object of a complete answer; an answer cut short (token budget, stop string) raises."""
+        ended = message.response_metadata.get("finish_reason")
+        if method == "function_calling":
+            if not message.tool_calls:
+                raise OutputParserException(f"the answer holds no complete call (finish_reason {ended!r})",
+                                            llm_output=str(message.invalid_tool_calls or message.content))
+            values = message.tool_calls[0]["args"]
+        else:
+            try:
+                values = json.loads(message_text(message))
+            except json.JSONDecodeError as e:
+                raise OutputParserException(f"the answer is not a complete JSON value (finish_reason {ended!r}): {e}",
+                                            llm_output=message_text(message)) from e
+        if is_pydantic:
+            try:  # pydantic 2 models, or pydantic.v1 ones
+                return schema.model_validate(values) if hasattr(schema, "model_validate") else schema.parse_obj(values)
+            except (ValidationError, ValidationErrorV1) as e:
+                raise OutputParserException(f"the answer does not fit {schema.__name__}: {e}", llm_output=json.dumps(values)) from e
+        return values
+
+    final = RunnableLambda(parse)  # one object, once the answer is complete
     if not include_raw:
         return llm | final
-    parse = RunnablePassthrough.assign(parsed=itemgetter("raw") | final, parsing_error=lambda _: None)
+    with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | final, parsing_error=lambda _: None)
     fallback = RunnablePassthrough.assign(parsed=lambda _: None)
-    return RunnableMap(raw=llm) | parse.with_fallbacks([fallback], exception_key="parsing_error")
+    return RunnableMap(raw=llm) | with_parsed.with_fallbacks([fallback], exception_key="parsing_error")
 
 
 # -- answers -----------------------------------------------------------------------------------------
 def answer_message(text: str, **fields: Any) -> AIMessage:
-    """The AIMessage of a finished answer: its tool calls, or its text."""
-    try:
-        calls = tool_calls.parse_calls(text)
-    except ValueError as e:
-        invalid = [{"name": None, "args": text, "id": tool_calls.new_call_id(), "error": str(e), "type": "invalid_tool_call"}]
-        return AIMessage(content="", invalid_tool_calls=invalid, **fields)
-    if calls is None:
+    """The AIMessage of a finished answer: its text, or its calls (a call the answer left
+    unfinished is an invalid tool call, as in the streamed message)."""
+    stream = CallStream()
+    pieces = [*stream.add(text), *stream.flush()]
+    if stream.mode != "calls":
         return AIMessage(content=text, **fields)
-    return AIMessage(content="", tool_calls=[{"name": c.name, "args": c.args, "id": c.id, "type": "tool_call"} for c in calls],
-                     **fields)
+    calls = [{"name": p.name, "args": json.loads(p.args), "id": p.id, "type": "tool_call"} for p in pieces if not p.error]
+    invalid = [{"name": None, "args": p.args, "id": p.id, "error": p.error, "type": "invalid_tool_call"}
+               for p in pieces if p.error]
+    return AIMessage(content="", tool_calls=calls, invalid_tool_calls=invalid, **fields)  # type: ignore[arg-type]
 
 
-def chunk_messages(stream: CallStream, delta: str) -> Iterator[AIMessageChunk]:
-    """The AIMessageChunks of one text delta of an answer to a call with tools bound."""
-    for piece in stream.add(delta):
-        if piece.index is None:
-            yield AIMessageChunk(content=piece.text)
-        else:
-            chunk = {"name": piece.name, "args": piece.args, "id": piece.id, "index": piece.index, "type": "tool_call_chunk"}
-            yield AIMessageChunk(content="", tool_call_chunks=[chunk])  # type: ignore[list-item]
-
+def piece_message(piece: CallStreamPiece) -> AIMessageChunk:
+    """The AIMessageChunk of one piece of a streamed answer with tools bound. An unfinished call
+    carries the whole answer as its arguments, which LangChain cannot parse: the merged message
+    then holds it as an invalid tool call, as ``answer_message`` does."""
+    if piece.index is None:
+        return AIMessageChunk(content=piece.text)
+    chunk = {"name": piece.name, "args": piece.args, "id": piece.id, "index": piece.index, "type": "tool_call_chunk"}
+    return AIMessageChunk(content="", tool_call_chunks=[chunk])  # type: ignore[list-item]

@@ -18,7 +18,7 @@ from typing_extensions import TypedDict
 from ragspec.constraints import ConstraintError
 from ragspec.lc import ChatRagSpec, RagSpecLLM
 from ragspec.lc.messages import to_chat
-from ragspec.tool_calls import CallStream, Tool, ToolError, parse_calls, tool_call_constraint
+from ragspec.tool_calls import CallStream, Tool, ToolError, tool_call_constraint
 
 MAX = 48
 
@@ -143,22 +143,38 @@ def test_bad_tools_and_choices_fail_when_bound(chat, monkeypatch) -> None:
         chat.with_structured_output(Forecast, method="xml")
 
 
-def test_call_stream_splits_text_and_calls() -> None:
-    text = '<tool_call>[{"name": "add", "arguments": {"a": 1, "s": "x}\\"y"}}, {"name": "f", "arguments": {}}]</tool_call>'
-    for size in (1, 4, 17):
+def test_call_stream_releases_whole_calls_and_text() -> None:
+    text = '<tool_call>[{"name": "add", "arguments": {"a": 1, "s": "x}\\"y]"}}, {"name": "f", "arguments": {}}]</tool_call>'
+    for size in (1, 4, 17, len(text)):
         stream, pieces = CallStream(), []
         for i in range(0, len(text), size):
             pieces += stream.add(text[i : i + size])
-        names = [p.name for p in pieces if p.name]
-        args = ["".join(p.args for p in pieces if p.index == i) for i in range(2)]
-        assert names == ["add", "f"] and [json.loads(a) for a in args] == [{"a": 1, "s": 'x}"y'}, {}]
+        assert stream.flush() == []
+        assert [(p.index, p.name, json.loads(p.args)) for p in pieces] == [(0, "add", {"a": 1, "s": 'x}"y]'}), (1, "f", {})]
     stream = CallStream()
     assert stream.add("<tool") == [] and [p.text for p in stream.add(" is a word")] == ["<tool is a word"]
     stream = CallStream()
     assert stream.add("<tool_") == [] and [p.text for p in stream.flush()] == ["<tool_"]  # the answer ended there
-    assert [c.name for c in parse_calls(text)] == ["add", "f"] and parse_calls("plain") is None
-    with pytest.raises(ValueError, match="incomplete"):
-        parse_calls('<tool_call>[{"name": "add"')
+
+
+@pytest.mark.parametrize("cut", [11, 14, 30, 45, 60, 80])
+def test_an_answer_cut_inside_a_call_is_an_invalid_call_streamed_or_not(cut: int) -> None:
+    """Cut by the token budget or a stop string: never a call with arguments missing."""
+    from langchain_core.messages import AIMessageChunk
+
+    from ragspec.lc.tools import answer_message, piece_message
+
+    full = '<tool_call>[{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "add", "arguments": {"a": 1, "b": 9}}]</tool_call>'
+    text = full[:cut]
+    stream = CallStream()
+    streamed = sum((piece_message(p) for p in [*stream.add(text), *stream.flush()]), AIMessageChunk(content=""))
+    invoked = answer_message(text)
+    complete = [{"a": 2, "b": 3}] if cut >= full.index(", {") else []
+    for message in (streamed, invoked):
+        assert message.content == "" and [c["args"] for c in message.tool_calls] == complete, (cut, message)
+        assert len(message.invalid_tool_calls) == 1 and message.invalid_tool_calls[0]["args"] == text
+    assert invoked.invalid_tool_calls[0]["error"] == "the tool call is incomplete (the answer ended first)"
+    assert answer_message(full).tool_calls and not answer_message(full).invalid_tool_calls
 
 
 def test_tool_call_grammar_by_choice(lc_tokenizer) -> None:
@@ -185,6 +201,19 @@ def test_structured_output_for_pydantic_typeddict_and_json_schema(chat, method: 
         assert values["sky"] in ("sun", "rain", "snow") and isinstance(values["windy"], bool)
         streamed = list(runnable.stream("Forecast for tomorrow?"))
         assert streamed == [result]  # one complete object, at the end
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["json_schema", "json_mode", "function_calling"])
+def test_a_structured_answer_cut_short_is_an_error_not_a_partial_object(chat, method: str) -> None:
+    from langchain_core.exceptions import OutputParserException
+
+    for cut in (ChatRagSpec(generator=chat.generator, max_tokens=6), ChatRagSpec(generator=chat.generator, stop=[","])):
+        for schema in (ForecastDict, Forecast.model_json_schema(), Forecast):
+            with pytest.raises(OutputParserException, match="complete"):
+                cut.with_structured_output(schema, method=method).invoke("Forecast?")
+            out = cut.with_structured_output(schema, method=method, include_raw=True).invoke("Forecast?")
+            assert out["parsed"] is None and isinstance(out["parsing_error"], OutputParserException)
 
 
 @pytest.mark.timeout(300)
