@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,16 +66,79 @@ class ToolCall:
     id: str
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_ONE = ("items", "additionalProperties", "unevaluatedProperties", "propertyNames", "contains", "not",
+               "if", "then", "else", "additionalItems", "unevaluatedItems")
+
+
+def map_subschemas(schema: Mapping[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
+    """``schema`` with ``fn`` applied to each of its direct subschemas (the values of ``properties``,
+    the branches of ``anyOf``, ``items``, ...); other keywords, and property names, as they are."""
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), Mapping):
+            out[key] = {name: fn(sub) for name, sub in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            out[key] = [fn(sub) for sub in schema[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(schema.get(key), Mapping):
+            out[key] = fn(schema[key])
+    return out
+
+
 def closed_objects(schema: Any) -> Any:
     """``schema`` with ``additionalProperties: false`` on every object that lists its properties and
-    does not say otherwise: a call's arguments (or a structured answer) hold the declared fields only."""
-    if isinstance(schema, list):
-        return [closed_objects(s) for s in schema]
+    does not say otherwise: a call's arguments (or a structured answer) hold the declared fields only.
+
+    An ``allOf`` of plain object parts (properties and required names, no property in two parts)
+    is merged into one object first. Other objects combined with ``allOf`` stay open (each part
+    lists only its own properties, so closing them would make the parts reject each other); their
+    nested objects are closed.
+    """
     if not isinstance(schema, Mapping):
         return schema
-    out = {k: closed_objects(v) if k not in ("enum", "const", "default", "examples") else v for k, v in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema and "patternProperties" not in schema:
+    if (merged := _merged_all_of(schema)) is not None:
+        return closed_objects(merged)
+    out = map_subschemas(schema, closed_objects)
+    if isinstance(schema.get("allOf"), list):
+        out["allOf"] = [map_subschemas(part, closed_objects) if isinstance(part, Mapping) else part for part in schema["allOf"]]
+    keeps_open = any(k in schema for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf"))
+    if "properties" in schema and not keeps_open:
         out["additionalProperties"] = False
+    return out
+
+
+def _merged_all_of(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One object for ``{"allOf": [object parts]}`` (see ``closed_objects``), or None."""
+    parts = schema.get("allOf")
+    plain = ("type", "properties", "required", "title", "description")
+    if not (isinstance(parts, list) and parts and all(isinstance(p, Mapping) and set(p) <= set(plain)
+                                                      and p.get("type", "object") == "object" for p in parts)):
+        return None
+    merged = {k: v for k, v in schema.items() if k != "allOf"}
+    if merged.get("type", "object") != "object":
+        return None
+    properties = dict(merged.get("properties") or {})
+    required = list(merged.get("required") or [])
+    for part in parts:
+        for name, sub in (part.get("properties") or {}).items():
+            if name in properties:
+                return None  # two constraints on one property: left to the grammar engine
+            properties[name] = sub
+        required += [name for name in part.get("required") or [] if name not in required]
+    return {**merged, "type": "object", "properties": properties, "required": required}
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """``schema`` with its local ``$ref``s (``#...``) pointing below ``base`` instead of the root."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = map_subschemas(schema, lambda sub: _rebased(sub, base))
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
     return out
 
 
@@ -101,16 +164,20 @@ def tool_call_constraint(tools: Sequence[Tool], choice: str | None = "auto", par
     text = "TEXT: /(.|\\n)*/ & ~/" + _regex_literal(CALL_OPEN) + "(.|\\n)*/"
     if choice == "none" or not chosen:
         return _lark("start: TEXT\n" + text, "none")
+    # Each tool's argument schema sits under $defs, its local $refs rebased there, so that "#/$defs/X"
+    # (or "#" for a recursive schema) still means what it meant in the tool's own schema.
     schema = {
         "x-guidance": JSON_OPTIONS,
+        "$defs": {f"arguments{i}": _rebased(closed_objects(dict(t.parameters)), f"#/$defs/arguments{i}")
+                  for i, t in enumerate(chosen)},
         "anyOf": [
             {
                 "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": closed_objects(dict(t.parameters))},
+                "properties": {"name": {"const": t.name}, "arguments": {"$ref": f"#/$defs/arguments{i}"}},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
-            for t in chosen
+            for i, t in enumerate(chosen)
         ],
     }
     items = 'item (", " item)*' if parallel else "item"

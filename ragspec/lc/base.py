@@ -275,6 +275,7 @@ class RagSpecParams(BaseModel):
 
         Call-time ``stop`` strings are added to the ``stop`` field's.
         """
+        kwargs = {k: v for k, v in kwargs.items() if k != "stream"}  # LangChain's own streaming switch, already applied
         unknown = sorted(set(kwargs) - set(CALL_OPTIONS))
         if unknown:
             raise ValueError(
@@ -295,6 +296,8 @@ class RagSpecParams(BaseModel):
         refs = kwargs.get("references") or ()
         if isinstance(refs, (str, Document)):
             refs = [refs]
+        if not isinstance(refs, Sequence):
+            raise ValueError(f"references must be a str, a Document or a list of them (or of token id lists), got {refs!r}")
         model = kwargs.get("model", self.model)
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")

@@ -18,8 +18,8 @@ from ragspec import tool_calls
 from ragspec.bridge import iterate_in_thread
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 from ragspec.lc.messages import messages_prompt_ids
-from ragspec.lc.tools import answer_message, bound_tools, choice_name, openai_tools, piece_message, structured_output, to_tool
-from ragspec.tool_calls import CallStream
+from ragspec.lc.tools import answer_message, bound_tools, openai_tools, piece_message, structured_output, to_tool
+from ragspec.tool_calls import CallStream, ToolError
 
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult
@@ -76,10 +76,17 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         """Bind tools the model may call; answers are constrained to well-formed calls (see ``ragspec.lc.tools``).
 
         ``tool_choice``: ``"auto"`` (default), ``"any"``/``"required"``, ``"none"``, or a tool's name;
-        ``parallel_tool_calls=False`` allows one call per answer.
+        ``parallel_tool_calls=False`` allows one call per answer. ``strict`` (OpenAI's flag) is
+        accepted and changes nothing: the grammar always holds arguments to the tool's schema.
         """
+        strict = kwargs.pop("strict", None)
+        if strict not in (None, True, False):
+            raise ToolError(f"strict must be True, False or None, got {strict!r}")
         formatted = openai_tools(tools)
-        choice_name(tool_choice, [to_tool(t) for t in formatted])  # an unknown name fails here, not at the call
+        checks = {"tools": formatted, "tool_choice": tool_choice}
+        if "parallel_tool_calls" in kwargs:
+            checks["parallel_tool_calls"] = kwargs["parallel_tool_calls"]
+        bound_tools(checks)  # an unknown tool_choice or a bad flag fails here, not at the call
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(

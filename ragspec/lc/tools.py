@@ -48,6 +48,9 @@ METHODS = ("json_schema", "json_mode", "function_calling")
 def to_tool(tool: Any) -> Tool:
     """A ragspec ``Tool`` from anything LangChain takes as a tool (BaseTool, function, Pydantic
     class, TypedDict, OpenAI tool or function dict)."""
+    if _is_json_schema_tool(tool):  # LangChain's converter drops what is not under "properties" (allOf, $defs, ...)
+        parameters = {k: v for k, v in tool.items() if k not in ("title", "description")}
+        return Tool(tool["title"], tool.get("description", ""), parameters)
     try:
         function = convert_to_openai_tool(tool)["function"]
     except Exception as e:
@@ -56,14 +59,32 @@ def to_tool(tool: Any) -> Tool:
                 function.get("parameters") or {"type": "object", "properties": {}})
 
 
+def _is_json_schema_tool(tool: Any) -> bool:
+    """A JSON Schema dict of an object that names itself with ``title`` (not an OpenAI or Anthropic tool dict)."""
+    return (isinstance(tool, Mapping) and isinstance(tool.get("title"), str) and tool.get("type", "object") == "object"
+            and not {"function", "name", "input_schema", "parameters"} & set(tool))
+
+
 def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
     """The tools in OpenAI's format, each checked (name, description, argument schema)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for tool in tools:
         t = to_tool(tool)
+        same_name = [o["function"] for o in out if o["function"]["name"] == t.name]
+        if same_name:  # one tool given twice (a Pydantic class and its JSON Schema) is bound once
+            if _untitled(same_name[0]["parameters"]) != _untitled(dict(t.parameters)):
+                raise ToolError(f"two tools are named {t.name!r} with different arguments: a call names its tool")
+            continue
         tool_calls.tool_call_constraint([t], "any")  # its schema must compile now, not at the first call
         out.append({"type": "function", "function": t.as_json()})
     return out
+
+
+def _untitled(schema: Any) -> Any:
+    """``schema`` without the ``title`` annotations (Pydantic writes them, LangChain's converter drops them)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    return {k: v for k, v in tool_calls.map_subschemas(schema, _untitled).items() if k != "title"}
 
 
 def choice_name(tool_choice: Any, tools: Sequence[Tool]) -> str:
@@ -117,8 +138,12 @@ def response_constraint(response_format: Any) -> Constraint:
 
 def _json_schema(schema: Any) -> dict[str, Any]:
     """A JSON Schema dict from a Pydantic class, a TypedDict or a JSON Schema dict."""
-    if isinstance(schema, Mapping) and ("type" in schema or "properties" in schema or "$ref" in schema or "anyOf" in schema):
-        return dict(schema)
+    if isinstance(schema, Mapping):
+        function = schema.get("function")
+        if schema.get("type") == "function" and isinstance(function, Mapping):  # an OpenAI tool: its arguments
+            return dict(function.get("parameters") or {"type": "object", "properties": {}})
+        if any(k in schema for k in ("type", "properties", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "items")):
+            return dict(schema)
     try:
         return convert_to_json_schema(schema)
     except Exception as e:
@@ -140,11 +165,9 @@ def bounded_strings(schema: Any, limit: int = STRING_LIMIT) -> Any:
     runs out, which leaves the object unfinished; with a bound the grammar closes the string and
     the object completes. Pass your own ``maxLength`` to choose another bound.
     """
-    if isinstance(schema, list):
-        return [bounded_strings(s, limit) for s in schema]
     if not isinstance(schema, Mapping):
         return schema
-    out = {k: bounded_strings(v, limit) if k not in ("enum", "const", "default", "examples") else v for k, v in schema.items()}
+    out = tool_calls.map_subschemas(schema, lambda sub: bounded_strings(sub, limit))
     types = schema.get("type")
     is_string = types == "string" or (isinstance(types, list) and "string" in types)
     if is_string and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const")):
@@ -165,6 +188,8 @@ def structured_output(
     if method == "function_calling":
         if schema is None:
             raise ValueError("method='function_calling' needs a schema")
+        if _is_json_schema_tool(schema) and not schema.get("description"):  # a tool needs one; a schema may not have it
+            schema = {**schema, "description": f"Give the answer as {schema['title']}."}
         tool = to_tool(schema)
         bounded = {"type": "function", "function": {**tool.as_json(), "parameters": bounded_strings(dict(tool.parameters))}}
         llm = model.bind_tools([bounded], tool_choice=tool.name, parallel_tool_calls=False, ls_structured_output_format=trace)

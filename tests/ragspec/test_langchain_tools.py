@@ -141,6 +141,40 @@ def test_bad_tools_and_choices_fail_when_bound(chat, monkeypatch) -> None:
         chat.with_structured_output({"type": "object", "properties": {"a": {"type": "strin"}}})
     with pytest.raises(ValueError, match="method must be one of"):
         chat.with_structured_output(Forecast, method="xml")
+    with pytest.raises(ToolError, match="two tools are named 'add' with different arguments"):
+        chat.bind_tools([add, {"type": "function", "function": {"name": "add", "description": "Other.", "parameters": {}}}])
+    twice = chat.bind_tools([Forecast, Forecast.model_json_schema()])  # one tool, given twice
+    assert [t["function"]["name"] for t in twice.kwargs["tools"]] == ["Forecast"]
+    with pytest.raises(ToolError, match="parallel_tool_calls must be True or False"):
+        chat.bind_tools([add], parallel_tool_calls="no")
+    with pytest.raises(ToolError, match="strict must be"):
+        chat.bind_tools([add], strict="yes")
+    with pytest.raises(ValueError, match="references must be"):
+        chat.invoke("hi", references=5)
+
+
+@pytest.mark.timeout(120)
+def test_langchains_own_flags_and_streamed_history_are_taken(chat) -> None:
+    from langchain_core.messages import AIMessageChunk
+
+    assert isinstance(chat.invoke("hi", stream=False).content, str)  # LangChain's routing flag, not an option
+    assert isinstance(chat.bind_tools([add], strict=True, tool_choice="add").invoke("hi").tool_calls[0]["args"], dict)
+    streamed = sum(chat.stream("hi"), AIMessageChunk(content=""))
+    history = [HumanMessage("hi"), streamed, HumanMessage("and?")]
+    assert to_chat(history)[1] == {"role": "assistant", "content": streamed.content}
+    assert isinstance(chat.invoke(history).content, str)
+
+
+@pytest.mark.timeout(120)
+def test_structured_output_takes_any_json_schema_and_openai_tools(chat) -> None:
+    sky = {"enum": ["sun", "rain"]}
+    assert chat.with_structured_output(sky).invoke("Sky?") in ("sun", "rain")
+    either = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "boolean"}]}
+    assert isinstance(chat.with_structured_output(either).invoke("Either?"), (int, bool))
+    tool = {"type": "function", "function": {"name": "pick", "description": "Pick.",
+                                             "parameters": {"type": "object", "properties": {"sky": sky}, "required": ["sky"]}}}
+    for method in ("json_schema", "function_calling"):
+        assert chat.with_structured_output(tool, method=method).invoke("Sky?")["sky"] in ("sun", "rain")
 
 
 def test_call_stream_releases_whole_calls_and_text() -> None:
@@ -187,6 +221,60 @@ def test_tool_call_grammar_by_choice(lc_tokenizer) -> None:
         grammar = Grammar(tool_call_constraint(tools, choice), lc_tokenizer, len(lc_tokenizer), [lc_tokenizer.eos_token_id])
         assert (grammar._matcher.validate_tokens(ids) == len(ids)) == call_ok, choice
         assert (grammar._matcher.validate_tokens(text) == len(text)) == text_ok, choice
+
+
+def test_tool_schemas_with_refs_keep_their_meaning(lc_tokenizer) -> None:
+    """A tool's "#/$defs/..." and "#" refs point into its own schema, not the call's wrapper."""
+    from ragspec.constraints import Grammar
+
+    item = {"type": "object", "properties": {"n": {"$ref": "#/$defs/I"}}, "required": ["n"], "$defs": {"I": {"type": "integer"}}}
+    tree = {"type": "object", "properties": {"v": {"type": "integer"}, "child": {"$ref": "#"}}, "required": ["v"]}
+    tools = [Tool("count", "Count.", item), Tool("tree", "A tree.", tree)]
+    grammar = Grammar(tool_call_constraint(tools, "any"), lc_tokenizer, len(lc_tokenizer), [lc_tokenizer.eos_token_id])
+
+    def accepts(text: str) -> bool:
+        ids = lc_tokenizer.encode(text, add_special_tokens=False)
+        return grammar._matcher.validate_tokens(ids) == len(ids)
+
+    assert accepts('<tool_call>[{"name": "count", "arguments": {"n": 3}}]</tool_call>')
+    assert not accepts('<tool_call>[{"name": "count", "arguments": {"n": "x"}}]</tool_call>')
+    assert accepts('<tool_call>[{"name": "tree", "arguments": {"v": 1, "child": {"v": 2}}}]</tool_call>')
+    assert not accepts('<tool_call>[{"name": "tree", "arguments": {"v": 1, "child": {"name": "tree"')
+
+
+def test_schema_rewrites_walk_subschemas_only() -> None:
+    from ragspec.lc.tools import bounded_strings
+    from ragspec.tool_calls import closed_objects
+
+    # a property named like a keyword is still a schema; enum values are never rewritten
+    schema = {"type": "object", "properties": {"default": {"type": "object", "properties": {"x": {"type": "string"}}},
+                                               "enum": {"type": "string", "enum": ["properties"]}}}
+    closed, bounded = closed_objects(schema), bounded_strings(schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["default"]["additionalProperties"] is False
+    assert bounded["properties"]["default"]["properties"]["x"]["maxLength"] == 200
+    assert bounded["properties"]["enum"] == {"type": "string", "enum": ["properties"]}
+    # allOf parts each list their own properties: plain parts are merged into one closed object,
+    # others stay open (closing each part would make the whole unsatisfiable)
+    both = {"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                                        {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    assert closed_objects(both) == {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                    "required": ["a", "b"], "additionalProperties": False}
+    overlapping = {"allOf": [{"properties": {"a": {"minimum": 1}}}, {"properties": {"a": {"maximum": 3}}}]}
+    assert closed_objects(overlapping) == overlapping
+
+
+@pytest.mark.timeout(300)
+def test_structured_output_takes_allof_and_defs(chat) -> None:
+    digit = {"type": "integer", "minimum": 0, "maximum": 9}  # a random model writes digits forever otherwise
+    both = {"title": "Both", "type": "object", "allOf": [
+        {"properties": {"a": digit}, "required": ["a"]}, {"properties": {"b": digit}, "required": ["b"]}]}  # fmt: skip
+    defs = {"title": "Wrapped", "type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}, "required": ["n"],
+            "$defs": {"N": digit}}
+    long = ChatRagSpec(generator=chat.generator, max_tokens=200)
+    for method in ("json_schema", "function_calling"):
+        out = long.with_structured_output(both, method=method).invoke("Two numbers?")
+        assert isinstance(out["a"], int) and isinstance(out["b"], int), (method, out)
+        assert isinstance(long.with_structured_output(defs, method=method).invoke("A number?")["n"], int)
 
 
 # -- structured output ------------------------------------------------------------------------
