@@ -27,7 +27,7 @@ import json
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -75,8 +75,8 @@ class Constraint:
             text = json.dumps(schema)
         except (TypeError, ValueError) as e:
             raise ConstraintError(f"the JSON Schema cannot be written as JSON: {e}") from e
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
-        return cls._checked("json_schema", grammar, text, "JSON Schema")
+        return cls._checked("json_schema", lambda: llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS),
+                            text, "JSON Schema")
 
     @classmethod
     def json(cls) -> Constraint:
@@ -88,18 +88,22 @@ class Constraint:
         """Output matches ``pattern`` as a whole (Rust ``regex`` syntax, close to Python's)."""
         if not isinstance(pattern, str):
             raise ConstraintError(f"a regex must be a string, got {type(pattern).__name__}")
-        return cls._checked("regex", llguidance.LLMatcher.grammar_from_regex(pattern), pattern, "regex")
+        return cls._checked("regex", lambda: llguidance.LLMatcher.grammar_from_regex(pattern), pattern, "regex")
 
     @classmethod
     def lark(cls, grammar: str) -> Constraint:
         """Output is in the language of a Lark grammar (llguidance's dialect, ``%json {...}`` included)."""
         if not isinstance(grammar, str):
             raise ConstraintError(f"a Lark grammar must be a string, got {type(grammar).__name__}")
-        return cls._checked("lark", llguidance.LLMatcher.grammar_from_lark(grammar), grammar, "Lark grammar")
+        return cls._checked("lark", lambda: llguidance.LLMatcher.grammar_from_lark(grammar), grammar, "Lark grammar")
 
     @classmethod
-    def _checked(cls, kind: str, grammar: str, source: str, what: str) -> Constraint:
-        error = llguidance.LLMatcher.validate_grammar(grammar)
+    def _checked(cls, kind: str, build: Callable[[], str], source: str, what: str) -> Constraint:
+        try:
+            grammar = build()
+            error = llguidance.LLMatcher.validate_grammar(grammar)
+        except (ValueError, RuntimeError) as e:  # e.g. a schema nested too deeply for the engine
+            raise ConstraintError(f"invalid or unsupported {what}: {e}") from e
         if error:
             raise ConstraintError(f"invalid or unsupported {what}: {error.strip()}")
         return cls(kind, grammar, source)

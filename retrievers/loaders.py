@@ -628,7 +628,16 @@ def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
         if reader.is_encrypted:
             raise _Skip("encrypted PDF; decrypt it first (e.g. `qpdf --decrypt in.pdf out.pdf`)")
         title = _pdf_title(reader)
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages: list[str] = []
+        total = 0
+        for page in reader.pages:
+            pages.append(page.extract_text() or "")
+            total += len(pages[-1])
+            if total > max_file_bytes:  # pages can share one compressed stream: a small file, unbounded text
+                raise _Skip(
+                    f"its text is larger than the per-file limit of {_mib(max_file_bytes)} after {len(pages)} page(s) "
+                    "(a text file could not hold it either); split the PDF or raise max_file_bytes"
+                )
     except _Skip:
         raise
     except (PyPdfError, ValueError, KeyError, TypeError, IndexError, AttributeError, OSError) as e:

@@ -665,6 +665,8 @@ async def _json_body(request: Request) -> object:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise OpenAIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise OpenAIError(400, "the request body is JSON nested too deeply") from None
 
 
 __all__ = [

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+logger = logging.getLogger(__name__)
 
 LOCAL_HOSTS: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
 """Host names a loopback-bound server answers to."""
@@ -144,6 +147,11 @@ class SecurityPolicy:
             raise ValueError("trusted_hosts is empty: no request could reach the app")
         object.__setattr__(self, "trusted_hosts", tuple(normalize_host(h) for h in self.trusted_hosts))
         check_api_key(self.api_key)
+        if ANY_HOST in self.trusted_hosts and self.api_key is None:
+            raise InsecureBindError(
+                "trusting any Host header needs an API key: without the Host check, a web page on any site "
+                "can reach the app through DNS rebinding; set RAGSPEC_API_KEY (or --api-key) or list the host names"
+            )
         for prefix, limit in {"": self.max_body_bytes, **self.body_limits}.items():
             if limit < 1:
                 raise ValueError(f"body limit for {prefix or 'every path'!r} must be >= 1, got {limit}")
@@ -172,6 +180,9 @@ class Guard:
         self.policy = policy
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":  # no route takes one: refused, rather than let past the checks below
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -239,8 +250,14 @@ class Guard:
         try:
             await self.app(scope, counted_receive, app_send)
         except Exception:
-            if not answered:  # after the guard's 413, the app's "client went away" errors are expected
+            if answered:  # after the guard's 413, the app's "client went away" errors are expected
+                return
+            if started:
                 raise
+            # Answered here, not by Starlette's outermost error handler: with the security headers
+            # and the route's error shape, and without the exception's text.
+            logger.exception("unhandled error in %s %s", scope["method"], path)
+            await reject(500, "internal server error (logged on the server)")
 
 
 def _headers(scope: Any) -> dict[str, str]:

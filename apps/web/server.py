@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -197,6 +198,13 @@ class ApiError(HTTPException):
         self.code = code
 
 
+def _without_session_paths(message: str, root: Path) -> str:
+    """``message`` with the session's folder left out: it names the server's temporary folder and
+    holds the session id, which the HttpOnly cookie keeps from the page's scripts."""
+    uploads = str(root / "uploads")
+    return message.replace(uploads + os.sep, "").replace(uploads, "the uploaded files").replace(str(root), "the session folder")
+
+
 def create_app(
     config: AppConfig | None = None,
     *,
@@ -230,7 +238,7 @@ def create_app(
         yield
         store.close()
 
-    app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
     app.state.sessions = store
     app.state.backend = backend
@@ -377,7 +385,7 @@ def create_app(
             try:
                 answerer, summary = await asyncio.to_thread(backend.index, paths, session.root, report)
             except AppError as e:
-                raise HTTPException(422, str(e)) from e
+                raise HTTPException(422, _without_session_paths(str(e), session.root)) from e
         session.answerer, session.summary = answerer, summary
         session.history.clear()
 

@@ -233,3 +233,15 @@ def test_folders_only_when_allowed(tmp_path: Path, apps_corpus: Path) -> None:
 def test_config_is_checked_when_built(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         AppConfig(**kwargs)
+
+
+def test_an_upload_with_no_text_is_refused_without_naming_server_paths(tmp_path: Path) -> None:
+    """The message names the files, not the server's session folder (which holds the session id)."""
+    from apps.web.server import DefaultBackend
+
+    app = create_app(AppConfig(), backend=DefaultBackend(max_tokens=8), sessions_root=tmp_path)
+    with LiveServer(app) as server, client_for(server) as c:
+        r = c.post("/api/documents", files=[("files", ("a.md", b"   \n", "text/markdown"))])
+        assert r.status_code == 422
+        assert r.json()["error"] == "found no text to index in the uploaded files; 1 file(s) skipped: a.md: empty file"
+        assert str(tmp_path) not in r.text and c.cookies["ragspec_session"] not in r.text

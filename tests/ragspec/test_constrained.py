@@ -290,3 +290,11 @@ def test_a_draft_that_ends_the_output_leaves_the_grammar_where_it_was(kind: str)
     assert grammar.extend(cut, 32) == cut
     assert torch.equal(grammar.allowed(()), before)
     grammar.advance(lm.tokenizer.encode("2"))  # the accepted state is intact: a digit may follow
+
+
+def test_a_schema_nested_too_deeply_is_a_constraint_error() -> None:
+    schema: dict = {"type": "integer"}
+    for _ in range(300):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    with pytest.raises(ConstraintError, match="invalid or unsupported JSON Schema"):
+        Constraint.json_schema(schema)

@@ -164,3 +164,38 @@ def test_directory_walk_include_exclude(tmp_path: Path) -> None:
 )
 def test_glob_semantics(pattern: str, path: str, expected: bool) -> None:
     assert _matches(path, [_glob_to_regex(pattern)]) is expected
+
+
+def _pages_sharing_one_stream(n_pages: int, text_chars: int) -> bytes:
+    """A PDF whose pages all draw one compressed content stream: small file, n_pages x text_chars of text."""
+    import zlib
+
+    stream = zlib.compress(b"BT /F1 12 Tf 10 10 Td (" + b"word " * (text_chars // 5) + b") Tj ET", 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % (5 + i) for i in range(n_pages)), n_pages),
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        *[b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R /Resources << /Font << /F1 4 0 R >> >> >>"]
+        * n_pages,
+    ]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_a_pdf_whose_text_outgrows_the_file_limit_is_skipped(tmp_path: Path) -> None:
+    """Pages can share one compressed stream: the file is small, its text is not."""
+    path = tmp_path / "bomb.pdf"
+    path.write_bytes(_pages_sharing_one_stream(60, 20_000))  # ~1.2 M characters from a few KiB
+    limit = 2**20
+    assert path.stat().st_size < limit // 100
+    result = load_file(path, max_file_bytes=limit, warn=False)
+    assert not result.documents and "its text is larger than the per-file limit of 1.0 MiB" in result.skipped[0].reason
+    fits = load_file(path, max_file_bytes=2 * limit, warn=False)
+    assert len(fits.documents) == 60 and not fits.skipped

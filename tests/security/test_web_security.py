@@ -116,6 +116,45 @@ def test_every_response_carries_the_security_headers(backend: ScriptedBackend, t
         assert not re.search(r"\son[a-z]+=", page)
 
 
+class FailingBackend(ScriptedBackend):
+    def index(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a detail of /srv/secret that must not reach the page")
+
+
+@pytest.mark.timeout(180)
+def test_an_unexpected_error_is_a_500_with_the_headers_and_without_its_details(tmp_path: Path) -> None:
+    with live(AppConfig(), FailingBackend(), tmp_path) as server, client(server) as c:
+        r = upload(c, "notes.md")
+        assert r.status_code == 500 and r.json() == {"error": "internal server error (logged on the server)"}
+        assert "default-src 'self'" in r.headers["content-security-policy"] and r.headers["x-frame-options"] == "DENY"
+        deep = c.post("/v1/chat/completions", content=b"[" * 200_000, headers={"Content-Type": "application/json"})
+        assert deep.status_code == 400 and deep.json()["error"]["message"] == "the request body is JSON nested too deeply"
+        assert deep.headers["x-content-type-options"] == "nosniff"
+        assert [c.get(p).status_code for p in ("/openapi.json", "/docs", "/redoc")] == [404, 404, 404]
+        assert c.get("/api/health").status_code == 200  # still serving
+
+
+def test_a_websocket_is_refused_before_any_route() -> None:
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    with TestClient(create_app(AppConfig(), backend=ScriptedBackend())) as c, pytest.raises(WebSocketDisconnect) as closed:
+        with c.websocket_connect("/api/session"):
+            pass
+    assert closed.value.code == 1008
+
+
+@pytest.mark.timeout(60)
+def test_trusting_any_host_needs_an_api_key(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("apps.web.server.serve", lambda *a, **k: pytest.fail("the server started"))
+    monkeypatch.delenv("RAGSPEC_API_KEY", raising=False)
+    with pytest.raises(InsecureBindError, match="DNS rebinding"):
+        AppConfig(trusted_hosts=("localhost", "*")).security()
+    assert cli.main(["serve", "--trusted-host", "*"]) == 1
+    assert "trusting any Host header needs an API key" in capsys.readouterr().err
+    AppConfig(trusted_hosts=("*",), api_key=secrets.token_urlsafe(24)).security()
+
+
 # -- 2. sessions ---------------------------------------------------------------------------------
 
 
