@@ -228,10 +228,10 @@ class LlamaCppModel:
         self.context_length = min(settings.n_ctx or trained, trained)
         """Longest sequence (prompt + answer) a context takes: ``settings.n_ctx``, at most the trained context."""
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-        if lib.llama_vocab_eos(vocab) >= 0:
-            eos.add(lib.llama_vocab_eos(vocab))
+        eos.update(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(vocab, t))
         self.eos_token_ids = frozenset(int(t) for t in eos)
-        """The tokenizer's EOS and the file's (the ids the PyTorch back end reads from the same file)."""
+        """The tokenizer's EOS and every end-of-generation token of the file (EOS, end of turn, ...):
+        where llama.cpp's own generation stops."""
         self.quantization = (lib.llama_ftype_name(lib.llama_model_ftype(handle)) or b"?").decode()
         stat = path.stat()
         self.fingerprint = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"

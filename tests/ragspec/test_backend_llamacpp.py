@@ -386,6 +386,14 @@ def rag_prompts(lm: LlamaCppModel, n: int) -> list[tuple[str, list[str]]]:
 
 @needs_llamacpp
 @pytest.mark.integration
+def test_generation_stops_on_every_token_llamacpp_stops_on(default_lm: LlamaCppModel) -> None:
+    """llama.cpp ends a generation on any end-of-generation token, not only the file's EOS."""
+    names = {default_lm.tokenizer.convert_ids_to_tokens(t) for t in default_lm.eos_token_ids}
+    assert {"<|im_end|>", "<|endoftext|>"} <= names
+
+
+@needs_llamacpp
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_tokenizer_ids_equal_llamacpp_tokenization(default_lm: LlamaCppModel) -> None:
     import llama_cpp
