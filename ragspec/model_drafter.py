@@ -54,7 +54,11 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
-        out = self._forward(list(tokens), self._cache, last_only=True)[0]  # [vocab]
+        try:
+            out = self._forward(list(tokens), self._cache, last_only=True)[0]  # [vocab]
+        except BaseException:
+            self.clear_cache()  # the forward may have written some layers: start the next draft cold
+            raise
         self._seen.extend(tokens)
         return out
 
@@ -68,6 +72,9 @@ class ModelDrafter:
             del self._seen[keep:]
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        # Drafting k tokens puts len(context) + k - 1 positions in the draft model's cache; past its
+        # context window the target goes on alone (its own window may be larger).
+        max_tokens = min(max_tokens, self.lm.context_length - len(context))
         if max_tokens <= 0 or not context:
             return None
         self._rollback(context)

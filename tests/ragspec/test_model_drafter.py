@@ -52,6 +52,16 @@ def test_unrelated_draft_model_keeps_output_exact(seed: int) -> None:
     assert model.drafted > 0 and model.accepted <= model.drafted // 4
 
 
+def test_a_draft_model_with_a_shorter_window_drafts_only_inside_it() -> None:
+    target, draft = tiny_model(300, 1, context=256), tiny_model(300, 1, context=48)
+    prompt = [(7 * i) % 250 for i in range(40)]
+    expected = brute_greedy(target, prompt, 30)
+    gen = SpeculativeGenerator(target, drafter=NoDrafts(), draft_model=draft, policy=FixedPolicy(k=0, model_k=4))
+    result = gen.generate(prompt, max_new_tokens=30)
+    assert_same_or_tie(target, prompt, expected, result.token_ids)
+    assert 0 < result.stats.by_source["model"].drafted <= 8  # positions 40..47 only
+
+
 class FixedCostPolicy(AdaptivePolicy):
     """The adaptive policy fed fixed costs instead of the clock, so its choices are reproducible:
     a plain step 50 ms, each verified draft token 5 ms more, each draft-model token 10 ms."""
