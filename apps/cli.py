@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB in folders (repeatable)")
     ingest.add_argument("--exclude", action="append", metavar="GLOB", help="leave out files or folders matching GLOB (repeatable)")
     ingest.add_argument("--chunk-size", type=_positive, default=256, help="chunk size in tokens (default: 256)")
+    ingest.add_argument("--chunk-overlap", type=int, default=None,
+                        help="tokens shared by consecutive chunks (default: 32, or a quarter of a chunk of 32 tokens or less)")
     ingest.add_argument("--max-file-mb", type=_mebibytes, default=DEFAULT_MAX_FILE_MB, metavar="MB",
                         help=f"skip files larger than this many MiB, each with its reason (default: {DEFAULT_MAX_FILE_MB:g})")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -222,6 +224,15 @@ def _clean_text(text: str) -> str:
 # -- commands ------------------------------------------------------------------------------------
 
 
+def _chunk_overlap(chunk_size: int, overlap: int | None) -> int:
+    """``--chunk-overlap``, or its default: 32 tokens, a quarter of chunks too small for that."""
+    if overlap is None:
+        return 32 if chunk_size > 32 else chunk_size // 4
+    if not 0 <= overlap < chunk_size:
+        raise CLIError(f"--chunk-overlap must be at least 0 and less than --chunk-size ({chunk_size}), got {overlap}")
+    return overlap
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from apps.engine import update_index
     from retrievers import check_index_writable
@@ -235,6 +246,7 @@ def _ingest(args: argparse.Namespace) -> int:
             include=args.include,
             exclude=args.exclude,
             chunk_size=args.chunk_size,
+            chunk_overlap=_chunk_overlap(args.chunk_size, args.chunk_overlap),
             max_file_bytes=int(args.max_file_mb * 2**20),
             progress=bar.update,
         )
@@ -345,9 +357,13 @@ def _remote(args: argparse.Namespace) -> RemoteModel | None:
         for flag in ("generator_model", "generator_tokenizer", "generator_api_key"):
             if getattr(args, flag):
                 raise CLIError(f"--{flag.replace('_', '-')} needs --generator-url")
+        if args.generator_prompt != "tokens":
+            raise CLIError("--generator-prompt needs --generator-url")
         return None
     if getattr(args, "model", "default") != "default":
         raise CLIError("--model picks a local generator; with --generator-url name the served model with --generator-model")
+    if getattr(args, "backend", "auto") != "auto":
+        raise CLIError("--backend picks what runs a local generator; with --generator-url the server runs the model")
     from ragspec.config import GenerationConfig
     from ragspec.remote import RemoteModel
 
@@ -404,6 +420,7 @@ def _ask(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     collection = _collection(args)
     history: list[tuple[str, str]] = []
+    failed = 0  # questions that got an error instead of an answer: the exit status says so
     interactive = sys.stdin.isatty()
     reconfigure = getattr(sys.stdin, "reconfigure", None)
     if reconfigure is not None:
@@ -416,12 +433,12 @@ def _chat(args: argparse.Namespace) -> int:
         except EOFError:
             if interactive:
                 print()
-            return 0
+            return 1 if failed else 0
         question = _clean_text(line).strip()
         if not question:
             continue
         if question in ("/exit", "/quit"):
-            return 0
+            return 1 if failed else 0
         if question == "/reset":
             history.clear()
             print("(conversation cleared)")
@@ -436,6 +453,7 @@ def _chat(args: argparse.Namespace) -> int:
             if os.environ.get("RAGSPEC_DEBUG"):
                 traceback.print_exc()
             print(_error_line(e), file=sys.stderr, flush=True)
+            failed += 1
             continue
         history.append((question, finished.text))
         print()

@@ -159,8 +159,8 @@ def load_model(
     else:
         source, label = name, name
     tokenizer = _load_tokenizer(source, label)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt)
+    try:  # a hub id loads only from the local cache: nothing is downloaded at run time
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(_not_found_message(name)) from e
     model.to(dev).eval()
@@ -170,7 +170,7 @@ def load_model(
 
 def _load_tokenizer(source: str | Path, label: str) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(_not_found_message(label)) from e
 
@@ -240,6 +240,8 @@ def _write_entry(target: Path, gguf: Path, convert: Callable[[Path, Path], None]
     try:
         convert(gguf, tmp)
         (tmp / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "format": _CACHE_FORMAT}))
+        if (target / _COMPLETE_MARKER).is_file():
+            return  # another process finished first and may be loading it: keep its entry, drop ours
         if target.exists():  # a stale, incomplete entry from an older crash
             shutil.rmtree(target)
         try:

@@ -114,12 +114,12 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
                 from transformers import AutoTokenizer
 
                 try:
-                    tokenizer = AutoTokenizer.from_pretrained(name)
+                    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)  # never downloaded
                 except (OSError, ValueError) as e:
                     raise ModelLoadError(
                         f"could not load a tokenizer for {name!r}: ragspec builds the prompt locally with the "
                         "model's own tokenizer; pass tokenizer= (--generator-tokenizer) naming the served model's "
-                        "Hugging Face id, a local folder or its .gguf file"
+                        "Hugging Face id (in the local hub cache), a local folder or its .gguf file"
                     ) from e
             _tokenizers[name] = tokenizer
         return _tokenizers[name]
@@ -205,7 +205,11 @@ class RemoteGenerator:
     def models(self) -> list[dict[str, Any]]:
         """The server's ``GET /v1/models`` entries."""
         response = self._request("GET", "/models")
-        data = response.json().get("data")
+        try:
+            body = response.json()
+        except ValueError:  # not JSON (an HTML page, a proxy's error)
+            body = None
+        data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
             raise RemoteGenerationError(f"{self.base_url}/models did not answer with an OpenAI model list")
         return [m for m in data if isinstance(m, dict)]
@@ -302,7 +306,7 @@ class RemoteGenerator:
     # -- HTTP -------------------------------------------------------------------------------------
     def _run(self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats) -> Generator[str, None, GenerationResult]:
         start = time.perf_counter()
-        text, finish, remote_finish = "", "length", None
+        text, finish, remote_finish = "", None, None
         stop_reason: tuple[object] | None = None  # vLLM's stop_reason, when the server sends one
         if body["max_tokens"] > 0:
             with self._open_stream(body) as response:
@@ -327,13 +331,19 @@ class RemoteGenerator:
                         stats.new_tokens = int(usage.get("completion_tokens") or 0)
                     if isinstance(event.get("ragspec"), dict):
                         remote_finish = _apply_ragspec_stats(stats, event["ragspec"])
+            if finish is None:  # a server always ends with one; the connection closed before it
+                raise RemoteGenerationError(
+                    f"the answer from {self.base_url} ended without a finish_reason after {len(text)} characters: "
+                    "the server stopped or the connection was closed mid-answer"
+                )
         ids = self.encode(text, special_tokens=False) if text else []
         if not stats.new_tokens:
             stats.new_tokens = len(ids)
         stats.wall_s = time.perf_counter() - start
         if not stats.ttft_s:
             stats.ttft_s = stats.wall_s
-        return GenerationResult(text, ids, _finish_reason(finish, remote_finish, stop_reason, config), stats, self.lm.name)
+        return GenerationResult(text, ids, _finish_reason(finish or "length", remote_finish, stop_reason, config), stats,
+                                self.lm.name)
 
     def _open_stream(self, body: dict[str, Any]) -> Any:
         """The streamed response of ``POST /completions``, retrying a full queue (429) up to ``busy_timeout_s``."""
@@ -404,7 +414,9 @@ class RemoteStream:
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        self.result = yield from self._steps
+        result = yield from self._steps
+        if self.result is None:  # iterating an exhausted stream again yields nothing and keeps the result
+            self.result = result
 
     def __enter__(self) -> RemoteStream:
         return self
@@ -514,7 +526,10 @@ def _sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     except httpx.HTTPError as e:
         raise RemoteGenerationError(f"the connection to the generator broke off: {_describe_error(e)}") from e
     if data and "\n".join(data) != "[DONE]":  # a last event without its blank line
-        event = json.loads("\n".join(data))
+        try:
+            event = json.loads("\n".join(data))
+        except json.JSONDecodeError as e:
+            raise RemoteGenerationError(f"the generator's last event is not JSON (cut off?): {data[-1][:200]!r}") from e
         if isinstance(event, dict):
             yield event
 

@@ -111,6 +111,43 @@ def test_chat_keeps_the_conversation_and_resets(monkeypatch: pytest.MonkeyPatch,
     assert "3 tokens in 0.3 s · 10.0 tokens/s · acceptance 50% · 1.50 tokens/forward" in out
 
 
+class FailingCollection(FakeCollection):
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        if question == "broken?":
+            raise RuntimeError("the model is gone")
+        yield from super().stream(question, history)
+
+
+def test_chat_exits_1_when_a_question_failed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "_collection", lambda args: FailingCollection())
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("ferries?\nbroken?\nprices?\n"))
+    assert cli.main(["chat"]) == 1  # the other questions are still answered
+    captured = capsys.readouterr()
+    assert captured.out.count("ragspec> About") == 2 and "the model is gone" in captured.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "--generator-prompt", "text"], "--generator-prompt needs --generator-url"),
+        (["serve", "--generator-url", "http://127.0.0.1:9/v1", "--backend", "llamacpp"], "--backend picks"),
+        (["ingest", "docs", "--chunk-size", "64", "--chunk-overlap", "64"], "--chunk-overlap must be"),
+    ],
+)
+def test_options_that_would_be_ignored_or_cannot_work_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("apps.web.server.serve", lambda *a, **k: pytest.fail("the server started"))
+    assert cli.main(argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_small_chunks_get_a_smaller_default_overlap() -> None:
+    assert [cli._chunk_overlap(size, None) for size in (256, 33, 32, 8, 1)] == [32, 32, 8, 2, 0]
+    assert cli._chunk_overlap(64, 0) == 0
+
+
 class UnsupportedCollection:
     """Answers with something no passage backs."""
 

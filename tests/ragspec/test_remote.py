@@ -1,0 +1,95 @@
+"""The remote generator against servers that misbehave: clear errors, never a cut answer passed off as whole."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ragspec.remote import RemoteGenerationError, RemoteModel
+
+
+class Handler(BaseHTTPRequestHandler):
+    """``/v1/models`` answers ``models_body``; ``/v1/completions`` streams ``events`` and closes."""
+
+    models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    events: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.models_body)))
+        self.end_headers()
+        self.wfile.write(self.models_body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for event in self.events:
+            self.wfile.write(event.encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def chunk(text: str, finish: str | None = None) -> str:
+    return "data: " + json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]}) + "\n\n"
+
+
+@pytest.fixture
+def server() -> Iterator[type[Handler]]:
+    handler = type("ThisHandler", (Handler,), {})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    handler.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"  # type: ignore[attr-defined]
+    try:
+        yield handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def generator(server: type[Handler]) -> object:
+    return RemoteModel(server.url, model="m", tokenizer="default").load()  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_that_ends_without_a_finish_reason_is_an_error(server: type[Handler]) -> None:
+    server.events = [chunk("The ferry"), chunk(" leaves")]  # then the connection closes
+    with pytest.raises(RemoteGenerationError, match="ended without a finish_reason after 16 characters"):
+        generator(server).generate("Hello", max_new_tokens=8)
+    server.events = [chunk("The ferry"), chunk(" leaves", "stop"), "data: [DONE]\n\n"]
+    assert generator(server).generate("Hello", max_new_tokens=8).text == "The ferry leaves"
+
+
+@pytest.mark.timeout(60)
+def test_a_last_event_cut_off_is_an_error_not_a_json_traceback(server: type[Handler]) -> None:
+    server.events = [chunk("The"), 'data: {"choices": [{"text": " fer']
+    with pytest.raises(RemoteGenerationError, match="last event is not JSON"):
+        generator(server).generate("Hello", max_new_tokens=8)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("body", [b"<html>proxy error</html>", b"[1, 2]"])
+def test_a_model_list_that_is_not_one_is_a_clear_error(server: type[Handler], body: bytes) -> None:
+    server.models_body = body
+    with pytest.raises(RemoteGenerationError, match="did not answer with an OpenAI model list"):
+        RemoteModel(server.url).load().generate("Hello", max_new_tokens=2)  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(60)
+def test_iterating_a_finished_stream_again_keeps_its_result(server: type[Handler]) -> None:
+    server.events = [chunk("Yes", "stop"), "data: [DONE]\n\n"]
+    stream = generator(server).stream("Hello", max_new_tokens=4)  # type: ignore[attr-defined]
+    assert list(stream) == ["Yes"] and stream.result is not None
+    result = stream.result
+    assert list(stream) == [] and stream.result is result
