@@ -41,8 +41,9 @@ class BM25Retriever(BaseRetriever):
 
     def model_post_init(self, context: Any, /) -> None:
         self._bm25 = bm25s.BM25(k1=self.k1, b=self.b)
-        if self.documents:
-            self._bm25.index(self._tokenize([contextual_text(d) for d in self.documents]), show_progress=False)
+        corpus = self._tokenize([contextual_text(d) for d in self.documents]) if self.documents else []
+        if any(corpus):  # documents of stopwords and one-letter words only leave nothing to index
+            self._bm25.index(corpus, show_progress=False)
 
     @classmethod
     def from_documents(cls, documents: list[Document], **kwargs: Any) -> BM25Retriever:
@@ -57,7 +58,8 @@ class BM25Retriever(BaseRetriever):
         k = self.k if k is None else k
         if k <= 0 or not self.documents:
             return []
-        tokens = [t for t in self._tokenize([query])[0] if t in self._bm25.vocab_dict]
+        vocabulary = getattr(self._bm25, "vocab_dict", None) or {}
+        tokens = [t for t in self._tokenize([query])[0] if t in vocabulary]
         if not tokens:
             return []
         scores = np.asarray(self._bm25.get_scores(tokens), dtype="float64")

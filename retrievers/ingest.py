@@ -98,7 +98,7 @@ class ChunkingSettings:
     def fingerprint(self) -> dict[str, Any]:
         """What the catalog records: everything that decides where chunks are cut."""
         fn = self.length_function
-        length = "default" if fn is None else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        length = "default" if fn is None else _counter_identity(fn)
         return {
             "chunker": CHUNKER_REVISION,
             "chunk_size": self.chunk_size,
@@ -106,6 +106,18 @@ class ChunkingSettings:
             "window_chars": self.window_chars,
             "length": length,
         }
+
+
+_PROBES = ("", "a", "The ferry leaves at noon.", "naïve café, Zürich — 東京 🚢", "x" * 300, "word " * 120)
+
+
+def _counter_identity(fn: Callable[[str], int]) -> str:
+    """A custom token counter by name (no memory address: ``functools.partial`` and callable objects
+    print one) and by its counts on a few fixed texts: the same counter matches in a new process,
+    and two lambdas that count differently do not."""
+    target = getattr(fn, "func", fn)
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__qualname__)}"
+    return f"{name} {[int(fn(text)) for text in _PROBES]}"
 
 
 @dataclass(frozen=True)

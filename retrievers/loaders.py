@@ -61,6 +61,8 @@ __all__ = [
 
 PathLike = str | os.PathLike[str]
 
+_BAD_NAME = "its name is not valid UTF-8; rename the file"
+
 #: Files a directory walk picks up when no `include` globs are given.
 DEFAULT_INCLUDE: tuple[str, ...] = ("*.txt", "*.md", "*.markdown", "*.html", "*.htm", "*.pdf")
 
@@ -137,6 +139,9 @@ def load_documents(
         include: Glob patterns a file found in a directory must match (default
             `DEFAULT_INCLUDE`). A pattern without ``/`` matches the file name; one with
             ``/`` matches the path relative to the directory, where ``**`` spans folders.
+            Patterns ignore case (``*.md`` takes ``README.MD``). A walk leaves out hidden
+            files and folders (names starting with ``.``: ``.git``, ``.venv``) and reports
+            files whose names are not valid UTF-8 as skipped.
         exclude: Glob patterns (same syntax) of files or folders to leave out.
         max_file_bytes: Files larger than this are skipped unread, with a reason.
 
@@ -171,14 +176,16 @@ def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, w
     skip: _Skip | None = None
     with _library_output() as messages:
         try:
+            if _undecodable(str(path)):
+                raise _Skip(_BAD_NAME)
             documents = _load(path, max_file_bytes)
         except _Skip as e:
             skip = e
     if skip is not None:
         reason = str(skip) + (f" [{'; '.join(messages)}]" if messages else "")
         if warn:
-            warnings.warn(f"skipped {path}: {reason}", SkippedFileWarning, stacklevel=3)
-        return LoadResult(skipped=[SkippedFile(str(path), reason)])
+            warnings.warn(f"skipped {_shown(path)}: {reason}", SkippedFileWarning, stacklevel=3)
+        return LoadResult(skipped=[SkippedFile(_shown(path), reason)])
     for message in messages:
         _logger.warning("%s: %s", path, message)
     return LoadResult(documents=documents, notes=[FileNote(str(path), m) for m in messages])
@@ -436,7 +443,7 @@ def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> tuple[l
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=True):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        names = sorted(d for d in dirnames if not _matches(rel_dir + d, exclude_re))
+        names = sorted(d for d in dirnames if not d.startswith(".") and not _matches(rel_dir + d, exclude_re))
         entered: set[str] = set()
         # Real folders claim their place before links to them do; then each link in name order.
         for name in sorted(names, key=lambda d: os.path.islink(os.path.join(dirpath, d))):
@@ -449,11 +456,28 @@ def _walk(root: Path, include: Sequence[str], exclude: Sequence[str]) -> tuple[l
             seen[real] = path
             entered.add(name)
         dirnames[:] = [d for d in names if d in entered]
-        for name in sorted(filenames):
+        for name in sorted(n for n in filenames if not n.startswith(".")):
             rel = rel_dir + name
             if _matches(rel, include_re) and not _matches(rel, exclude_re):
+                if _undecodable(name):  # it could not be recorded, shown or chunked as text
+                    skipped.append(SkippedFile(_shown(os.path.join(dirpath, name)), _BAD_NAME))
+                    continue
                 found.append(Path(dirpath) / name)
     return found, skipped
+
+
+def _undecodable(name: str) -> bool:
+    """Whether a file name held bytes the file system encoding could not decode (surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _shown(path: PathLike) -> str:
+    """``path`` as text that can be printed and stored: undecodable bytes as U+FFFD."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _matches(rel_path: str, patterns: Sequence[tuple[re.Pattern[str], bool]]) -> bool:
@@ -494,7 +518,7 @@ def _glob_to_regex(pattern: str) -> tuple[re.Pattern[str], bool]:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out)), anchored
+    return re.compile("".join(out), re.IGNORECASE), anchored
 
 
 # --- per-format loaders -------------------------------------------------------------------
@@ -631,7 +655,7 @@ def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
         pages: list[str] = []
         total = 0
         for page in reader.pages:
-            pages.append(page.extract_text() or "")
+            pages.append(_utf16_text(page.extract_text() or ""))
             total += len(pages[-1])
             if total > max_file_bytes:  # pages can share one compressed stream: a small file, unbounded text
                 raise _Skip(
@@ -652,10 +676,16 @@ def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
     return documents
 
 
+def _utf16_text(text: str) -> str:
+    """PDF text with the UTF-16 surrogate pairs pypdf can leave joined into characters, and lone
+    surrogates (a broken font map) as U+FFFD: text a tokenizer takes."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _pdf_title(reader: object) -> str | None:
     try:
         info = reader.metadata  # type: ignore[attr-defined]
         title = info.title if info else None
     except Exception:  # noqa: BLE001 - a broken info dict must not lose the text
         return None
-    return str(title).strip() or None if title else None
+    return _utf16_text(str(title)).strip() or None if title else None

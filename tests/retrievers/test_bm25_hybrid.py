@@ -304,3 +304,14 @@ def test_cross_encoder_missing_model_error(tmp_path: Path) -> None:
     assert info.value.__cause__ is not None
     with pytest.raises(ValueError, match="batch_size"):
         CrossEncoderReranker("x", batch_size=0)
+
+
+def test_documents_without_indexable_words_give_no_hits_not_an_error() -> None:
+    from langchain_core.documents import Document as Doc
+
+    from retrievers import BM25Retriever as BM25
+
+    empty = BM25(documents=[Doc(page_content="the a"), Doc(page_content="I")])  # stopwords and one-letter words
+    assert empty.invoke("the a") == [] and empty.invoke("ferries") == []
+    mixed = BM25(documents=[Doc(page_content="the a"), Doc(page_content="ferries sail")])
+    assert [d.page_content for d in mixed.invoke("ferries")] == ["ferries sail"]

@@ -691,3 +691,16 @@ def test_the_chunker_revision_names_how_text_is_cut() -> None:
         f"chunking changed (digest {digest}) without a new CHUNKER_REVISION: bump it in retrievers/ingest.py "
         f"and record the digest in RECORDED_CUTS"
     )
+
+
+def test_a_custom_token_counter_is_recorded_by_name_and_behaviour() -> None:
+    import functools
+
+    def count(text: str, per: int = 1) -> int:
+        return len(text.split()) * per
+
+    partial = ChunkingSettings(length_function=functools.partial(count, per=1)).fingerprint()["length"]
+    assert "0x" not in partial and partial == ChunkingSettings(length_function=functools.partial(count, per=1)).fingerprint()["length"]
+    words_a = ChunkingSettings(length_function=lambda t: len(t.split())).fingerprint()["length"]
+    chars_b = ChunkingSettings(length_function=lambda t: len(t)).fingerprint()["length"]
+    assert words_a != chars_b  # two lambdas with one name, told apart by what they count

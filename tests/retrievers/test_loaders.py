@@ -199,3 +199,24 @@ def test_a_pdf_whose_text_outgrows_the_file_limit_is_skipped(tmp_path: Path) -> 
     assert not result.documents and "its text is larger than the per-file limit of 1.0 MiB" in result.skipped[0].reason
     fits = load_file(path, max_file_bytes=2 * limit, warn=False)
     assert len(fits.documents) == 60 and not fits.skipped
+
+
+def test_a_walk_ignores_case_leaves_out_hidden_entries_and_reports_undecodable_names(tmp_path: Path) -> None:
+    (tmp_path / "A.TXT").write_text("upper case suffix")
+    (tmp_path / "SCAN0001.PDF").write_bytes(b"not a pdf")  # found (then skipped for its content)
+    (tmp_path / ".hidden.md").write_text("hidden file")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "notes.md").write_text("inside .git")
+    os.close(os.open(os.fsencode(tmp_path) + b"/caf\xe9.txt", os.O_CREAT | os.O_WRONLY))  # a Latin-1 name
+    result = load_documents(tmp_path)
+    assert [Path(d.metadata["source"]).name for d in result.documents] == ["A.TXT"]
+    reasons = {Path(s.path).name: s.reason for s in result.skipped}
+    assert reasons["caf\ufffd.txt"] == "its name is not valid UTF-8; rename the file"
+    assert "no %PDF- header" in reasons["SCAN0001.PDF"] and len(reasons) == 2
+
+
+def test_pdf_text_joins_surrogate_pairs_and_replaces_lone_ones() -> None:
+    from retrievers.loaders import _utf16_text
+
+    assert _utf16_text("a\ud83d\ude00b\ud83dc") == "a\U0001f600b\ufffdc"
+    assert _utf16_text("plain") == "plain"
