@@ -92,6 +92,10 @@ def _generator_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--generator-prompt", choices=("tokens", "text"), default="tokens",
                    help="send the prompt as token ids (exact; vLLM, ragspec) or as text (servers that take text only, "
                         "e.g. Ollama) (default: tokens)")
+    g.add_argument("--generator-context", metavar="TOKENS", type=_positive,
+                   help="the served model's context window as the server runs it (e.g. llama.cpp's -c, Ollama's "
+                        "num_ctx); passages that do not fit are dropped here (default: what the server lists, else "
+                        "the tokenizer's limit)")
     g.add_argument("--generator-api-key", metavar="KEY",
                    help="the server's API key (default: the RAGSPEC_GENERATOR_API_KEY environment variable, which "
                         "other local users cannot see in the process list)")
@@ -354,7 +358,7 @@ def _local_model_options(p: argparse.ArgumentParser) -> None:
 def _remote(args: argparse.Namespace) -> RemoteModel | None:
     """The ``--generator-*`` options as a ``RemoteModel``; None without ``--generator-url``."""
     if not args.generator_url:
-        for flag in ("generator_model", "generator_tokenizer", "generator_api_key"):
+        for flag in ("generator_model", "generator_tokenizer", "generator_api_key", "generator_context"):
             if getattr(args, flag):
                 raise CLIError(f"--{flag.replace('_', '-')} needs --generator-url")
         if args.generator_prompt != "tokens":
@@ -372,6 +376,7 @@ def _remote(args: argparse.Namespace) -> RemoteModel | None:
         model=args.generator_model or "",
         api_key=args.generator_api_key,  # None: RemoteModel reads RAGSPEC_GENERATOR_API_KEY
         tokenizer=args.generator_tokenizer,
+        context_length=args.generator_context,
         prompt_format=args.generator_prompt,
         config=GenerationConfig(max_new_tokens=args.max_tokens),
     )

@@ -130,6 +130,7 @@ def test_chat_exits_1_when_a_question_failed(monkeypatch: pytest.MonkeyPatch, ca
     "argv, message",
     [
         (["serve", "--generator-prompt", "text"], "--generator-prompt needs --generator-url"),
+        (["serve", "--generator-context", "4096"], "--generator-context needs --generator-url"),
         (["serve", "--generator-url", "http://127.0.0.1:9/v1", "--backend", "llamacpp"], "--backend picks"),
         (["ingest", "docs", "--chunk-size", "64", "--chunk-overlap", "64"], "--chunk-overlap must be"),
     ],
