@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +43,8 @@ from ragspec.backends import TargetModel
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import SpeculativeGenerator
 from ragspec.models import LoadedModel, load_model
-from ragspec.policy import AdaptivePolicy, FixedPolicy
+from ragspec.ngram import NgramDrafter
+from ragspec.policy import FixedPolicy
 
 DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 
@@ -280,11 +282,22 @@ def llama_instances(lm: TargetModel, n_ctx: int) -> dict[str, object]:
     }
 
 
-def verify_costs(policy: object, lengths: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16)) -> dict[int, float]:
-    """r(k): a verify of ``k`` drafted tokens in plain steps, as the adaptive policy holds it."""
-    if not isinstance(policy, AdaptivePolicy):
-        return {}
-    return {k: round(policy.relative_cost(k), 2) for k in lengths}
+@torch.inference_mode()
+def verify_costs(gen: SpeculativeGenerator, context: Sequence[int], lengths: Sequence[int] = (1, 2, 4, 8, 12, 16),
+                 repeats: int = 7) -> dict[int, float]:
+    """r(k): the time of a forward over ``1 + k`` positions after ``context`` (a workload prompt),
+    in one-position forwards after the same context; medians of ``repeats`` interleaved timings."""
+    cache = gen.backend.new_cache(len(context) + max(lengths) + 2)
+    gen.backend.forward(list(context), cache, last_only=True)
+    times: dict[int, list[float]] = {k: [] for k in (0, *lengths)}
+    for _ in range(repeats):
+        for k in times:
+            start = time.perf_counter()
+            gen.backend.forward([1] * (k + 1), cache)
+            times[k].append(time.perf_counter() - start)
+            cache.crop(-(k + 1))
+    step = statistics.median(times[0])
+    return {k: round(statistics.median(times[k]) / step, 2) for k in lengths}
 
 
 # -- driver -----------------------------------------------------------------------------------
@@ -375,11 +388,14 @@ def run_benchmark(
             drafter, source = oracles[m]
             drafter.truth = methods[source](warm, 8).token_ids
         fn(warm, 8)
-    for gen in generators:  # the warm-up prompt is also measured: its keys and values must not be reused
-        gen.clear_cache()
+    for gen in generators:  # the warm-up prompt is also measured: its answer must not be drafted from
+        if isinstance(gen.drafter, NgramDrafter):
+            gen.drafter = NgramDrafter(history_tokens=gen.drafter.history_tokens)
     for name, prompts in workloads.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         for i, prompt in enumerate(prompts):
+            for gen in generators:  # every method prefills the whole prompt, as transformers and Llama do here
+                gen.clear_cache()
             # Rotate the order; the oracles go last because they replay a plain run's output.
             order = [m for m in methods if m not in oracles]
             order = order[i % len(order) :] + order[: i % len(order)] + list(oracles)
@@ -394,11 +410,14 @@ def run_benchmark(
             progress(f"[{name} {i + 1}/{len(prompts)}] " + "  ".join(
                 f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
         report["workloads"][name] = [asdict(s) for s in summarize(runs)]  # type: ignore[index]
-    # r(k) as each n-gram generator's policy ended up (calibrated, then refined by the run's timings).
+    # r(k) of each back end, timed after the first RAG prompt (the workload's context length).
+    context = workloads["rag"][0].ids
     if lm is not None:
-        report["verify_cost"]["torch"] = verify_costs(ngram.policy)  # type: ignore[index]
+        report["verify_cost"]["torch"] = verify_costs(ngram, context)  # type: ignore[index]
     if cpp is not None:
-        report["verify_cost"]["llamacpp"] = verify_costs(cngram.policy)  # type: ignore[index]
+        report["verify_cost"]["llamacpp"] = verify_costs(cngram, context)  # type: ignore[index]
+    for gen in generators:  # the timing replaced a llama.cpp generator's cache
+        gen.clear_cache()
     if structured and lm is not None:  # its own methods and columns (apps.bench_structured)
         from apps.bench_structured import run_structured
 

@@ -93,8 +93,8 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
             if draft is not None:
                 drafter.feedback(draft, accepted)
             time += cost(k)
+            tokens += min(accepted + 1, len(answer) - i)  # past the answer's end the forward yields its EOS
             i += accepted + 1
-            tokens += accepted + 1
         drafter.finish(answer)
     return tokens / time
 

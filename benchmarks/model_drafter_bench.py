@@ -41,25 +41,32 @@ def truncated(target: LoadedModel, layers: int) -> LoadedModel:
     return LoadedModel(model.eval(), target.tokenizer, f"{target.name}-first{layers}layers", target.device, target.dtype)
 
 
-def measure(gen: SpeculativeGenerator, prompts: list, max_new: int, speculative: bool = True) -> dict[str, float]:
-    # Untimed warm-up: the policy's one-off cost calibration and first-shape set-up.
-    gen.generate(prompts[0].ids, references=prompts[0].passages, max_new_tokens=4, speculative=speculative)
-    tokens = forwards = drafted = accepted = 0
-    seconds = 0.0
-    outputs = []
-    for p in prompts:
-        r = gen.generate(p.ids, references=p.passages, max_new_tokens=max_new, speculative=speculative)
-        s = r.stats
-        tokens += s.new_tokens - 1
-        seconds += s.wall_s - s.ttft_s
-        forwards += s.forward_passes
-        model = s.by_source.get("model")
-        drafted += model.drafted if model else 0
-        accepted += model.accepted if model else 0
-        outputs.append(r.token_ids)
-    return {"tok/s": tokens / seconds, "tok/forward": (tokens + len(prompts)) / forwards,
-            "model drafted": drafted, "model acceptance": f"{accepted / drafted:.2f}" if drafted else "–",
-            "outputs": outputs}
+def measure(methods: dict[str, tuple[SpeculativeGenerator, bool]], prompts: list, max_new: int) -> dict[str, dict]:
+    """Each method (a generator, and whether it speculates) on every prompt, interleaved prompt by
+    prompt in a rotating order, each generator starting every prompt cold."""
+    for gen, speculative in methods.values():  # untimed warm-up: calibration and first-shape set-up
+        gen.generate([*prompts[0].ids[:8]], max_new_tokens=4, speculative=speculative)
+    totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "drafted": 0, "accepted": 0, "outputs": []} for name in methods}
+    names = list(methods)
+    for i, p in enumerate(prompts):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            gen, speculative = methods[name]
+            gen.clear_cache()
+            s = (r := gen.generate(p.ids, references=p.passages, max_new_tokens=max_new, speculative=speculative)).stats
+            t = totals[name]
+            t["tokens"] += s.new_tokens - 1
+            t["seconds"] += s.wall_s - s.ttft_s
+            t["forwards"] += s.forward_passes
+            model = s.by_source.get("model")
+            t["drafted"] += model.drafted if model else 0
+            t["accepted"] += model.accepted if model else 0
+            t["outputs"].append(r.token_ids)
+    return {
+        name: {"tok/s": t["tokens"] / t["seconds"], "tok/forward": (t["tokens"] + len(prompts)) / t["forwards"],
+               "model drafted": t["drafted"],
+               "model acceptance": f"{t['accepted'] / t['drafted']:.2f}" if t["drafted"] else "–", "outputs": t["outputs"]}
+        for name, t in totals.items()
+    }
 
 
 def table(title: str, rows: dict[str, dict[str, float]]) -> None:
@@ -82,27 +89,26 @@ def main() -> int:
     target = load_model("default")
     draft = truncated(target, args.draft_layers)
     for name, prompts in [("rag", rag_prompts(target, args.questions)), ("open", open_prompts(target, args.questions))]:
-        rows = {
-            "plain": measure(SpeculativeGenerator(target), prompts, args.max_new_tokens, speculative=False),
-            "draft model only, 4 tokens always": measure(
-                SpeculativeGenerator(target, drafter=NoNgram(), draft_model=draft, policy=FixedPolicy(k=0, model_k=4)),
-                prompts, args.max_new_tokens),
-            "n-gram + draft model, adaptive policy": measure(
-                SpeculativeGenerator(target, draft_model=draft), prompts, args.max_new_tokens),
-            "n-gram only, adaptive policy": measure(SpeculativeGenerator(target), prompts, args.max_new_tokens),
-        }
+        rows = measure({
+            "plain": (SpeculativeGenerator(target), False),
+            "draft model only, 4 tokens always": (
+                SpeculativeGenerator(target, drafter=NoNgram(), draft_model=draft, policy=FixedPolicy(k=0, model_k=4)), True),
+            "n-gram + draft model, adaptive policy": (SpeculativeGenerator(target, draft_model=draft), True),
+            "n-gram only, adaptive policy": (SpeculativeGenerator(target), True),
+        }, prompts, args.max_new_tokens)
         table(f"{name} workload, target {target.name}, draft {draft.name}", rows)
 
     from tests.ragspec.tiny import tiny_model
 
     tiny = tiny_model(300, 0, layers=4)
     pairs = {"identical weights": copy.deepcopy(tiny), "unrelated weights": tiny_model(300, 99, layers=2)}
-    prompt = [type("P", (), {"text": [5, 6, 7, 8, 9], "passages": []})()]
-    rows = {"plain": measure(SpeculativeGenerator(tiny), prompt, 200, speculative=False)}
+    prompt = [type("P", (), {"ids": [5, 6, 7, 8, 9], "passages": []})()]
+    methods = {"plain": (SpeculativeGenerator(tiny), False)}
     for name, d in pairs.items():
-        rows[f"draft model only ({name})"] = measure(
-            SpeculativeGenerator(tiny, drafter=NoNgram(), draft_model=d, policy=FixedPolicy(k=0, model_k=4)), prompt, 200)
-        rows[f"adaptive ({name})"] = measure(SpeculativeGenerator(tiny, drafter=NoNgram(), draft_model=d), prompt, 200)
+        methods[f"draft model only ({name})"] = (
+            SpeculativeGenerator(tiny, drafter=NoNgram(), draft_model=d, policy=FixedPolicy(k=0, model_k=4)), True)
+        methods[f"adaptive ({name})"] = (SpeculativeGenerator(tiny, drafter=NoNgram(), draft_model=d), True)
+    rows = measure(methods, prompt, 200)
     table("tiny random pair (4-layer target, 300-token vocabulary)", rows)
     return 0
 
