@@ -57,15 +57,6 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed call: the tool's name, its arguments and an id to match its result to."""
-
-    name: str
-    args: dict[str, Any]
-    id: str
-
-
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 _SCHEMA_ONE = ("items", "additionalProperties", "unevaluatedProperties", "propertyNames", "contains", "not",
@@ -231,15 +222,16 @@ def new_call_id() -> str:
 
 @dataclass
 class CallStreamPiece:
-    """What one streamed delta adds: text, or one whole call (``index``, ``name``, a new ``id`` and
-    ``args``, the arguments as JSON text). At the end of an answer whose calls are unfinished, a
-    piece with ``error`` set holds the whole answer as ``args``."""
+    """What one streamed delta adds: text, or one whole call (``index``, ``name``, a new ``id``,
+    ``arguments`` and ``args``, the same arguments as JSON text). At the end of an answer whose
+    calls are unfinished, a piece with ``error`` set holds the whole answer as ``args``."""
 
     text: str = ""
     index: int | None = None
     name: str | None = None
     id: str | None = None
     args: str = ""
+    arguments: dict[str, Any] | None = None
     error: str | None = None
 
 
@@ -309,7 +301,8 @@ class CallStream:
                     self._expect = "bad"
                     break
                 args = json.dumps(item["arguments"], ensure_ascii=False)
-                pieces.append(CallStreamPiece(index=self._index, name=item["name"], id=new_call_id(), args=args))
+                pieces.append(CallStreamPiece(index=self._index, name=item["name"], id=new_call_id(), args=args,
+                                              arguments=item["arguments"]))
                 self._index += 1
                 self._pos, self._expect = end, "sep"
                 continue

@@ -23,7 +23,6 @@ runs when the tools or schema are bound, before anything is generated.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -237,7 +236,7 @@ def answer_message(text: str, **fields: Any) -> AIMessage:
     pieces = [*stream.add(text), *stream.flush()]
     if stream.mode != "calls":
         return AIMessage(content=text, **fields)
-    calls = [{"name": p.name, "args": json.loads(p.args), "id": p.id, "type": "tool_call"} for p in pieces if not p.error]
+    calls = [{"name": p.name, "args": p.arguments, "id": p.id, "type": "tool_call"} for p in pieces if not p.error]
     invalid = [{"name": None, "args": p.args, "id": p.id, "error": p.error, "type": "invalid_tool_call"}
                for p in pieces if p.error]
     return AIMessage(content="", tool_calls=calls, invalid_tool_calls=invalid, **fields)  # type: ignore[arg-type]
