@@ -31,6 +31,7 @@ from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import AdaptivePolicy, Policy, choose_draft
+from ragspec.prefix_cache import DEFAULT_MAX_BYTES, PrefixCache
 from ragspec.sampling import Acceptor, MaskedAcceptor, make_acceptor
 from ragspec.text import StopTextAssembler, clean_text
 
@@ -58,7 +59,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
-    """Prompt tokens whose keys and values were reused from the previous request (shared prefix)."""
+    """Prompt tokens whose keys and values were reused from an earlier request (``ragspec.prefix_cache``)."""
     new_tokens: int = 0
     forward_passes: int = 0
     """Target forwards, the prompt's prefill included."""
@@ -155,9 +156,10 @@ class GenerationStream:
 class SpeculativeGenerator:
     """Decoding of a target model, sped up by drafts the target verifies in one forward.
 
-    With ``prefix_cache`` the keys and values of the previous request are kept, and a new prompt
-    that starts with the same tokens (a system prompt, the same passages in a follow-up
-    question) only computes the rest, which shortens the time to first token.
+    With ``prefix_cache`` the keys and values of recent prompts are kept (``ragspec.prefix_cache``,
+    at most ``prefix_cache_bytes``), and a new prompt that starts with the same tokens as one of
+    them (a system prompt, the earlier turns of a conversation, the same first passages) only
+    computes the rest, which shortens the time to first token. A hit gives what a cold prefill gives.
 
     Lossless: greedy output is token-identical to plain greedy decoding of the same model on the
     same back end (a drafted token is kept only when it equals the target's argmax after the
@@ -178,6 +180,7 @@ class SpeculativeGenerator:
         policy: Policy | None = None,
         max_draft: int = 16,
         prefix_cache: bool = True,
+        prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         backend: str = "auto",
@@ -211,10 +214,10 @@ class SpeculativeGenerator:
         self._forward = self.backend.forward
         self.eos_token_ids = self.backend.eos_token_ids
         self.prefix_cache = prefix_cache
+        self.prefixes = PrefixCache(prefix_cache_bytes)
+        """Saved prompt prefixes (empty unless ``prefix_cache``)."""
         if getattr(self.policy, "needs_calibration", False):
             self._calibrate()
-        # The last finished request's KV cache and the tokens it holds (see ``_take_cache``).
-        self._kept: tuple[KVCache, list[int]] | None = None
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id of the request holding ``_lock``
 
@@ -281,13 +284,12 @@ class SpeculativeGenerator:
         if not callable(getattr(self.policy, "calibrate", None)):
             raise ValueError(f"{type(self.policy).__name__} takes no calibration (AdaptivePolicy does)")
         with self._hold():
-            self._kept = None  # a llama.cpp context holds one cache: timing replaces the kept one
             self._calibrate(context=context)
 
     def clear_cache(self) -> None:
         """Forget the keys and values kept from earlier requests (the next prompt starts cold)."""
         with self._hold():
-            self._kept = None
+            self.prefixes.clear()
             if self.model_drafter is not None:
                 self.model_drafter.clear_cache()
 
@@ -385,7 +387,7 @@ class SpeculativeGenerator:
                 if self.model_drafter is not None:
                     self.model_drafter.finish(out)
                 if self.prefix_cache:
-                    self._kept = (cache, context[: cache.get_seq_length()])
+                    self._keep(cache, prompt_ids)
             tail = assembler.flush()
             if tail:
                 yield tail
@@ -423,21 +425,27 @@ class SpeculativeGenerator:
         self.policy.calibrate(seconds)  # type: ignore[attr-defined]
 
     def _take_cache(self, prompt_ids: list[int], capacity: int) -> tuple[KVCache, int]:
-        """The previous request's cache cropped to the prefix it shares with this prompt, or a new one.
+        """A cache holding the longest prefix of this prompt that a kept entry has, or a new one.
 
         Returns the cache and how many prompt tokens it already holds. At least the last prompt
         token is always computed again, since its logits give the first new token. A request that
-        does not finish (an abandoned stream, an error) never stores its cache.
+        does not finish (an abandoned stream, an error) stores nothing.
         """
-        kept, self._kept = self._kept, None
-        if kept is not None:
-            cache, ids = kept
-            limit = min(len(ids), len(prompt_ids) - 1)
-            shared = next((i for i in range(limit) if ids[i] != prompt_ids[i]), limit)
-            if shared > 0:
-                cache.crop(shared - cache.get_seq_length())
+        found = self.prefixes.best(prompt_ids, len(prompt_ids) - 1) if self.prefix_cache else None
+        if found is not None:
+            entry, shared, taken = found
+            cache = self.backend.load(entry.saved, shared, capacity, taken)
+            if cache is not None:
                 return cache, shared
         return self.backend.new_cache(capacity), 0
+
+    def _keep(self, cache: KVCache, prompt_ids: list[int]) -> None:
+        """Store a finished request's prompt positions (its answer's are cropped: see ``ragspec.prefix_cache``)."""
+        keep = min(len(prompt_ids), cache.get_seq_length())
+        cache.crop(keep - cache.get_seq_length())
+        saved = self.backend.save(cache)
+        if saved is not None:
+            self.prefixes.add(prompt_ids[:keep], saved)
 
     def _clip(self, new: list[int], room: int) -> tuple[list[int], str]:
         """Cut newly accepted tokens at EOS and at the token budget."""

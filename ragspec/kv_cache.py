@@ -77,3 +77,32 @@ def make_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
     cache.layers = [BufferLayer(capacity) if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
                     for layer in cache.layers]
     return cache
+
+
+def cache_nbytes(cache: DynamicCache) -> int:
+    """Memory held by a cache's keys and values (a ``BufferLayer`` counts its whole buffer)."""
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, BufferLayer):
+            if layer.is_initialized:
+                total += layer._keys.nbytes + layer._values.nbytes
+        else:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                total += t.nbytes if isinstance(t, torch.Tensor) else 0
+    return total
+
+
+def copy_prefix(source: DynamicCache, length: int, target: DynamicCache) -> bool:
+    """Write the first ``length`` positions of ``source`` into the empty ``target`` (bit for bit).
+
+    False, with ``target`` untouched, when a layer is not a ``BufferLayer`` (linear attention keeps a
+    state, not per-position keys and values, so no prefix of it can be taken).
+    """
+    if not all(isinstance(layer, BufferLayer) for layer in (*source.layers, *target.layers)):
+        return False
+    if length > source.get_seq_length():
+        raise ValueError(f"the source cache holds {source.get_seq_length()} positions, not {length}")
+    for src, dst in zip(source.layers, target.layers):
+        if src.is_initialized and length:
+            dst.update(src.keys[..., :length, :], src.values[..., :length, :])
+    return True

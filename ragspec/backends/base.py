@@ -4,7 +4,8 @@ Drafting, the cost policy, greedy and sampling verification (``ragspec.generator
 ``ragspec.sampling``) are written once, over this protocol. An implementation evaluates token ids
 after the positions its cache holds and returns one row of logits per position asked for; the
 generator rolls the cache back over rejected draft positions with ``crop`` and reuses a cache
-across requests for their shared prompt prefix.
+across requests for their shared prompt prefix (``ragspec.prefix_cache``: ``save`` hands a
+finished request's cache to it, ``load`` gives a new request a cache holding a saved prefix).
 
 Positions: a cache holds exactly the first ``get_seq_length()`` tokens of the sequence; a
 forward over ``n`` ids appends them (positions ``len .. len + n - 1``), ``crop(-m)`` forgets the
@@ -20,6 +21,7 @@ import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from ragspec.models import ModelLoadError
+from ragspec.prefix_cache import SavedPrefix
 
 
 class KVCache(Protocol):
@@ -65,6 +67,19 @@ class Backend(Protocol):
 
         A back end may hold one cache at a time (llama.cpp: one context's memory); a new cache
         then replaces the previous one, and using the replaced one is an error.
+        """
+        ...
+
+    def save(self, cache: KVCache) -> SavedPrefix | None:
+        """Keep ``cache``'s positions for later requests (the caller no longer uses ``cache``); None when
+        a later prompt could not reuse them exactly."""
+        ...
+
+    def load(self, saved: SavedPrefix, length: int, capacity: int, taken: bool) -> KVCache | None:
+        """A cache of room ``capacity`` holding the first ``length`` positions of ``saved``, bit for bit.
+
+        ``taken``: the prefix cache gave ``saved`` up, so its memory may be reused; otherwise ``saved``
+        stays valid. None when this back end cannot take a prefix of it (the caller starts cold).
         """
         ...
 

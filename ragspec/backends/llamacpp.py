@@ -10,8 +10,10 @@ class, whose ``eval`` keeps an ``n_ctx x n_vocab`` score array and copies every 
   Prompts longer than ``n_batch`` are fed in chunks.
 - Rollback: ``crop(-m)`` removes the last ``m`` positions of the sequence from the context's memory
   (``llama_memory_seq_rm``); the next decode writes the new tokens at those positions again.
-- Prefix reuse: the generator keeps the last request's cache and crops it to the prefix the next
-  prompt shares (``SpeculativeGenerator._take_cache``), exactly as with the PyTorch back end.
+- Prefix reuse: a finished request's sequence state is copied out of the context
+  (``llama_state_seq_get_data``) into the generator's prefix cache (``ragspec.prefix_cache``); a
+  later prompt sharing a prefix with it gets it copied back (``llama_state_seq_set_data``) and
+  cropped, or, when the context still holds it, just cropped.
 - Weights are loaded once per file (``LlamaCppModel``, memory-mapped) and shared; each generator
   has its own context (``LlamaCppBackend``): its KV cache, threads and batch sizes.
 
@@ -322,6 +324,19 @@ def _free_batch(lib: Any, batch: Any) -> None:
 _MIN_CONTEXT = 1024  # positions a context is first made with (rounded up to a multiple of 256)
 
 
+@dataclass
+class SavedLlamaState:
+    """Sequence 0's state (keys, values, positions) copied out of a context, for ``LlamaCppBackend.load``."""
+
+    state: Any
+    """``ctypes`` bytes from ``llama_state_seq_get_data``."""
+    nbytes: int
+    tokens: list[int]
+    """The ids of the positions it holds."""
+    live: LlamaCppCache | None
+    """The cache it was saved from while the context still holds it unchanged (no copy back needed)."""
+
+
 class LlamaCppBackend:
     """One llama.cpp context over a ``LlamaCppModel``: its KV cache (one sequence) and the forward.
 
@@ -459,6 +474,41 @@ class LlamaCppBackend:
         if not self._lib.llama_memory_seq_rm(self._memory, 0, keep, -1):
             raise RuntimeError(f"llama.cpp could not remove positions {keep}.. from its memory")
         del cache.tokens[keep:]
+
+    def save(self, cache: LlamaCppCache) -> SavedLlamaState | None:
+        """Copy the cache's positions out of the context (they survive later requests and new contexts).
+
+        None for fewer than 64 positions: a prompt that short was evaluated in one batch of under 64
+        rows, whose attention rounds otherwise than the tiled kernel that evaluates longer prompts
+        (``LlamaCppSettings``), so a longer prompt reusing them would not get a cold prefill's logits.
+        """
+        self._check(cache)
+        if cache.length < _TILE_ROWS:
+            return None
+        lib = self._lib
+        size = lib.llama_state_seq_get_size(self._ctx, 0)
+        state = (ctypes.c_uint8 * size)()
+        if lib.llama_state_seq_get_data(self._ctx, state, size, 0) != size:
+            raise RuntimeError("llama.cpp could not copy the KV cache out of its context")
+        return SavedLlamaState(state, size, list(cache.tokens), cache)
+
+    def load(self, saved: SavedLlamaState, length: int, capacity: int, taken: bool) -> LlamaCppCache:
+        """A cache holding the first ``length`` positions of ``saved``: the context's own when it still
+        holds them, else ``saved`` copied into an emptied context (``taken`` changes nothing: a copy is
+        made either way)."""
+        if length > len(saved.tokens):
+            raise ValueError(f"the saved state holds {len(saved.tokens)} positions, not {length}")
+        live, saved.live = saved.live, None  # from here on the context's cache changes
+        if live is not None and live is self._active and live.length >= length and capacity <= self.n_ctx:
+            self._truncate(live, length)
+            return live
+        cache = self.new_cache(capacity)
+        lib = self._lib
+        if lib.llama_state_seq_set_data(self._ctx, saved.state, saved.nbytes, 0) != saved.nbytes:
+            raise RuntimeError("llama.cpp could not copy a saved KV cache into its context")
+        cache.tokens = list(saved.tokens)
+        self._truncate(cache, length)
+        return cache
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, ids: list[int], cache: LlamaCppCache, last_only: bool = False) -> torch.Tensor:

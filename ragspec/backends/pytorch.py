@@ -3,11 +3,22 @@ preallocated KV cache (``ragspec.kv_cache``), transformers' own forward for othe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 
 from ragspec.forward import make_forward
+from ragspec.kv_cache import cache_nbytes, copy_prefix
 from ragspec.models import LoadedModel
+
+
+@dataclass
+class SavedTorchCache:
+    """A finished request's cache itself, handed over to the prefix cache (no copy)."""
+
+    cache: DynamicCache
+    nbytes: int
 
 
 class TorchBackend:
@@ -35,3 +46,13 @@ class TorchBackend:
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return self._forward.new_cache(capacity)
+
+    def save(self, cache: DynamicCache) -> SavedTorchCache:
+        return SavedTorchCache(cache, cache_nbytes(cache))
+
+    def load(self, saved: SavedTorchCache, length: int, capacity: int, taken: bool) -> DynamicCache | None:
+        if taken:  # the prefix cache gave the entry up: reuse its buffers
+            saved.cache.crop(length - saved.cache.get_seq_length())
+            return saved.cache
+        cache = self.new_cache(capacity)
+        return cache if copy_prefix(saved.cache, length, cache) else None

@@ -221,6 +221,53 @@ def test_calibrating_between_requests_does_not_break_prefix_reuse(
     assert gen.generate(second, max_new_tokens=20).token_ids == plain_greedy(lm, second, 20)
 
 
+@needs_llamacpp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("system_len", [70, 200])
+def test_several_prompts_are_kept_and_each_hit_equals_plain_greedy(
+    tiny: tuple[LlamaCppModel, LlamaForCausalLM], system_len: int
+) -> None:
+    """Two conversations interleaved: each turn extends its own earlier prompt, whose state the context
+    no longer holds (copied back from the prefix cache), or still holds (cropped only)."""
+    lm, _ = tiny
+    rng = random.Random(system_len)
+    system = [rng.randrange(EOS) for _ in range(system_len)]
+    a1, b1 = system + [rng.randrange(EOS) for _ in range(17)], system + [rng.randrange(EOS) for _ in range(5)]
+    a2 = a1 + [rng.randrange(EOS) for _ in range(66)]
+    b2 = b1 + [rng.randrange(EOS) for _ in range(3)]
+    gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=4))
+    hits = []
+    for prompt in (a1, b1, a2, b2, b2, a1):
+        got = gen.generate(prompt, max_new_tokens=12)
+        hits.append(got.stats.cached_prompt_tokens)
+        assert got.token_ids == plain_greedy(lm, prompt, 12)
+    # a1 again: a2's entry holds it all, but the last prompt token is always computed again
+    assert hits == [0, system_len, len(a1), len(b1), len(b2) - 1, len(a1) - 1]
+    assert gen.prefixes.prefixes() == [b2, a2, a1] and gen.prefixes.nbytes > 0
+    gen.generate(a1[:40], max_new_tokens=3)  # under 64 tokens: evaluated otherwise than longer prompts, not kept
+    assert gen.prefixes.prefixes() == [b2, a2, a1]
+
+
+@needs_llamacpp
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("length,shared", [(70, 1), (70, 69), (200, 63), (300, 137)])
+def test_loaded_state_gives_the_logits_of_a_cold_prefill(
+    tiny: tuple[LlamaCppModel, LlamaForCausalLM], length: int, shared: int
+) -> None:
+    lm, _ = tiny
+    backend = make_backend(lm)
+    rng = random.Random(length + shared)
+    prompt = [rng.randrange(EOS) for _ in range(length)]
+    cold = backend.forward(prompt, backend.new_cache(length + 8), last_only=True).clone()
+    earlier = backend.new_cache(shared + 80)
+    backend.forward(prompt[:shared] + [rng.randrange(EOS) for _ in range(70)], earlier, last_only=True)
+    saved = backend.save(earlier)
+    for _ in range(2):  # the context's own cache, then the copy (the context changed since)
+        cache = backend.load(saved, shared, length + 8, taken=False)
+        assert cache.get_seq_length() == shared
+        assert torch.equal(backend.forward(prompt[shared:], cache, last_only=True), cold)
+
+
 # -- sampling keeps its distribution (the chi-square test of test_sampling, on llama.cpp) ------
 @torch.inference_mode()
 def exact_distribution(lm: LlamaCppModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:

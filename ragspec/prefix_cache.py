@@ -1,0 +1,118 @@
+"""Keys and values of several recent prompts, so that a new prompt computes only what it adds.
+
+A follow-up question's prompt starts with the previous turn's prompt (``ragspec.prompts`` lays
+conversations out that way), and questions over the same documents share a system prompt and
+often their first passages. ``PrefixCache`` keeps the KV caches of recent prompts, each with the
+token ids it holds, least recently used first out, within a memory bound; a new prompt takes the
+entry that shares the longest prefix with it.
+
+Only prompt positions are kept (a request's answer positions are cropped before it is stored):
+they were all computed by a prefill, so a hit gives what a cold prefill of the same prompt gives
+(the tests compare both on each back end). Entries are opaque ``SavedPrefix`` objects made by the
+back end (``Backend.save``): the PyTorch cache itself, llama.cpp's sequence state copied out of its
+context. An entry whose tokens all start the new prompt is taken out for it (the request's own
+entry will hold them again); one that shares only part is copied from, and stays.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+DEFAULT_MAX_BYTES = 512 * 2**20
+"""Default memory bound: about 11,000 prompt positions of the default model in fp32 (46 KiB each)."""
+
+
+class SavedPrefix(Protocol):
+    """A back end's copy of the keys and values of some positions (see ``Backend.save``)."""
+
+    nbytes: int
+    """Memory it holds, counted against ``PrefixCache.max_bytes``."""
+
+
+@dataclass
+class Entry:
+    tokens: list[int]
+    """The ids whose keys and values ``saved`` holds, in position order."""
+    saved: SavedPrefix
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64)
+    return int(differ.argmax()) if differ.any() else n
+
+
+class PrefixCache:
+    """An LRU of saved prompt prefixes holding at most ``max_bytes`` (and ``max_entries`` entries)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 32) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"the prefix cache's max_bytes must be a non-negative integer, got {max_bytes!r}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"the prefix cache's max_entries must be a positive integer, got {max_entries!r}")
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
+        self._next = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the entries hold."""
+        return sum(e.saved.nbytes for e in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def prefixes(self) -> list[list[int]]:
+        """The token ids of each entry, least recently used first."""
+        return [list(e.tokens) for e in self._entries.values()]
+
+    def best(self, tokens: Sequence[int], limit: int) -> tuple[Entry, int, bool] | None:
+        """The entry sharing the longest prefix with ``tokens`` (at most ``limit`` ids), how many ids it
+        shares, and whether it was taken out (all its ids start ``tokens``); None when none shares any.
+
+        An entry that is not taken out becomes the most recently used.
+        """
+        found: tuple[int, int, int] | None = None  # (shared, full, key)
+        for key, entry in self._entries.items():
+            full = shared_prefix(entry.tokens, tokens)
+            shared = min(full, limit)
+            if shared > 0 and (found is None or shared >= found[0]):  # ties: the most recent
+                found = (shared, full, key)
+        if found is None:
+            return None
+        shared, full, key = found
+        entry = self._entries[key]
+        taken = full == len(entry.tokens)
+        if taken:
+            del self._entries[key]
+        else:
+            self._entries.move_to_end(key)
+        return entry, shared, taken
+
+    def add(self, tokens: Sequence[int], saved: SavedPrefix) -> None:
+        """Keep ``saved`` (the keys and values of ``tokens``) as the most recent entry; entries it
+        makes redundant (their ids start ``tokens``) go, then the least recently used ones beyond the
+        bounds. An entry larger than ``max_bytes`` is not kept."""
+        tokens = list(tokens)
+        for key in [k for k, e in self._entries.items() if shared_prefix(e.tokens, tokens) == len(e.tokens)]:
+            del self._entries[key]
+        if saved.nbytes > self.max_bytes or not tokens:
+            return
+        self._entries[self._next] = Entry(tokens, saved)
+        self._next += 1
+        total = self.nbytes
+        while total > self.max_bytes or len(self._entries) > self.max_entries:
+            _, oldest = self._entries.popitem(last=False)
+            total -= oldest.saved.nbytes
+
+    def clear(self) -> None:
+        self._entries.clear()
