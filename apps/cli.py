@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "on an existing index to update it: only new and changed files are read and "
                                              "embedded, passages of deleted files are removed, identical passages are "
                                              "stored once. The index is replaced atomically (Ctrl-C leaves the old one).")
-    ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (.txt, .md, .html, .pdf)")
+    ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (.txt .md .html .pdf .docx .pptx .xlsx .csv .epub .odt .ipynb)")
     ingest.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder to write (default: {DEFAULT_INDEX})")
     ingest.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB in folders (repeatable)")
     ingest.add_argument("--exclude", action="append", metavar="GLOB", help="leave out files or folders matching GLOB (repeatable)")

@@ -82,12 +82,16 @@ class Citation:
     text: str
     """The start of the passage, for display."""
     chunk_id: str | None
+    section: str | None = None
+    """The slide, sheet or section of a converted file (``"slide 3 (Outlook)"``, ``"sheet Budget"``), when the loader recorded one."""
 
     @property
     def location(self) -> str:
-        """Where in its source the passage is, for people: ``"page 3"``, ``"char 1520"`` or ``""``."""
+        """Where in its source the passage is, for people: ``"page 3"``, ``"slide 2 (Outlook)"``, ``"char 1520"`` or ``""``."""
         if self.page is not None:
             return f"page {self.page}"  # 1-based, as the PDF loader records it
+        if self.section:
+            return self.section
         return f"char {self.start_index}" if self.start_index is not None else ""
 
     def as_dict(self) -> dict[str, object]:
@@ -481,6 +485,7 @@ class DocumentQA:
             title=meta.get("title"),
             text=text,
             chunk_id=meta.get("chunk_id") or passage.id,
+            section=str(meta["location"]) if meta.get("location") else None,
         )
 
     def _prompt_ids(self, tokenizer: PreTrainedTokenizerBase, question: str, passages: Sequence[Document]) -> list[int]:

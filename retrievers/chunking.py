@@ -162,7 +162,7 @@ def split_documents(
             return count(f"{header}{_HEADER_SEP}{piece}" if header else piece) <= limit
 
         source = str(document.metadata.get("source", ""))
-        page = document.metadata.get("page")
+        page = document.metadata.get("page", document.metadata.get("part"))  # a PDF page, a slide, sheet or section
         seen: dict[str, int] = {}
         text = document.page_content
         prev_start, prev_end = -1, 0

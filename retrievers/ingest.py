@@ -17,8 +17,8 @@ of exactly the files found under `paths`, doing as little work as it can:
   (``start_index``, ``page``...) are those of the first of them. Removing one file keeps the
   chunk while another holds it. BM25 built from the store sees each chunk once.
 - **Streamed.** Text and Markdown files are read block by block and chunked a window at a
-  time (`split_stream`), so a large file is never held whole; HTML and PDF files are parsed
-  whole (within the per-file size limit). New chunks are embedded in batches. Memory grows
+  time (`split_stream`), so a large file is never held whole; HTML, PDF and converted (Office,
+  EPUB, CSV, notebook) files are parsed whole (within the per-file size limit). New chunks are embedded in batches. Memory grows
   with the distinct new text (which the index then holds), not with the file size.
 - **Atomic.** Everything happens in memory; the index folder is written once, at the end,
   by `FaissVectorStore.save` (new files under fresh names, then one atomic manifest
@@ -483,11 +483,11 @@ def _chunk_file(
     """Chunk one file into its catalog record and the texts of its distinct chunks the store lacks.
 
     Text and Markdown files are streamed and hashed as they are read (the record has the hash
-    of what was chunked); HTML and PDF files are parsed whole and keep the hash of the scan.
+    of what was chunked); HTML, PDF and converted files are parsed whole and keep the hash of the scan.
     """
     kind = file_type(path)
     counter: _CountingDigest | None = None
-    if kind in ("html", "pdf"):
+    if kind not in ("txt", "md"):
         loaded = load_file(path, max_file_bytes=max_file_bytes, warn=False)
         if loaded.skipped:
             raise FileSkippedError(path, loaded.skipped[0].reason)

@@ -1,4 +1,4 @@
-"""Load .txt, .md, .html and .pdf files (or whole directories) into LangChain Documents.
+"""Load text, Markdown, HTML, PDF, Office, e-book, spreadsheet and notebook files (or whole directories) into Documents.
 
 A file that cannot be ingested (missing, unreadable, not a regular file, over the size
 limit, binary, empty, not UTF-8, a corrupt or encrypted PDF) is skipped with a
@@ -19,14 +19,21 @@ Markdown file's decoded text block by block; each applies the same checks and ra
 `FileSkippedError` with the reason `load_file` would give.
 
 Metadata of each Document: ``source`` (the path as found, a string), ``file_type``
-(``txt``, ``md``, ``html`` or ``pdf``), ``title`` where the file states one, and for PDFs
-``page`` (1-based, one Document per page with text) and ``total_pages``.
+(``txt``, ``md``, ``html``, ``pdf`` or one of `retrievers.converters.CONVERTED_TYPES`),
+``title`` where the file states one, and for PDFs ``page`` (1-based, one Document per page
+with text), ``total_pages`` and ``ocr`` (True) on a page read by OCR: a page without a text
+layer is OCR'd when the OCR extra (`retrievers.ocr`) is installed, else left out with a note. Word, PowerPoint, Excel, CSV, EPUB, OpenDocument text and
+notebook files are converted to Markdown by `retrievers.converters` (MarkItDown): one
+Document per slide (``slide``), sheet (``sheet``) or heading (``section``), each with a
+``location`` ("slide 3", "sheet Budget") that citations show. Zip-based formats are bounded
+before parsing (`DEFAULT_MAX_UNZIPPED_BYTES`, `retrievers.converters.MAX_ZIP_MEMBERS`).
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import logging
 import os
 import re
@@ -41,13 +48,19 @@ from typing import BinaryIO, Protocol
 
 from langchain_core.documents import Document
 
+from retrievers.converters import CONVERTED_TYPES, ConversionError, convert, describe, zip_kind
+from retrievers.converters import mib as _mib
+from retrievers import ocr
 from retrievers.errors import FileSkippedError
 
 __all__ = [
     "DEFAULT_INCLUDE",
     "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_UNZIPPED_BYTES",
+    "IMAGE_SUFFIXES",
     "FileNote",
     "LoadResult",
+    "ScannedPageWarning",
     "SkippedFile",
     "SkippedFileWarning",
     "file_digest",
@@ -64,18 +77,29 @@ PathLike = str | os.PathLike[str]
 _BAD_NAME = "its name is not valid UTF-8; rename the file"
 
 #: Files a directory walk picks up when no `include` globs are given.
-DEFAULT_INCLUDE: tuple[str, ...] = ("*.txt", "*.md", "*.markdown", "*.html", "*.htm", "*.pdf")
+DEFAULT_INCLUDE: tuple[str, ...] = (
+    "*.txt", "*.md", "*.markdown", "*.html", "*.htm", "*.pdf", *(f"*{suffix}" for suffix in CONVERTED_TYPES)
+)
 
 #: Largest file `load_documents` reads by default (100 MiB): room for 20 MB text files and
 #: large PDFs, small enough that no single file can exhaust memory. Larger ones are skipped.
 DEFAULT_MAX_FILE_BYTES = 100 * 2**20
+
+#: Most a zip-based document (.docx, .pptx, .xlsx, .epub, .odt) may expand to: twenty times the
+#: per-file limit. Office XML compresses about 5-20 times; a decompression bomb, a thousand times.
+UNZIPPED_PER_FILE_BYTE = 20
+DEFAULT_MAX_UNZIPPED_BYTES = UNZIPPED_PER_FILE_BYTE * DEFAULT_MAX_FILE_BYTES
+
+#: Images of text, read by OCR when it is installed (`retrievers.ocr`); a walk takes them only when
+#: `include` names them (a folder's photos and icons would each cost an OCR run).
+IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
 _BINARY_SNIFF_BYTES = 8192
 # Control bytes that do not occur in text (everything below 0x20 but \t \n \v \f \r and
 # ESC, plus DEL). Random bytes have ~11% of them; text in any single-byte encoding ~0%.
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x1B), *range(0x1C, 0x20), 0x7F])
 _BINARY_CONTROL_RATIO = 0.03
-_LIBRARY_LOGGERS = ("pypdf", "bs4")
+_LIBRARY_LOGGERS = ("pypdf", "bs4", "markitdown", "mammoth", "pptx", "openpyxl", "odf")
 _logger = logging.getLogger(__name__)
 
 
@@ -87,6 +111,10 @@ class SupportsUpdate(Protocol):
 
 class SkippedFileWarning(UserWarning):
     """Emitted once per file that `load_documents` skips."""
+
+
+class ScannedPageWarning(UserWarning):
+    """A PDF page without a text layer that OCR did not read (not installed, or it failed); a note on its file."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +245,12 @@ def find_files(
 
 
 def file_type(path: PathLike) -> str:
-    """``pdf``, ``html``, ``md`` or ``txt``: how `load_file` reads `path` (by its suffix; anything else is text)."""
+    """``pdf``, ``html``, ``md``, a converted type (``docx``, ``pptx``...), ``image`` or ``txt``: how `load_file` reads `path` (by its suffix; anything else is text)."""
     suffix = Path(path).suffix.lower()
+    if suffix in CONVERTED_TYPES:
+        return CONVERTED_TYPES[suffix]
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
     if suffix == ".pdf":
         return "pdf"
     if suffix in (".html", ".htm"):
@@ -299,13 +331,13 @@ def _iter_text(path: Path, max_file_bytes: int, block_bytes: int, digest: Suppor
             if last and not has_text_bytes:
                 raise _Skip("empty file")
             if b"\x00" in head:
-                raise _Skip("binary file, not text (contains NUL bytes); only text, Markdown, HTML and PDF are supported")
+                raise _Skip("binary file, not text (contains NUL bytes); only text, Markdown, HTML, PDF, Office, EPUB, CSV and notebook files are read")
             buffered = len(decoder.getstate()[0])
             try:
                 text = decoder.decode(block, final=last)
             except UnicodeDecodeError as e:
                 if _looks_binary(head):
-                    raise _Skip("binary file, not text (many control bytes); only text, Markdown, HTML and PDF are supported") from e
+                    raise _Skip("binary file, not text (many control bytes); only text, Markdown, HTML, PDF, Office, EPUB, CSV and notebook files are read") from e
                 bom = 3 if head.startswith(codecs.BOM_UTF8) else 0
                 at = max(0, size - len(block) - buffered - bom) + e.start + bom
                 raise _Skip(
@@ -526,6 +558,11 @@ def _glob_to_regex(pattern: str) -> tuple[re.Pattern[str], bool]:
 
 def _load(path: Path, max_file_bytes: int) -> list[Document]:
     kind = file_type(path)
+    if kind in CONVERTED_TYPES.values():
+        return _load_converted(path, kind, max_file_bytes)
+    if kind == "image":
+        return _load_image(path, max_file_bytes)
+    _refuse_misnamed(path, kind, max_file_bytes)
     if kind == "pdf":
         return _load_pdf(path, max_file_bytes)
     text = _read_text(path, max_file_bytes)
@@ -534,6 +571,75 @@ def _load(path: Path, max_file_bytes: int) -> list[Document]:
     if kind == "md":
         return [_document(text, path, "md", _markdown_title(text))]
     return [_document(text, path, "txt", None)]
+
+
+def _load_converted(path: Path, kind: str, max_file_bytes: int) -> list[Document]:
+    """An Office, e-book, table or notebook file through `retrievers.converters`: one Document per part."""
+    if kind in ("csv", "ipynb"):
+        data = _read_text(path, max_file_bytes).encode("utf-8")  # the text checks and their reasons
+    else:
+        data = _read_bytes(path, max_file_bytes)
+        if not data.strip():
+            raise _Skip("empty file")
+    actual = zip_kind(data)
+    if kind not in ("csv", "ipynb") and actual is not None and actual != kind:
+        raise _Skip(f"it is {describe(actual)} named {path.suffix}; rename it to .{actual}")
+    try:
+        parts = convert(
+            data, kind, max_text_chars=max_file_bytes, max_unzipped_bytes=UNZIPPED_PER_FILE_BYTE * max_file_bytes
+        )
+    except ConversionError as e:
+        raise _Skip(str(e)) from e
+    if not parts:
+        raise _Skip(f"no text in {describe(kind)}")
+    documents = []
+    for number, part in enumerate(parts, start=1):
+        metadata = dict(part.metadata)
+        title = metadata.pop("title", None)
+        documents.append(_document(part.text, path, kind, str(title) if title else None, **metadata, part=number))
+    return documents
+
+
+def _load_image(path: Path, max_file_bytes: int) -> list[Document]:
+    """An image of text through OCR: one Document per frame (page of a TIFF) with text."""
+    from PIL import Image, ImageSequence, UnidentifiedImageError
+
+    data = _read_bytes(path, max_file_bytes)
+    if not ocr.available():
+        raise _Skip(f"an image; {ocr.INSTALL_HINT}")
+    texts: list[str] = []
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            for frame in ImageSequence.Iterator(image):
+                texts.append(ocr.ocr_image(frame))
+    except ocr.OcrError as e:
+        raise _Skip(f"OCR failed: {e}") from e
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
+        raise _Skip(f"not a readable image ({type(e).__name__}: {e})") from e
+    documents = [
+        _document(text, path, "image", None, page=number, total_pages=len(texts), ocr=True)
+        for number, text in enumerate(texts, start=1)
+        if text
+    ]
+    if not documents:
+        raise _Skip("OCR found no text in the image")
+    return documents
+
+
+def _refuse_misnamed(path: Path, kind: str, max_file_bytes: int) -> None:
+    """Skip a converted format (a zip) saved under a text, HTML or PDF name, saying what it is."""
+    try:
+        with _checked_open(path, max_file_bytes) as f:
+            head = f.read(4)
+            if head != b"PK\x03\x04":
+                return
+            f.seek(0)
+            data = f.read(max_file_bytes + 1)
+    except _Skip:
+        return  # reading it again gives the reason
+    actual = zip_kind(data)
+    if actual is not None:
+        raise _Skip(f"it is {describe(actual)} named {path.suffix or 'without a suffix'}; rename it to .{actual}")
 
 
 def _read_bytes(path: Path, max_file_bytes: int) -> bytes:
@@ -566,10 +672,6 @@ def _too_large(size: int, limit: int, grew: bool = False) -> str:
     return f"too large: {how} the per-file limit of {_mib(limit)}; raise max_file_bytes or split the file"
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
-
-
 def _looks_binary(data: bytes) -> bool:
     """More control bytes than text in a single-byte encoding has (NUL bytes are checked first)."""
     sample = data[:_BINARY_SNIFF_BYTES]
@@ -582,12 +684,12 @@ def _read_text(path: Path, max_file_bytes: int) -> str:
     if not data.strip():
         raise _Skip("empty file")
     if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
-        raise _Skip("binary file, not text (contains NUL bytes); only text, Markdown, HTML and PDF are supported")
+        raise _Skip("binary file, not text (contains NUL bytes); only text, Markdown, HTML, PDF, Office, EPUB, CSV and notebook files are read")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         if _looks_binary(data):
-            raise _Skip("binary file, not text (many control bytes); only text, Markdown, HTML and PDF are supported") from e
+            raise _Skip("binary file, not text (many control bytes); only text, Markdown, HTML, PDF, Office, EPUB, CSV and notebook files are read") from e
         raise _Skip(
             f"not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
             "convert it, e.g. `iconv -f latin1 -t utf-8`"
@@ -653,9 +755,10 @@ def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
             raise _Skip("encrypted PDF; decrypt it first (e.g. `qpdf --decrypt in.pdf out.pdf`)")
         title = _pdf_title(reader)
         pages: list[str] = []
+        ocr_pages: set[int] = set()
         total = 0
         for page in reader.pages:
-            pages.append(_utf16_text(page.extract_text() or ""))
+            pages.append(_utf16_text(page.extract_text() or "") or _scanned_page_text(page, len(pages) + 1, ocr_pages))
             total += len(pages[-1])
             if total > max_file_bytes:  # pages can share one compressed stream: a small file, unbounded text
                 raise _Skip(
@@ -667,13 +770,31 @@ def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
     except (PyPdfError, ValueError, KeyError, TypeError, IndexError, AttributeError, OSError) as e:
         raise _Skip(f"corrupt PDF: {type(e).__name__}: {e}; re-export or repair it (e.g. `qpdf in.pdf out.pdf`)") from e
     documents = [
-        _document(_tidy(text), path, "pdf", title, page=number, total_pages=len(pages))
+        _document(
+            _tidy(text), path, "pdf", title, page=number, total_pages=len(pages), **({"ocr": True} if number in ocr_pages else {})
+        )
         for number, text in enumerate(pages, start=1)
         if text.strip()
     ]
     if not documents:
-        raise _Skip(f"no extractable text in {len(pages)} page(s) (scanned images?); OCR it first")
+        hint = "OCR found no text either" if ocr.available() else ocr.INSTALL_HINT
+        raise _Skip(f"no extractable text in {len(pages)} page(s) (scanned images?); {hint}")
     return documents
+
+
+def _scanned_page_text(page: object, number: int, ocr_pages: set[int]) -> str:
+    """The OCR'd text of a PDF page without a text layer (its number joins `ocr_pages`); "" without OCR, with a note saying so."""
+    if not ocr.available():
+        warnings.warn(f"page {number} has no text layer and was left out; {ocr.INSTALL_HINT}", ScannedPageWarning, stacklevel=2)
+        return ""
+    try:
+        text = ocr.ocr_pdf_page(page)
+    except ocr.OcrError as e:
+        warnings.warn(f"page {number} has no text layer and OCR failed: {e}", ScannedPageWarning, stacklevel=2)
+        return ""
+    if text:
+        ocr_pages.add(number)
+    return text
 
 
 def _utf16_text(text: str) -> str:

@@ -82,7 +82,9 @@ logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "ragspec_session"
-DEFAULT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")
+DEFAULT_SUFFIXES = (
+    ".txt", ".md", ".markdown", ".html", ".htm", ".pdf", ".docx", ".pptx", ".xlsx", ".csv", ".epub", ".odt", ".ipynb"
+)
 MAX_NAME_CHARS = 120
 PROGRESS_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 MAX_PROGRESS = 256

@@ -119,13 +119,13 @@ def test_unreadable_file_by_permissions(tmp_path: Path) -> None:
 
 def test_missing_path_and_explicit_files_of_other_types(tmp_path: Path) -> None:
     rst = write(tmp_path / "notes.rst", "Title\n=====\n\ntext")
-    png = write(tmp_path / "image.png", b"\x89PNG\x00\x00")
+    blob = write(tmp_path / "data.bin", b"\x89PNG\x00\x00")
     with pytest.warns(SkippedFileWarning):
-        result = load_documents([tmp_path / "missing.txt", rst, png])
+        result = load_documents([tmp_path / "missing.txt", rst, blob])
     assert [d.metadata["source"] for d in result.documents] == [str(rst)]  # explicit files load as text
     assert [(Path(s.path).name, s.reason.split(" ")[0]) for s in result.skipped] == [
         ("missing.txt", "not"),
-        ("image.png", "binary"),
+        ("data.bin", "binary"),
     ]
 
 
