@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
+    from langchain_core.documents import Document
+
     from ragspec.pipeline import Answer, AnswerStream, GenerationSource
     from retrievers import FaissVectorStore
     from retrievers.ingest import SyncProgress, SyncReport
@@ -211,7 +214,7 @@ class Collection:
         max_tokens: int = 256,
         k: int = 4,
         model: str = "default",
-        history_turns: int = 2,
+        history_turns: int = 8,
         source: GenerationSource | None = None,
         backend: str = "auto",
     ) -> None:
@@ -230,6 +233,9 @@ class Collection:
         self.source = source
         self._qa: Any = None
         self._lock = threading.Lock()
+        # The passages each recent answer was first shown with, by (question, answer): a history of
+        # pairs is then laid out as it was asked, so each turn's prompt extends the previous one.
+        self._shown: OrderedDict[tuple[str, str], tuple[Document, ...]] = OrderedDict()
 
     def load(self) -> Any:
         """The ``DocumentQA`` over this index, opened on first use (the models load lazily, shared)."""
@@ -250,25 +256,35 @@ class Collection:
         """``Token`` events as the answer is generated, then the ``Answer``.
 
         ``history`` holds earlier (question, answer) pairs of the conversation; the last
-        ``history_turns`` of them are given to retrieval and to the model with the question.
-        Closing the iterator early stops the generation and frees the model for the next request.
+        ``history_turns`` of them (fewer when the context budget says so) are the conversation the
+        pipeline retrieves with and asks the question after (``DocumentQA.ask(history=...)``), each
+        with the passages it was first shown with when this collection answered it. Closing the
+        iterator early stops the generation and frees the model for the next request.
         """
+        from ragspec.prompts import Turn
+
         question = question.strip()
         if not question:
             raise AppError("the question is empty")
         qa = self.load()
         start = time.perf_counter()
         earlier = history[-self.history_turns :] if self.history_turns else ()
-        stream = qa.stream(with_history(question, earlier), max_tokens=self.max_tokens)
-        yield from _pipeline_events(stream, start)
+        turns = [Turn(q, a, self._shown.get((q.strip(), a), ())) for q, a in earlier]
+        stream = qa.stream(question, history=turns, max_tokens=self.max_tokens)
+        for event in _pipeline_events(stream, start):
+            if not isinstance(event, Token):
+                self._remember(event)
+            yield event
+
+    def _remember(self, answer: Answer) -> None:
+        with self._lock:
+            self._shown[(answer.question.strip(), answer.text)] = answer.as_turn().passages
+            while len(self._shown) > _REMEMBERED:
+                self._shown.popitem(last=False)
 
 
-def with_history(question: str, history: Sequence[tuple[str, str]]) -> str:
-    """The question, preceded by the earlier turns it may refer to (``DocumentQA`` takes one string)."""
-    if not history:
-        return question
-    earlier = "\n".join(f"Earlier question: {q}\nEarlier answer: {a.strip()}" for q, a in history)
-    return f"{earlier}\nNew question: {question}"
+_REMEMBERED = 256
+"""Answers whose passages a ``Collection`` remembers (beyond them, an old turn is laid out without its passages)."""
 
 
 def _pipeline_events(stream: AnswerStream, start: float) -> Iterator[Event]:

@@ -21,6 +21,8 @@ _LAZY = {
     "Answer": "ragspec.pipeline",
     "Citation": "ragspec.pipeline",
     "AnswerStream": "ragspec.pipeline",
+    "Conversation": "ragspec.conversation",
+    "Turn": "ragspec.prompts",
 }
 
 __all__ = sorted(_LAZY)
@@ -29,7 +31,9 @@ if TYPE_CHECKING:
     from ragspec.generator import GenerationResult, SpeculativeGenerator
     from ragspec.lc import ChatRagSpec, RagSpecLLM
     from ragspec.models import load_model
+    from ragspec.conversation import Conversation
     from ragspec.pipeline import Answer, AnswerStream, Citation, DocumentQA
+    from ragspec.prompts import Turn
 
 
 def __getattr__(name: str) -> Any:

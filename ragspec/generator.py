@@ -433,8 +433,8 @@ class SpeculativeGenerator:
         """
         found = self.prefixes.best(prompt_ids, len(prompt_ids) - 1) if self.prefix_cache else None
         if found is not None:
-            entry, shared, taken = found
-            cache = self.backend.load(entry.saved, shared, capacity, taken)
+            entry, shared = found
+            cache = self.backend.load(entry.saved, shared, capacity)
             if cache is not None:
                 return cache, shared
         return self.backend.new_cache(capacity), 0

@@ -14,7 +14,17 @@ tokens. The answer comes with citations, chosen by this rule:
 
 Passages that do not fit the model's context window together with the answer budget are
 dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
-way a ``ContextBudgetWarning`` says so.
+way a ``ContextBudgetWarning`` says so. With ``passage_order="document"`` the passages kept are
+placed in document order (source, then position in it) instead of rank order: questions whose
+passages overlap then share a longer prompt prefix, which the generator's prefix cache does not
+compute again.
+
+Conversations (``history=``, or ``DocumentQA.conversation()``; see ``ragspec.conversation``): a
+follow-up is retrieved with a query built from the conversation (``follow_up``), and asked after
+the earlier turns, laid out so that its prompt extends the previous turn's
+(``ragspec.prompts.conversation_messages``): earlier passages stay in place under their numbers,
+passages not shown yet come with the new question. Earlier turns that do not fit the context
+budget are dropped, oldest first (``Answer.dropped_turns``, and a ``ContextBudgetWarning``).
 """
 
 from __future__ import annotations
@@ -34,7 +44,8 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from ragspec.bridge import iterate_in_thread
 from ragspec.config import CallOptions
-from ragspec.prompts import QA_SYSTEM_PROMPT, qa_prompt_ids
+from ragspec.conversation import FOLLOW_UP_MODES, History, follow_up_query, passage_key, to_turns
+from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages
 from ragspec.registry import LocalModel
 from ragspec.text import clean_text
 
@@ -42,6 +53,7 @@ if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+    from ragspec.conversation import ChatQARunnable, Conversation
     from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
     from ragspec.remote import RemoteGenerator
     from retrievers import FaissVectorStore
@@ -112,11 +124,26 @@ class Answer:
     """Which rule chose the citations: ``"cited"``, ``"copied"``, or ``"unsupported"`` (no citations)."""
     finish_reason: str
     stats: GenerationStats
+    earlier_passages: int = 0
+    """Passages of the prompt shown with earlier turns of the conversation: ``passages[earlier_passages:]``
+    were first shown with this question."""
+    history_turns: int = 0
+    """Earlier turns of the conversation in the prompt."""
+    dropped_turns: int = 0
+    """Earlier turns left out (the oldest) because they did not fit the context budget."""
+    retrieval_query: str = ""
+    """What the passages were retrieved with: the question, or for a follow-up the query made from the conversation."""
+    query_stats: GenerationStats | None = None
+    """The generation that rewrote a follow-up into ``retrieval_query`` (``follow_up="rewrite"``)."""
 
     @property
     def supported(self) -> bool:
         """Whether a passage backs the answer: it cites one by number or copies a substantial span of one."""
         return bool(self.citations)
+
+    def as_turn(self) -> Turn:
+        """This exchange as an earlier turn of the conversation (with the passages first shown with it)."""
+        return Turn(self.question, self.text, tuple(self.passages[self.earlier_passages :]))
 
 
 class AnswerStream:
@@ -273,6 +300,11 @@ class _Request:
     passages: list[Document]
     prompt_ids: list[int]
     options: CallOptions
+    earlier_passages: int = 0
+    history_turns: int = 0
+    dropped_turns: int = 0
+    retrieval_query: str = ""
+    query_stats: GenerationStats | None = None
 
 
 class DocumentQA:
@@ -297,10 +329,17 @@ class DocumentQA:
         *,
         system_prompt: str = QA_SYSTEM_PROMPT,
         snippet_chars: int = 240,
+        passage_order: str = "rank",
+        follow_up: str = "combine",
     ) -> None:
         """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM`` or ``LocalModel``; its settings (model,
         max_tokens, stop, sampling, speculative) apply to every answer. Default: ``LocalModel()``
-        (the default model, greedy, 256 new tokens at most)."""
+        (the default model, greedy, 256 new tokens at most).
+
+        ``passage_order``: ``"rank"`` (the retriever's order) or ``"document"`` (source, then
+        position: questions whose passage sets overlap share a longer prompt prefix). ``follow_up``: how a question after
+        earlier turns is retrieved: ``"combine"`` (with the recent questions), ``"rewrite"`` (the
+        model first rewrites it into a standalone question) or ``"question"`` (on its own)."""
         if not isinstance(retriever, BaseRetriever):
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
@@ -312,6 +351,12 @@ class DocumentQA:
             )
         if snippet_chars < 1:
             raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
+        if passage_order not in ("document", "rank"):
+            raise ValueError(f"passage_order must be 'document' or 'rank', got {passage_order!r}")
+        if follow_up not in FOLLOW_UP_MODES:
+            raise ValueError(f"follow_up must be one of {', '.join(map(repr, FOLLOW_UP_MODES))}, got {follow_up!r}")
+        self.passage_order = passage_order
+        self.follow_up = follow_up
         self.retriever = retriever
         self.llm = llm
         self.system_prompt = system_prompt
@@ -394,41 +439,58 @@ class DocumentQA:
         return cls(retriever, llm, **kwargs)
 
     # -- answering ------------------------------------------------------------------------------
-    def ask(self, question: str, *, k: int | None = None, **options: Any) -> Answer:
+    def ask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer:
         """Answer ``question`` from the retrieved passages.
 
-        ``k`` overrides the number of passages retrieved; ``options`` (``max_tokens``,
-        ``temperature``, ... as in ``GenerationConfig``) override the llm's settings for this answer.
+        ``history``: the conversation so far, as LangChain messages, ``(role, text)`` pairs or
+        ``Turn``s (``Answer.as_turn()``; see ``ragspec.conversation.to_turns``). ``k`` overrides the
+        number of passages retrieved; ``options`` (``max_tokens``, ``temperature``, ... as in
+        ``GenerationConfig``) override the llm's settings for this answer.
         """
-        with self.stream(question, k=k, **options) as stream:
+        with self.stream(question, history=history, k=k, **options) as stream:
             for _ in stream:
                 pass
         assert stream.answer is not None
         return stream.answer
 
-    def stream(self, question: str, *, k: int | None = None, **options: Any) -> AnswerStream:
+    def stream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AnswerStream:
         """Retrieve now; generate as the returned stream is iterated (see ``AnswerStream``)."""
-        request = self._prepare(question, k, options)
+        request = self._prepare(question, k, options, history)
         return AnswerStream(lambda on_start: self._generate(request, on_start), request.passages)
 
-    async def aask(self, question: str, *, k: int | None = None, **options: Any) -> Answer:
+    async def aask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer:
         """``ask`` in a worker thread."""
-        return await asyncio.to_thread(lambda: self.ask(question, k=k, **options))
+        return await asyncio.to_thread(lambda: self.ask(question, history=history, k=k, **options))
 
-    def astream(self, question: str, *, k: int | None = None, **options: Any) -> AsyncAnswerStream:
+    def astream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AsyncAnswerStream:
         """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
-        return AsyncAnswerStream(lambda: self._events(question, k, options))
+        return AsyncAnswerStream(lambda: self._events(question, k, options, history))
+
+    def conversation(self, history: History = ()) -> Conversation:
+        """A conversation over these documents that keeps its own history (see ``ragspec.conversation``)."""
+        from ragspec.conversation import Conversation
+
+        return Conversation(self, history)
+
+    def as_chat_runnable(self, question_key: str = "question", history_key: str = "history") -> ChatQARunnable:
+        """This pipeline over chat messages, an ``AIMessage`` out (for ``RunnableWithMessageHistory``;
+        see ``ragspec.conversation.ChatQARunnable``)."""
+        from ragspec.conversation import ChatQARunnable
+
+        return ChatQARunnable(self, question_key, history_key)
 
     def as_runnable(self) -> DocumentQARunnable:
         """This pipeline as a LangChain ``Runnable[str, Answer]`` (see ``DocumentQARunnable``)."""
         return DocumentQARunnable(self)
 
     # -- steps ----------------------------------------------------------------------------------
-    def _events(self, question: str, k: int | None, options: dict[str, Any]) -> Generator[str | Answer, None, None]:
+    def _events(
+        self, question: str, k: int | None, options: dict[str, Any], history: History = ()
+    ) -> Generator[str | Answer, None, None]:
         """Retrieve, then the answer's text deltas, then the ``Answer`` (for worker threads)."""
-        return self._generate(self._prepare(question, k, options))
+        return self._generate(self._prepare(question, k, options, history))
 
-    def _prepare(self, question: str, k: int | None, options: dict[str, Any]) -> _Request:
+    def _prepare(self, question: str, k: int | None, options: dict[str, Any], history: History = ()) -> _Request:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question must be a non-empty string")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -438,12 +500,22 @@ class DocumentQA:
         if "max_tokens" in options:
             options["max_new_tokens"] = options.pop("max_tokens")
         call = dataclasses.replace(base, config=base.config.merged(options))
-        passages = list(self.retriever.invoke(question) if k is None else self.retriever.invoke(question, k=k))
+        turns = to_turns(history)
         generator = self.llm.load(call.model)
+        query, query_stats = follow_up_query(self.follow_up, question, turns, generator, self.system_prompt)
+        retrieved = list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
         max_tokens = call.config.max_new_tokens
-        passages, prompt_ids = self._fit(generator.lm.tokenizer, question, passages, max_tokens, generator.lm.context_length)
+        tokenizer, context = generator.lm.tokenizer, generator.lm.context_length
+        kept, dropped = self._fit_turns(tokenizer, question, retrieved, turns, max_tokens, context)
+        shown = {passage_key(p) for t in kept for p in t.passages}
+        new, prompt_ids = self._fit(tokenizer, question, [p for p in retrieved if passage_key(p) not in shown], max_tokens,
+                                    context, kept)
+        if self.passage_order == "document":
+            new = sorted(new, key=_document_position)
+            prompt_ids = self._prompt_ids(tokenizer, question, new, kept)
+        passages = [p for t in kept for p in t.passages] + new
         call = dataclasses.replace(call, references=tuple(p.page_content for p in passages))
-        return _Request(question, passages, prompt_ids, call)
+        return _Request(question, passages, prompt_ids, call, len(passages) - len(new), len(kept), dropped, query, query_stats)
 
     def _generate(
         self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
@@ -469,6 +541,11 @@ class DocumentQA:
             citation_rule=rule,
             finish_reason=result.finish_reason,
             stats=result.stats,
+            earlier_passages=request.earlier_passages,
+            history_turns=request.history_turns,
+            dropped_turns=request.dropped_turns,
+            retrieval_query=request.retrieval_query,
+            query_stats=request.query_stats,
         )
 
     def _citation(self, number: int, passage: Document) -> Citation:
@@ -488,28 +565,52 @@ class DocumentQA:
             section=str(meta["location"]) if meta.get("location") else None,
         )
 
-    def _prompt_ids(self, tokenizer: PreTrainedTokenizerBase, question: str, passages: Sequence[Document]) -> list[int]:
-        return qa_prompt_ids(tokenizer, question, passages, self.system_prompt)
+    def _prompt_ids(
+        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: Sequence[Document], turns: Sequence[Turn] = ()
+    ) -> list[int]:
+        return chat_prompt_ids(tokenizer, conversation_messages(turns, question, passages, self.system_prompt))
+
+    def _fit_turns(
+        self, tokenizer: PreTrainedTokenizerBase, question: str, retrieved: list[Document], turns: list[Turn],
+        max_tokens: int, context: int,
+    ) -> tuple[list[Turn], int]:
+        """The most recent earlier turns that fit the context budget with the question and its new passages."""
+        budget, dropped = context - max_tokens, 0
+        while turns:
+            shown = {passage_key(p) for t in turns for p in t.passages}
+            new = [p for p in retrieved if passage_key(p) not in shown]
+            if len(self._prompt_ids(tokenizer, question, new, turns)) <= budget:
+                break
+            turns, dropped = turns[1:], dropped + 1
+        if dropped:
+            warnings.warn(
+                f"the conversation does not fit the context window with room for {max_tokens} answer tokens: "
+                f"left out its {dropped} oldest turn(s)",
+                ContextBudgetWarning,
+                stacklevel=5,
+            )
+        return turns, dropped
 
     def _fit(
-        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], max_tokens: int, context: int
+        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], max_tokens: int, context: int,
+        turns: Sequence[Turn] = (),
     ) -> tuple[list[Document], list[int]]:
         """Drop the lowest-ranked passages, then truncate the top one, until the prompt leaves room for ``max_tokens``."""
         budget = context - max_tokens
         kept = list(passages)
-        ids = self._prompt_ids(tokenizer, question, kept)
+        ids = self._prompt_ids(tokenizer, question, kept, turns)
         while len(ids) > budget and len(kept) > 1:
             kept.pop()
-            ids = self._prompt_ids(tokenizer, question, kept)
+            ids = self._prompt_ids(tokenizer, question, kept, turns)
         truncated = False
         if len(ids) > budget and kept:
             top = kept[0]
             text_ids = tokenizer.encode(top.page_content, add_special_tokens=False)
             keep = len(text_ids) - (len(ids) - budget)
-            kept, ids = [], self._prompt_ids(tokenizer, question, [])
+            kept, ids = [], self._prompt_ids(tokenizer, question, [], turns)
             while keep > 0:
                 short = Document(page_content=tokenizer.decode(text_ids[:keep]), metadata=top.metadata, id=top.id)
-                candidate = self._prompt_ids(tokenizer, question, [short])
+                candidate = self._prompt_ids(tokenizer, question, [short], turns)
                 if len(candidate) <= budget:
                     kept, ids, truncated = [short], candidate, True
                     break
@@ -528,6 +629,13 @@ class DocumentQA:
                 stacklevel=4,
             )
         return kept, ids
+
+
+def _document_position(passage: Document) -> tuple[str, int, int]:
+    """Where a passage sits among the documents: its source, then its page and character offset."""
+    meta = passage.metadata
+    start, page = meta.get("start_index"), meta.get("page")
+    return (str(meta.get("source", "")), page if isinstance(page, int) else -1, start if isinstance(start, int) else -1)
 
 
 _MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")

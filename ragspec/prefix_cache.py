@@ -3,15 +3,15 @@
 A follow-up question's prompt starts with the previous turn's prompt (``ragspec.prompts`` lays
 conversations out that way), and questions over the same documents share a system prompt and
 often their first passages. ``PrefixCache`` keeps the KV caches of recent prompts, each with the
-token ids it holds, least recently used first out, within a memory bound; a new prompt takes the
-entry that shares the longest prefix with it.
+token ids it holds, least recently used first out, within a memory bound; a new prompt gets a copy of
+the longest prefix an entry shares with it, and the entry stays (a request that is abandoned or
+fails loses nothing); the request's own entry replaces those it makes redundant.
 
 Only prompt positions are kept (a request's answer positions are cropped before it is stored):
 they were all computed by a prefill, so a hit gives what a cold prefill of the same prompt gives
 (the tests compare both on each back end). Entries are opaque ``SavedPrefix`` objects made by the
 back end (``Backend.save``): the PyTorch cache itself, llama.cpp's sequence state copied out of its
-context. An entry whose tokens all start the new prompt is taken out for it (the request's own
-entry will hold them again); one that shares only part is copied from, and stays.
+context.
 """
 
 from __future__ import annotations
@@ -75,28 +75,19 @@ class PrefixCache:
         """The token ids of each entry, least recently used first."""
         return [list(e.tokens) for e in self._entries.values()]
 
-    def best(self, tokens: Sequence[int], limit: int) -> tuple[Entry, int, bool] | None:
-        """The entry sharing the longest prefix with ``tokens`` (at most ``limit`` ids), how many ids it
-        shares, and whether it was taken out (all its ids start ``tokens``); None when none shares any.
-
-        An entry that is not taken out becomes the most recently used.
-        """
-        found: tuple[int, int, int] | None = None  # (shared, full, key)
+    def best(self, tokens: Sequence[int], limit: int) -> tuple[Entry, int] | None:
+        """The entry sharing the longest prefix with ``tokens`` (at most ``limit`` ids) and how many ids
+        it shares, None when none shares any; the entry becomes the most recently used."""
+        found: tuple[int, int] | None = None  # (shared, key)
         for key, entry in self._entries.items():
-            full = shared_prefix(entry.tokens, tokens)
-            shared = min(full, limit)
+            shared = min(shared_prefix(entry.tokens, tokens), limit)
             if shared > 0 and (found is None or shared >= found[0]):  # ties: the most recent
-                found = (shared, full, key)
+                found = (shared, key)
         if found is None:
             return None
-        shared, full, key = found
-        entry = self._entries[key]
-        taken = full == len(entry.tokens)
-        if taken:
-            del self._entries[key]
-        else:
-            self._entries.move_to_end(key)
-        return entry, shared, taken
+        shared, key = found
+        self._entries.move_to_end(key)
+        return self._entries[key], shared
 
     def add(self, tokens: Sequence[int], saved: SavedPrefix) -> None:
         """Keep ``saved`` (the keys and values of ``tokens``) as the most recent entry; entries it

@@ -5,15 +5,22 @@ model and the benchmark all use it). With a chat template it is the template's r
 generation prompt; a model without one gets a plain transcript instead (see ``plain_prompt``) and
 a ``NoChatTemplateWarning``.
 
-The question-answering prompt numbers the passages ``[1]``, ``[2]``, ... in retrieval order and
+The question-answering prompt numbers the passages ``[1]``, ``[2]``, ... in the order given and
 asks the model to answer from them only and to cite them by number. ``QA_CHAT_PROMPT`` is the same
 prompt as a LangChain ``ChatPromptTemplate`` (variables ``context`` and ``question``) for LCEL chains.
+
+A conversation (``conversation_messages``) is laid out so that each turn's prompt extends the
+previous one token for token, which the prefix cache (``ragspec.prefix_cache``) turns into a
+prefill of the new part only: the earlier turns stay as they were asked, each user turn with the
+passages first shown with it (numbered on from the turn before), each followed by its answer; the
+new question comes last with the passages not shown yet. The first turn is ``qa_messages``.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
@@ -31,6 +38,9 @@ QA_SYSTEM_PROMPT = (
 
 QA_USER_TEMPLATE = "Passages:\n\n{context}\n\nQuestion: {question}"
 
+FOLLOW_UP_TEMPLATE = "Question: {question}"
+"""A later turn of a conversation that brings no new passage."""
+
 QA_CHAT_PROMPT = ChatPromptTemplate.from_messages([("system", QA_SYSTEM_PROMPT), ("human", QA_USER_TEMPLATE)])
 
 
@@ -44,10 +54,10 @@ def passage_label(document: Document) -> str:
     return source.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def format_passages(passages: Sequence[Document | str]) -> str:
-    """``[1] label\\ntext`` blocks separated by blank lines (``[n]`` is the passage's number)."""
+def format_passages(passages: Sequence[Document | str], start: int = 1) -> str:
+    """``[1] label\\ntext`` blocks separated by blank lines (``[n]`` is the passage's number, from ``start``)."""
     blocks = []
-    for number, passage in enumerate(passages, start=1):
+    for number, passage in enumerate(passages, start=start):
         if isinstance(passage, Document):
             label, text = passage_label(passage), passage.page_content
         else:
@@ -63,6 +73,36 @@ def qa_messages(
     """The chat turns asking ``question`` about ``passages``."""
     user = QA_USER_TEMPLATE.format(context=format_passages(passages), question=question.strip())
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """An earlier exchange of a conversation: the question, its answer, and the passages first shown with it."""
+
+    question: str
+    answer: str
+    passages: tuple[Document, ...] = ()
+
+
+def _user_turn(question: str, passages: Sequence[Document | str], start: int) -> str:
+    if not passages:
+        return FOLLOW_UP_TEMPLATE.format(question=question.strip())
+    return QA_USER_TEMPLATE.format(context=format_passages(passages, start), question=question.strip())
+
+
+def conversation_messages(
+    turns: Sequence[Turn], question: str, passages: Sequence[Document | str], system_prompt: str = QA_SYSTEM_PROMPT
+) -> list[dict[str, str]]:
+    """The chat turns asking ``question`` after ``turns``, with ``passages`` (those not shown yet) numbered
+    after the earlier turns' passages; the earlier turns are rendered as they were asked."""
+    messages = [{"role": "system", "content": system_prompt}]
+    start = 1
+    for turn in turns:
+        messages.append({"role": "user", "content": _user_turn(turn.question, turn.passages, start)})
+        messages.append({"role": "assistant", "content": turn.answer.strip()})
+        start += len(turn.passages)
+    messages.append({"role": "user", "content": _user_turn(question, passages, start)})
+    return messages
 
 
 class NoChatTemplateWarning(UserWarning):

@@ -374,6 +374,14 @@ def create_app(
             return session, []
         return new_session(request), [replaced_notice] if COOKIE in request.cookies else []
 
+    @app.delete("/api/conversation")
+    async def new_conversation(request: Request) -> dict[str, Any]:
+        """Start the conversation over; the documents stay."""
+        session = live_session(request)
+        if session is not None:
+            session.history.clear()
+        return describe(session)
+
     @app.delete("/api/documents")
     async def reset(request: Request) -> dict[str, Any]:
         session = live_session(request)

@@ -75,12 +75,9 @@ class Backend(Protocol):
         a later prompt could not reuse them exactly."""
         ...
 
-    def load(self, saved: SavedPrefix, length: int, capacity: int, taken: bool) -> KVCache | None:
-        """A cache of room ``capacity`` holding the first ``length`` positions of ``saved``, bit for bit.
-
-        ``taken``: the prefix cache gave ``saved`` up, so its memory may be reused; otherwise ``saved``
-        stays valid. None when this back end cannot take a prefix of it (the caller starts cold).
-        """
+    def load(self, saved: SavedPrefix, length: int, capacity: int) -> KVCache | None:
+        """A cache of room ``capacity`` holding the first ``length`` positions of ``saved``, bit for bit
+        (``saved`` stays valid); None when this back end cannot take a prefix of it (the caller starts cold)."""
         ...
 
 

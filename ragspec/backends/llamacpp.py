@@ -492,10 +492,9 @@ class LlamaCppBackend:
             raise RuntimeError("llama.cpp could not copy the KV cache out of its context")
         return SavedLlamaState(state, size, list(cache.tokens), cache)
 
-    def load(self, saved: SavedLlamaState, length: int, capacity: int, taken: bool) -> LlamaCppCache:
+    def load(self, saved: SavedLlamaState, length: int, capacity: int) -> LlamaCppCache:
         """A cache holding the first ``length`` positions of ``saved``: the context's own when it still
-        holds them, else ``saved`` copied into an emptied context (``taken`` changes nothing: a copy is
-        made either way)."""
+        holds them, else ``saved`` copied into an emptied context."""
         if length > len(saved.tokens):
             raise ValueError(f"the saved state holds {len(saved.tokens)} positions, not {length}")
         live, saved.live = saved.live, None  # from here on the context's cache changes

@@ -15,7 +15,7 @@ from ragspec.models import LoadedModel
 
 @dataclass
 class SavedTorchCache:
-    """A finished request's cache itself, handed over to the prefix cache (no copy)."""
+    """A finished request's cache itself, handed over to the prefix cache."""
 
     cache: DynamicCache
     nbytes: int
@@ -50,9 +50,6 @@ class TorchBackend:
     def save(self, cache: DynamicCache) -> SavedTorchCache:
         return SavedTorchCache(cache, cache_nbytes(cache))
 
-    def load(self, saved: SavedTorchCache, length: int, capacity: int, taken: bool) -> DynamicCache | None:
-        if taken:  # the prefix cache gave the entry up: reuse its buffers
-            saved.cache.crop(length - saved.cache.get_seq_length())
-            return saved.cache
+    def load(self, saved: SavedTorchCache, length: int, capacity: int) -> DynamicCache | None:
         cache = self.new_cache(capacity)
         return cache if copy_prefix(saved.cache, length, cache) else None

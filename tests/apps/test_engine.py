@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-from apps.engine import AppError, Collection, Token, _pipeline_events, build_index, with_history
+from apps.engine import AppError, Collection, Token, _pipeline_events, build_index
 from ragspec.generator import GenerationStats
 from ragspec.pipeline import Answer, Citation
+from ragspec.prompts import Turn
 
 
 def cite(number: int, page: int | None = None, start: int | None = 7) -> Citation:
@@ -97,10 +98,31 @@ def test_citation_locations_and_dicts() -> None:
     assert as_dict["location"] == "page 4" and as_dict["number"] == 2 and as_dict["title"] == "Doc 2"
 
 
-def test_history_goes_before_the_new_question() -> None:
-    assert with_history("Why?", []) == "Why?"
-    text = with_history("And then?", [("When?", " At six. ")])
-    assert text == "Earlier question: When?\nEarlier answer: At six.\nNew question: And then?"
+class FakeQA:
+    """Records what ``Collection`` asks; answers each question with ``answer_for(question)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Turn]]] = []
+
+    def stream(self, question: str, *, history: list[Turn], max_tokens: int) -> FakeStream:
+        self.calls.append((question, list(history)))
+        answer = make_answer(f"answer to {question}", [])
+        answer = Answer(question, answer.text, [], answer.passages, "unsupported", "eos", answer.stats, earlier_passages=1)
+        return FakeStream([answer.text], answer)
+
+
+def test_history_pairs_reach_the_pipeline_as_turns_with_the_passages_they_were_shown(tmp_path: Path) -> None:
+    collection = Collection(tmp_path, history_turns=2)
+    qa = collection._qa = FakeQA()
+    *_, first = collection.stream("When?")
+    history = [("When?", first.text)]
+    list(collection.stream("And then?", history))
+    history.append(("And then?", "answer to And then?"))
+    list(collection.stream("Why?", [("Unknown?", "No."), *history]))
+    assert qa.calls[0] == ("When?", [])
+    shown = (first.passages[1],)  # passages[earlier_passages:] of the answer
+    assert qa.calls[1] == ("And then?", [Turn("When?", first.text, shown)])
+    assert qa.calls[2] == ("Why?", [Turn("When?", first.text, shown), Turn("And then?", "answer to And then?", shown)])
 
 
 def test_bad_settings_and_paths_fail_early(tmp_path: Path) -> None:

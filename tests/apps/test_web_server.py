@@ -87,6 +87,10 @@ def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: L
         assert done["stats"]["decode_tokens_per_s"] == pytest.approx(10.0) and done["stats"]["new_tokens"] == 3
         ask(c, "And after that?")
         assert backend.answerers[0].histories == [[], [("How long is the trial?", text)]]
+        r = c.delete("/api/conversation")  # "New conversation": the documents stay
+        assert r.status_code == 200 and r.json()["turns"] == 0 and r.json()["documents"] == ["notes.md"]
+        ask(c, "How long is the trial?")
+        assert backend.answerers[0].histories[-1] == []
 
 
 def test_an_unsupported_answer_is_marked_and_cites_nothing(tmp_path: Path) -> None:

@@ -263,7 +263,7 @@ def test_loaded_state_gives_the_logits_of_a_cold_prefill(
     backend.forward(prompt[:shared] + [rng.randrange(EOS) for _ in range(70)], earlier, last_only=True)
     saved = backend.save(earlier)
     for _ in range(2):  # the context's own cache, then the copy (the context changed since)
-        cache = backend.load(saved, shared, length + 8, taken=False)
+        cache = backend.load(saved, shared, length + 8)
         assert cache.get_seq_length() == shared
         assert torch.equal(backend.forward(prompt[shared:], cache, last_only=True), cold)
 

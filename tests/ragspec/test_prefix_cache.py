@@ -32,27 +32,26 @@ def test_shared_prefix_against_a_naive_scan() -> None:
         assert shared_prefix(a, b) == shared_prefix(b, a) == naive
 
 
-def test_best_entry_is_the_longest_shared_prefix_and_a_covered_entry_is_taken() -> None:
+def test_best_entry_is_the_longest_shared_prefix() -> None:
     cache = PrefixCache(max_bytes=100)
     cache.add([1, 2, 3, 4], Blob(10))
     cache.add([1, 2, 9, 9, 9], Blob(10))
-    entry, shared, taken = cache.best([1, 2, 3, 7], limit=3)
-    assert (entry.tokens, shared, taken) == ([1, 2, 3, 4], 3, False)  # shares part of it: copied from, kept
-    assert len(cache) == 2 and cache.prefixes()[-1] == [1, 2, 3, 4]  # now the most recently used
-    entry, shared, taken = cache.best([1, 2, 9, 9, 9, 5, 6], limit=6)
-    assert (entry.tokens, shared, taken) == ([1, 2, 9, 9, 9], 5, True)  # all of it starts the prompt
-    assert cache.prefixes() == [[1, 2, 3, 4]]
+    entry, shared = cache.best([1, 2, 3, 7], limit=3)
+    assert (entry.tokens, shared) == ([1, 2, 3, 4], 3)
+    assert cache.prefixes() == [[1, 2, 9, 9, 9], [1, 2, 3, 4]]  # now the most recently used
+    entry, shared = cache.best([1, 2, 9, 9, 9, 5, 6], limit=6)
+    assert (entry.tokens, shared) == ([1, 2, 9, 9, 9], 5)
     assert cache.best([5, 6], limit=1) is None
-    entry, shared, taken = cache.best([1, 2, 3, 4], limit=3)  # the same prompt again: the last token is recomputed
-    assert (shared, taken) == (3, True)
+    entry, shared = cache.best([1, 2, 3, 4], limit=3)  # the same prompt again: the last token is recomputed
+    assert (entry.tokens, shared) == ([1, 2, 3, 4], 3)
+    assert len(cache) == 2  # looking up takes nothing out
 
 
 def test_memory_bound_evicts_least_recently_used_and_redundant_entries() -> None:
     cache = PrefixCache(max_bytes=25)
     cache.add([1, 1], Blob(10))
     cache.add([2, 2], Blob(10))
-    cache.best([1, 1, 5], limit=2)  # taken out, as the request will store [1, 1, 5, ...]
-    cache.add([1, 1, 5], Blob(10))
+    cache.add([1, 1, 5], Blob(10))  # makes [1, 1] redundant
     cache.add([3, 3], Blob(10))  # 30 bytes > 25: the least recently used ([2, 2]) goes
     assert cache.prefixes() == [[1, 1, 5], [3, 3]] and cache.nbytes == 20
     cache.add([3, 3, 4], Blob(10))  # makes [3, 3] redundant
@@ -87,8 +86,8 @@ def test_loaded_prefix_gives_the_logits_of_a_cold_prefill(length: int, shared: i
     earlier = backend.new_cache(len(other))
     backend.forward(other, earlier)
     saved = backend.save(earlier)
-    for taken in (False, True):  # copied from the kept entry, then the entry's own buffers
-        cache = backend.load(saved, shared, length + 3, taken)
+    for _ in range(2):  # the entry stays valid after a copy
+        cache = backend.load(saved, shared, length + 3)
         assert cache is not None and cache.get_seq_length() == shared
         warm = backend.forward(prompt[shared:], cache)
         torch.testing.assert_close(warm, cold[shared:], rtol=1e-5, atol=1e-5)
@@ -136,7 +135,7 @@ def test_interleaved_questions_and_turns_hit_and_equal_cold_prefill(seed: int) -
         assert got.token_ids == cold.generate(prompt, max_new_tokens=12).token_ids
         assert_same_or_tie(lm, prompt, brute_greedy(lm, prompt, 12), got.token_ids)
     assert hits == [0, len(system), len(a1), len(b1), len(a2) - 1]
-    assert warm.prefixes.prefixes() == [b2, a2]  # a1 and b1 were taken into the turns that extend them
+    assert warm.prefixes.prefixes() == [b2, a2]  # a1 and b1 went when the turns that extend them were kept
 
 
 @pytest.mark.timeout(60)

@@ -165,6 +165,11 @@ $("folder-form").addEventListener("submit", (ev) => {
   }, $("folder-btn"), `Indexing ${path}`);
 });
 
+$("new-chat-btn").addEventListener("click", () => {
+  $("conversation").replaceChildren();
+  send("/api/conversation", { method: "DELETE" }, $("new-chat-btn"));
+});
+
 $("clear-btn").addEventListener("click", () => {
   $("conversation").replaceChildren();
   send("/api/documents", { method: "DELETE" }, $("clear-btn"));

@@ -1,0 +1,280 @@
+"""Conversations with documents: histories, follow-up retrieval, and a conversation that keeps its turns.
+
+A follow-up question ("In what year did he die?") needs the conversation twice: to retrieve (on its
+own it names nobody) and in the prompt. ``DocumentQA.ask(question, history=...)`` takes the
+conversation so far as LangChain messages, ``(role, text)`` pairs or ``Turn``s; ``to_turns`` reads
+them. ``follow_up_query`` makes the retrieval query (``DocumentQA(follow_up=...)``):
+
+- ``"combine"``: the question after the recent earlier questions (``COMBINE_TURNS``), no extra cost;
+- ``"rewrite"``: the model first rewrites the question into a standalone one, as LangChain's
+  history-aware retriever does (one short greedy generation before the answer);
+- ``"question"``: the question on its own.
+
+``Conversation`` (``DocumentQA.conversation()``) keeps its own turns, with the passages each one
+first showed, so that every prompt extends the previous one (``ragspec.prompts``) and the prefix
+cache computes only the new turn. ``ChatQARunnable`` (``DocumentQA.as_chat_runnable()``) is the
+same over LangChain messages, for ``RunnableWithMessageHistory``: its ``AIMessage`` carries the
+passages in ``response_metadata``, so a history store that keeps messages keeps them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable, RunnableConfig
+
+from ragspec.config import GenerationConfig
+from ragspec.prompts import Turn, chat_prompt_ids
+
+if TYPE_CHECKING:
+    from ragspec.generator import GenerationStats, SpeculativeGenerator
+    from ragspec.pipeline import Answer, AnswerStream, DocumentQA
+    from ragspec.remote import RemoteGenerator
+
+History = Sequence[Union[BaseMessage, tuple[str, str], Turn]]
+"""The conversation before a question: LangChain messages (``HumanMessage`` / ``AIMessage``),
+``(role, text)`` pairs (role ``"user"``/``"human"`` or ``"assistant"``/``"ai"``), or ``Turn``s."""
+
+FOLLOW_UP_MODES = ("combine", "rewrite", "question")
+COMBINE_TURNS = 2
+"""Earlier questions put before a follow-up in a ``"combine"`` query."""
+REWRITE_TURNS = 3
+"""Earlier turns shown to the model that rewrites a follow-up."""
+REWRITE_MAX_TOKENS = 40
+PASSAGES_KEY = "ragspec_passages"
+"""``AIMessage.response_metadata`` key of the passages first shown with the question it answers."""
+
+REWRITE_SYSTEM_PROMPT = (
+    "Rewrite the user's last question so that it can be understood without the conversation: replace "
+    "words like he, she, it, they and there with the names they stand for. Reply with the question only."
+)
+
+_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "ai": "assistant",
+          "HumanMessageChunk": "user", "AIMessageChunk": "assistant"}  # a streamed answer is kept as its chunk
+
+
+def _entry(item: BaseMessage | tuple[str, str]) -> tuple[str, str, tuple[Document, ...]]:
+    """``(role, text, passages)`` of one history entry; ``ValueError`` for anything else."""
+    if isinstance(item, BaseMessage):
+        role = _ROLES.get(item.type)
+        text = item.content if isinstance(item.content, str) else item.text
+        passages = read_passages(item.response_metadata.get(PASSAGES_KEY)) if isinstance(item, AIMessage) else ()
+    elif isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+        role, text, passages = _ROLES.get(item[0].lower()), item[1], ()
+    else:
+        raise ValueError(f"a history entry is a LangChain message, a (role, text) pair or a Turn, got {item!r}")
+    if role is None:
+        kind = item.type if isinstance(item, BaseMessage) else item[0]
+        raise ValueError(
+            f"history holds user and assistant turns only, got a {kind!r} entry "
+            "(DocumentQA has its own system_prompt)"
+        )
+    return role, text, passages
+
+
+def to_turns(history: History) -> list[Turn]:
+    """The earlier turns of ``history`` (see ``History``); each user entry must be followed by its answer."""
+    if isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
+        raise ValueError(f"history is a list of messages, (role, text) pairs or Turns, got {type(history).__name__}")
+    turns: list[Turn] = []
+    question: str | None = None
+    for item in history:
+        if isinstance(item, Turn):
+            role = "turn"
+        else:
+            role, text, passages = _entry(item)
+        if question is not None and role != "assistant":
+            raise ValueError("history has a user turn without an answer: each question must be followed by its answer")
+        if isinstance(item, Turn):
+            turns.append(item)
+        elif role == "user":
+            question = text
+        elif question is None:
+            raise ValueError("history has an assistant turn that answers no question: start it with a user turn")
+        else:
+            turns.append(Turn(question, text, passages))
+            question = None
+    if question is not None:
+        raise ValueError("history ends with a question that has no answer: pass the new question as `question`")
+    return turns
+
+
+def to_messages(turns: Sequence[Turn]) -> list[BaseMessage]:
+    """``turns`` as LangChain messages (each answer's ``response_metadata`` holds its turn's passages)."""
+    messages: list[BaseMessage] = []
+    for turn in turns:
+        messages.append(HumanMessage(turn.question))
+        messages.append(AIMessage(turn.answer, response_metadata={PASSAGES_KEY: write_passages(turn.passages)}))
+    return messages
+
+
+def write_passages(passages: Sequence[Document]) -> list[dict[str, Any]]:
+    return [{"page_content": p.page_content, "metadata": dict(p.metadata), "id": p.id} for p in passages]
+
+
+def read_passages(data: object) -> tuple[Document, ...]:
+    """Passages written by ``write_passages``; ``()`` for none, ``ValueError`` for anything malformed."""
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise ValueError(f"response_metadata[{PASSAGES_KEY!r}] must be a list of passages, got {type(data).__name__}")
+    out = []
+    for p in data:
+        if not (isinstance(p, Mapping) and isinstance(p.get("page_content"), str) and isinstance(p.get("metadata", {}), Mapping)):
+            raise ValueError(f"a passage in response_metadata[{PASSAGES_KEY!r}] is {{'page_content': str, 'metadata': dict}}")
+        ident = p.get("id")
+        out.append(Document(page_content=p["page_content"], metadata=dict(p.get("metadata", {})),
+                            id=ident if isinstance(ident, str) else None))
+    return tuple(out)
+
+
+def passage_key(passage: Document) -> tuple[str, str]:
+    """What makes two passages the same passage (its source and text)."""
+    return (str(passage.metadata.get("source", "")), passage.page_content)
+
+
+def rewrite_messages(turns: Sequence[Turn], question: str) -> list[dict[str, str]]:
+    """The request to rewrite ``question`` into a standalone question, after the recent ``turns``."""
+    messages = [{"role": "system", "content": REWRITE_SYSTEM_PROMPT}]
+    for turn in turns[-REWRITE_TURNS:]:
+        messages += [{"role": "user", "content": turn.question.strip()}, {"role": "assistant", "content": turn.answer.strip()}]
+    messages.append({"role": "user", "content": f"Rewrite this question on its own: {question.strip()}"})
+    return messages
+
+
+def follow_up_query(
+    mode: str, question: str, turns: Sequence[Turn], generator: SpeculativeGenerator | RemoteGenerator, system_prompt: str
+) -> tuple[str, GenerationStats | None]:
+    """The retrieval query for ``question`` after ``turns`` (see the module docstring) and, for
+    ``"rewrite"``, the stats of the generation that made it (an empty rewrite falls back to ``"combine"``)."""
+    if not turns or mode == "question":
+        return question, None
+    if mode == "rewrite":
+        ids = chat_prompt_ids(generator.lm.tokenizer, rewrite_messages(turns, question))
+        result = generator.generate(ids, GenerationConfig(max_new_tokens=REWRITE_MAX_TOKENS, stop=("\n",)))
+        rewritten = result.text.strip()
+        if rewritten:
+            return rewritten, result.stats
+    return " ".join([*(t.question.strip() for t in turns[-COMBINE_TURNS:]), question]), None
+
+
+class Conversation:
+    """Questions over one ``DocumentQA`` that remember the earlier turns (``DocumentQA.conversation()``).
+
+    ``ask``/``stream`` take ``DocumentQA.ask``'s options; a turn is recorded once its answer is
+    complete (a stream closed early records nothing). ``turns`` are the ``Turn``s so far, ``messages``
+    the same as LangChain messages; ``reset()`` starts over. Not for several threads at once.
+    """
+
+    def __init__(self, qa: DocumentQA, history: History = ()) -> None:
+        self.qa = qa
+        self.turns: list[Turn] = to_turns(history)
+
+    def ask(self, question: str, *, k: int | None = None, **options: Any) -> Answer:
+        with self.stream(question, k=k, **options) as stream:
+            for _ in stream:
+                pass
+        assert stream.answer is not None
+        return stream.answer
+
+    def stream(self, question: str, *, k: int | None = None, **options: Any) -> AnswerStream:
+        from ragspec.pipeline import AnswerStream
+
+        request = self.qa._prepare(question, k, options, self.turns)
+        return AnswerStream(lambda on_start: self._record(self.qa._generate(request, on_start)), request.passages)
+
+    def _record(self, events: Generator[str | Answer, None, None]) -> Iterator[str | Answer]:
+        for event in events:
+            if not isinstance(event, str):
+                self.turns.append(event.as_turn())
+            yield event
+
+    @property
+    def messages(self) -> list[BaseMessage]:
+        return to_messages(self.turns)
+
+    def reset(self) -> None:
+        """Forget the turns: the next question starts a new conversation."""
+        self.turns.clear()
+
+
+def answer_message(answer: Answer) -> AIMessage:
+    """An ``Answer`` as an ``AIMessage``: its text, and in ``response_metadata`` the passages first shown
+    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it, the retrieval query."""
+    return AIMessage(answer.text, response_metadata=_metadata(answer))
+
+
+def _metadata(answer: Answer) -> dict[str, Any]:
+    return {
+        PASSAGES_KEY: write_passages(answer.passages[answer.earlier_passages :]),
+        "citations": [c.as_dict() for c in answer.citations],
+        "supported": answer.supported,
+        "retrieval_query": answer.retrieval_query,
+        "dropped_turns": answer.dropped_turns,
+        "finish_reason": answer.finish_reason,
+    }
+
+
+def chat_input(value: object, question_key: str = "question", history_key: str = "history") -> tuple[str, History]:
+    """``(question, history)`` from a chat runnable's input: ``{"question": ..., "history": [...]}``, a list
+    of messages ending with the question, or a question string."""
+    if isinstance(value, str):
+        return value, ()
+    if isinstance(value, Mapping):
+        question = value.get(question_key)
+        if isinstance(question, BaseMessage):
+            question = question.text
+        if not isinstance(question, str):
+            raise ValueError(f"the chat runnable's input needs a {question_key!r} string")
+        history = value.get(history_key, ())
+        return question, history
+    if isinstance(value, Sequence) and value and isinstance(value[-1], BaseMessage) and value[-1].type == "human":
+        return value[-1].text, list(value[:-1])
+    raise ValueError(
+        f"the chat runnable takes {{{question_key!r}: str, {history_key!r}: [messages]}}, a list of messages ending "
+        f"with the question, or a question string; got {type(value).__name__}"
+    )
+
+
+class ChatQARunnable(Runnable[Any, AIMessage]):
+    """``DocumentQA`` over chat messages (``DocumentQA.as_chat_runnable()``), for ``RunnableWithMessageHistory``::
+
+        chat = RunnableWithMessageHistory(qa.as_chat_runnable(), get_session_history,
+                                          input_messages_key="question", history_messages_key="history")
+        chat.invoke({"question": "Who founded it?"}, config={"configurable": {"session_id": "a"}})
+
+    Input: see ``chat_input``. ``invoke`` returns an ``AIMessage`` (``answer_message``); ``stream``
+    yields ``AIMessageChunk`` text deltas and a last chunk with the ``response_metadata``.
+    """
+
+    name = "DocumentQAChat"
+
+    def __init__(self, qa: DocumentQA, question_key: str = "question", history_key: str = "history") -> None:
+        self.qa, self.question_key, self.history_key = qa, question_key, history_key
+
+    @property
+    def OutputType(self) -> type[AIMessage]:  # noqa: N802 - LangChain's name
+        return AIMessage
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        def run(value: Any) -> AIMessage:
+            question, history = chat_input(value, self.question_key, self.history_key)
+            return answer_message(self.qa.ask(question, history=history, **kwargs))
+
+        return self._call_with_config(run, input, config)
+
+    def stream(  # type: ignore[override]
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[AIMessageChunk]:
+        return self._transform_stream_with_config(iter([input]), self._chunks, config, **kwargs)
+
+    def _chunks(self, inputs: Iterator[Any], **kwargs: Any) -> Iterator[AIMessageChunk]:
+        question, history = chat_input(next(inputs), self.question_key, self.history_key)
+        with self.qa.stream(question, history=history, **kwargs) as stream:
+            for delta in stream:
+                yield AIMessageChunk(delta)
+        assert stream.answer is not None
+        yield AIMessageChunk("", response_metadata=_metadata(stream.answer))
