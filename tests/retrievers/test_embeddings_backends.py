@@ -208,7 +208,34 @@ def test_unknown_backend_and_bad_device_are_rejected_when_built(monkeypatch: pyt
     with pytest.raises(ValueError, match="runs on the CPU"):
         SentenceTransformerEmbeddings("default", backend="openvino", device="cuda")
     assert SentenceTransformerEmbeddings("default", backend="auto", device="cuda").resolved_backend == "torch"
-    assert SentenceTransformerEmbeddings("default", backend="auto", device="cpu").resolved_backend == "openvino-bf16"
+    assert SentenceTransformerEmbeddings("default", backend="auto", device="cpu").resolved_backend == emb_mod.cpu_backend()
+
+
+AVX2_EPYC = frozenset("fpu sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2 sha_ni".split())  # the AMD EPYC: no AVX-512
+SAPPHIRE_RAPIDS = AVX2_EPYC | {"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(AVX2_EPYC, "openvino"), (SAPPHIRE_RAPIDS, "openvino-bf16"), (AVX2_EPYC | {"amx_bf16"}, "openvino-bf16"), (frozenset(), "openvino")],
+)
+def test_auto_takes_bf16_only_on_a_cpu_that_computes_it(
+    flags: frozenset[str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert emb_mod.cpu_backend(flags) == expected
+    monkeypatch.setattr(emb_mod, "cpu_flags", lambda: flags)  # the probe, faked
+    assert emb_mod.cpu_backend() == expected
+    assert SentenceTransformerEmbeddings("default", backend="auto", device="cpu").resolved_backend == expected
+    assert SentenceTransformerEmbeddings("default", backend="openvino-bf16").resolved_backend == "openvino-bf16"  # asked for: kept
+
+
+def test_the_cpu_probe_reads_this_machines_flags() -> None:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        assert emb_mod.cpu_flags() == frozenset()
+        return
+    line = next((x for x in cpuinfo.read_text().splitlines() if x.startswith(("flags", "Features"))), "")
+    assert emb_mod.cpu_flags() == frozenset(line.partition(":")[2].split())
 
 
 def test_models_the_exported_backends_cannot_reproduce_are_refused(tiny_model: Path, tmp_path: Path, cache_dir: Path) -> None:
@@ -268,7 +295,7 @@ def test_default_backend_matches_torch_on_the_default_model(monkeypatch: pytest.
 
     monkeypatch.delenv(emb_mod.BACKEND_ENV, raising=False)
     default = default_embeddings()
-    assert default.resolved_backend == ("torch" if torch.cuda.is_available() else "openvino-bf16")
+    assert default.resolved_backend == ("torch" if torch.cuda.is_available() else emb_mod.cpu_backend())
     chunks = split_documents([Document(page_content=("A long passage about lighthouses and bread. " * 80), metadata={"source": "x.txt"})])
     texts = [TEXTS[0], "How do I restore a snapshot?", chunks[0].page_content]
     reference = np.array(default_embeddings("torch").embed_documents(texts))
