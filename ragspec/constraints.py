@@ -109,6 +109,35 @@ class Constraint:
         return cls(kind, grammar, source)
 
 
+OPENAI_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+"""The ``type`` values of OpenAI's ``response_format``."""
+
+
+def response_format_constraint(
+    value: object, schema_for: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+) -> Constraint | None:
+    """OpenAI's ``response_format`` as a constraint: ``{"type": "text"}`` -> None (no constraint),
+    ``{"type": "json_object"}`` -> any JSON object, ``{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}`` -> JSON valid against the schema. Anything else is a
+    ``ConstraintError`` saying what is accepted. ``schema_for`` rewrites the schema first (``/v1``
+    bounds its strings). The one reader of this format (``/v1`` and the LangChain classes'
+    ``response_format=`` both use it)."""
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json()
+    if kind == "json_schema":
+        assert isinstance(value, Mapping)
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
+            raise ConstraintError('a json_schema response_format must be {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+        return Constraint.json_schema(spec["schema"] if schema_for is None else schema_for(spec["schema"]))
+    raise ConstraintError(
+        'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
+    )
+
+
 _tokenizers: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], llguidance.LLTokenizer]] = (
     weakref.WeakKeyDictionary()
 )

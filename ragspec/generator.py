@@ -118,7 +118,8 @@ class GenerationResult:
     token_ids: list[int]
     """Generated ids, EOS excluded; with a stop string, up to the token that completed it."""
     finish_reason: str
-    """``"stop"`` (a stop string), ``"eos"``, or ``"length"`` (max_new_tokens or the context)."""
+    """``"stop"`` (a stop string), ``"eos"`` (the end of the output, or a constraint's grammar
+    completed), or ``"length"`` (max_new_tokens or the context)."""
     stats: GenerationStats
     model: str = ""
     """Name of the model that produced it."""
@@ -368,7 +369,7 @@ class SpeculativeGenerator:
                 new = [first]
                 stats.forward_passes = 1
                 while True:
-                    new, finish = self._clip(new, budget - len(out))
+                    new, finish = self._clip(new, budget - len(out), grammar)
                     update = assembler.add(new)
                     out.extend(new[: update.n_tokens])
                     context.extend(new[: update.n_tokens])
@@ -447,12 +448,19 @@ class SpeculativeGenerator:
         if saved is not None:
             self.prefixes.add(prompt_ids[:keep], saved)
 
-    def _clip(self, new: list[int], room: int) -> tuple[list[int], str]:
-        """Cut newly accepted tokens at EOS and at the token budget."""
+    def _clip(self, new: list[int], room: int, grammar: Grammar | None = None) -> tuple[list[int], str]:
+        """Cut newly accepted tokens at EOS and at the token budget. An output that fills the budget
+        exactly as its grammar completes ends as at an EOS ("eos", not "length"): the grammar allows
+        nothing but the end of the output after it."""
         for i, t in enumerate(new[:room]):
             if t in self.eos_token_ids:
                 return new[:i], "eos"
-        return new[:room], ("length" if len(new) >= room else "continue")
+        if len(new) < room:
+            return new, "continue"
+        # The grammar advanced over every accepted token: its state is the output's only if what the
+        # budget cuts off is nothing, or an EOS.
+        complete = grammar is not None and grammar.finished and all(t in self.eos_token_ids for t in new[room:])
+        return new[:room], ("eos" if complete else "length")
 
     def _step(
         self,

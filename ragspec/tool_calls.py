@@ -14,8 +14,9 @@ allows them explicitly), nothing after ``</tool_call>``. It cannot make a 135M
 model choose the right tool or the right values: that is the model's job.
 
 ``tool_choice``: ``"auto"`` (an answer in text, or calls), ``"any"`` (at least one call),
-``"none"`` (text only; an answer may not start with ``<tool_call>``), or a tool's name (a call
-of that tool).
+``"none"`` (text only), or a tool's name (a call of that tool). A text answer may not start with
+``<`` (after spaces): a call is the only markup an answer opens with, and after a tool's result
+the default model, left free, echoes ``<tool_response>`` back instead of answering from it.
 """
 
 from __future__ import annotations
@@ -101,6 +102,27 @@ def closed_objects(schema: Any) -> Any:
     return out
 
 
+STRING_LIMIT = 200
+"""``maxLength`` given to the strings of a structured-output schema that set no bound of their own."""
+
+
+def bounded_strings(schema: Any, limit: int = STRING_LIMIT) -> Any:
+    """``schema`` with ``maxLength: limit`` on every string that has no length, pattern, format or value set.
+
+    A small model under greedy decoding can repeat itself inside a string until the token budget
+    runs out, which leaves the object unfinished; with a bound the grammar closes the string and
+    the object completes. Pass your own ``maxLength`` to choose another bound.
+    """
+    if not isinstance(schema, Mapping):
+        return schema
+    out = map_subschemas(schema, lambda sub: bounded_strings(sub, limit))
+    types = schema.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    if is_string and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const")):
+        out["maxLength"] = limit
+    return out
+
+
 def _merged_all_of(schema: Mapping[str, Any]) -> dict[str, Any] | None:
     """One object for ``{"allOf": [object parts]}`` (see ``closed_objects``), or None."""
     parts = schema.get("allOf")
@@ -147,12 +169,44 @@ def check_choice(tools: Sequence[Tool], choice: str | None) -> str:
     raise ToolError(f"tool_choice {choice!r} is neither 'auto', 'any', 'none' nor one of the tools ({', '.join(names) or 'none bound'})")
 
 
+def openai_tool(value: object) -> Tool:
+    """A ``Tool`` from OpenAI's ``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+    function = value.get("function") if isinstance(value, Mapping) and value.get("type") == "function" else None
+    if not isinstance(function, Mapping):
+        raise ToolError('a tool must be {"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}')
+    parameters = function.get("parameters")
+    return Tool(function.get("name", ""), function.get("description", ""),
+                {"type": "object", "properties": {}} if parameters is None else parameters)
+
+
+def parse_choice(tool_choice: object, tools: Sequence[Tool]) -> str:
+    """OpenAI's and LangChain's spellings of ``tool_choice`` (``"auto"``, ``"required"``/``"any"``,
+    ``"none"``, a tool's name, ``{"type": "function", "function": {"name": ...}}``, ``True`` for the
+    only tool, ``False`` for none) as ``check_choice`` returns them."""
+    if tool_choice is True:
+        if len(tools) != 1:
+            raise ToolError(f"tool_choice=True needs exactly one tool, got {len(tools)}")
+        tool_choice = tools[0].name
+    elif tool_choice is False:
+        tool_choice = "none"
+    elif isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+        if not isinstance(name, str):
+            raise ToolError(f"tool_choice {dict(tool_choice)!r} is not {{'type': 'function', 'function': {{'name': ...}}}}")
+        tool_choice = name
+    elif tool_choice is not None and not isinstance(tool_choice, str):
+        raise ToolError(f"tool_choice must be a string, True, or a dict naming a function; got {tool_choice!r}")
+    return check_choice(tools, tool_choice)
+
+
 def tool_call_constraint(tools: Sequence[Tool], choice: str | None = "auto", parallel: bool = True) -> Constraint:
     """The grammar of an answer under ``choice`` (see the module docstring); ``parallel=False``
     allows one call per answer instead of a list of them."""
     choice = check_choice(tools, choice)
     chosen = [t for t in tools if choice in ("auto", "any") or t.name == choice]
-    text = "TEXT: /(.|\\n)*/ & ~/" + _regex_literal(CALL_OPEN) + "(.|\\n)*/"
+    # A text answer may not open with markup: after a tool's result the default model otherwise
+    # echoes the <tool_response> wrapper (or invents a tag) instead of answering from it.
+    text = "TEXT: /(.|\\n)*/ & ~/[ \\t\\n]*<(.|\\n)*/"
     if choice == "none" or not chosen:
         return _lark("start: TEXT\n" + text, "none")
     # Each tool's argument schema sits under $defs, its local $refs rebased there, so that "#/$defs/X"
@@ -184,10 +238,6 @@ def _lark(grammar: str, choice: str) -> Constraint:
         raise ToolError(f"the tools' argument schemas cannot be used (tool_choice={choice!r}): {e}") from e
 
 
-def _regex_literal(text: str) -> str:
-    return "".join("\\" + c if c in "\\/.^$|?*+()[]{}" else c for c in text)
-
-
 def system_prompt(tools: Sequence[Tool], choice: str = "auto") -> str:
     """The instruction listing ``tools`` (added to the system turn)."""
     listing = json.dumps([t.as_json() for t in tools], ensure_ascii=False)
@@ -214,6 +264,30 @@ def format_calls(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
 def format_result(content: str) -> str:
     """A tool's result as the user turn that hands it back."""
     return f"<tool_response>\n{content}\n</tool_response>"
+
+
+def call_turn(text: str, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, str]:
+    """The assistant turn of an answer that made ``calls`` (after its text, if any)."""
+    written = format_calls(calls)
+    return {"role": "assistant", "content": f"{text}\n{written}" if text.strip() else written}
+
+
+def result_turn(content: str) -> dict[str, str]:
+    """The turn that hands a tool's result back to the model."""
+    return {"role": "user", "content": format_result(content)}
+
+
+def with_system_text(turns: Sequence[Mapping[str, str]], text: str) -> list[dict[str, str]]:
+    """``turns`` with ``text`` (e.g. ``system_prompt``'s listing of the tools) added to the system
+    turn (one is created if there is none)."""
+    out = [dict(turn) for turn in turns]
+    if not text:
+        return out
+    if out and out[0].get("role") == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}"}
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
 
 
 def new_call_id() -> str:

@@ -421,6 +421,10 @@ class _Encoder(Protocol):
         """[N, D] L2-normalized float32 vectors, in the order of `texts`."""
         ...
 
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens the model reads of each text (after truncation)."""
+        ...
+
 
 class _TorchEncoder:
     """sentence-transformers on PyTorch (it sorts texts by length before batching)."""
@@ -434,6 +438,9 @@ class _TorchEncoder:
         return self.model.encode(
             texts, batch_size=batch_size, show_progress_bar=show_progress, normalize_embeddings=True, convert_to_numpy=True
         )
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [int(n) for n in self.model.tokenize(texts)["attention_mask"].sum(dim=1).tolist()]
 
 
 Batch = dict[str, np.ndarray]
@@ -484,6 +491,10 @@ class _ExportedEncoder:
                 ids[r, : len(row)], mask[r, : len(row)] = row, 1
             batches.append({"input_ids": ids, "attention_mask": mask})
         return batches
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        inputs = [t.lower() for t in texts] if self.do_lower_case else texts
+        return [len(e.ids) for e in self.tokenizer.encode_batch(inputs)]
 
     def encode(self, texts: list[str], batch_size: int, show_progress: bool) -> np.ndarray:
         if not texts:
@@ -658,6 +669,11 @@ class SentenceTransformerEmbeddings(BaseModel, Embeddings):
     def embed_query(self, text: str) -> list[float]:
         """Embed one query (L2-normalized)."""
         return self._encode([text])[0].tolist()
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """How many tokens the model reads of each text (special tokens included, after truncation
+        at its maximum sequence length); loads the model."""
+        return self.client.count_tokens(list(texts)) if texts else []
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         show = self.show_progress if self.show_progress is not None else len(texts) >= self.progress_threshold

@@ -54,3 +54,7 @@ class IndexVersionError(IndexLoadError):
 
 class IndexMismatchError(IndexLoadError):
     """The index was built with another embedding model or dimension than the one given."""
+
+
+class FilterError(RetrieverError, ValueError):
+    """A metadata filter with an unknown operator or a malformed condition; the message says which."""

@@ -8,9 +8,13 @@ talks to the served model through these routes; docs/serving.md is the reference
   ``stop``, and the extensions ``top_k``, ``speculative`` and ``references`` (passages the drafter
   copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
   ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
-  (``ragspec.constraints``), on both routes. A bad value is a 400 naming the parameter; so is
-  anything ragspec does not do yet (``n`` > 1, logprobs, penalties, tools) and any argument
-  OpenAI does not define.
+  (``ragspec.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
+  list functions in the system turn and constrain the answer to well-formed calls with the same
+  grammar as ``ChatRagSpec.bind_tools`` (``ragspec.tool_calls``); calls come back as OpenAI's
+  ``tool_calls`` (whole, and in stream deltas as each call completes), and ``tool`` messages and
+  assistant ``tool_calls`` enter the conversation. A bad value is a 400 naming the parameter; so is
+  anything ragspec does not do yet (``n`` > 1, logprobs, penalties, legacy ``functions``) and any
+  argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
   speculative statistics (tokens per forward, acceptance, by draft source), the finish reason in
   ragspec's terms (``eos``, ``stop`` or ``length``) and the seconds spent in the queue. Streams
@@ -86,6 +90,8 @@ class ApiSettings:
     """Most new tokens per request; also the default when a request sets none."""
     queue_timeout_s: float = 120.0
     answer_timeout_s: float = 300.0
+    embedding_model: str | None = None
+    """The name ``/v1/embeddings`` answers to (``/v1/models`` lists it after the chat model); None: no embeddings."""
 
 
 class OpenAIError(Exception):
@@ -164,6 +170,11 @@ class ApiRequest:
     references: tuple[str | list[int], ...]
     stream: bool
     include_usage: bool
+    tools: tuple[Any, ...] = ()
+    """``ragspec.tool_calls.Tool``s the model may call (chat only)."""
+    tool_choice: str = "auto"
+    """``ragspec.tool_calls.check_choice``'s spelling: ``"auto"``, ``"any"``, ``"none"`` or a tool's name."""
+    parallel_tool_calls: bool = True
 
 
 def parse_request(body: object, *, chat: bool) -> ApiRequest:
@@ -201,6 +212,9 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
     constraint = response_constraint(body.get("response_format"))
     if constraint is not None:
         options["constraint"] = constraint
+    tools, tool_choice, parallel = _tools(body) if chat else ((), "auto", True)
+    if tools and tool_choice != "none" and constraint is not None:
+        raise OpenAIError(400, "a request cannot have both tools and a response_format: send one of them", param="response_format")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise OpenAIError(400, f"stream must be true or false, got {stream!r}", param="stream")
@@ -212,7 +226,9 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
         if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
             raise OpenAIError(400, 'stream_options must be like {"include_usage": true}', param="stream_options")
         include_usage = bool(stream_options.get("include_usage", False))
-    return ApiRequest(chat, model, prompt, options, _references(body.get("references")), stream, include_usage)
+    return ApiRequest(
+        chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel
+    )
 
 
 def _unsupported(body: Mapping[str, Any], chat: bool) -> None:
@@ -239,45 +255,71 @@ def _unsupported(body: Mapping[str, Any], chat: bool) -> None:
         refuse("logit_bias", "logit_bias is not supported")
     if not chat:
         return
-    if body.get("tools") or body.get("functions"):
-        refuse("tools", "tools and function calling are not supported yet")
-    if body.get("tool_choice") not in (None, "none") or body.get("function_call") not in (None, "none"):
-        refuse("tool_choice", "tool_choice is not supported yet: only \"none\"")
+    for legacy, current in (("functions", "tools"), ("function_call", "tool_choice")):
+        if body.get(legacy) is not None:
+            refuse(legacy, f"{legacy} (OpenAI's deprecated form) is not supported: send {current} instead")
     if body.get("modalities") not in (None, ["text"]):
         refuse("modalities", 'only text output is supported: modalities ["text"]')
 
 
 def response_constraint(value: object) -> Any:
-    """``response_format`` as a ``ragspec.constraints.Constraint`` (None for text); 400 when it cannot be one.
-
-    ``{"type": "json_object"}``: any JSON object. ``{"type": "json_schema", "json_schema":
-    {"name": ..., "schema": {...}}}``: JSON valid against the schema. ``{"type": "text"}``: no constraint.
-    """
+    """``response_format`` as a ``ragspec.constraints.Constraint`` (None for text); 400 when it cannot be one
+    (``ragspec.constraints.response_format_constraint`` reads it, as for the LangChain classes)."""
     if value is None:
         return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
-        return None
-    from ragspec.constraints import Constraint, ConstraintError
+    from ragspec.constraints import ConstraintError, response_format_constraint
 
     try:
-        if kind == "json_object":
-            return Constraint.json()
-        if kind == "json_schema":
-            spec = value.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-                raise ConstraintError('json_schema must be {"name": ..., "schema": {...}}')
-            return Constraint.json_schema(spec["schema"])
+        return response_format_constraint(value, served_schema)
     except ConstraintError as e:
         raise OpenAIError(400, f"response_format: {e}", param="response_format") from e
-    raise OpenAIError(
-        400, 'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}',
-        param="response_format",
-    )  # fmt: skip
+
+
+def served_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A client's JSON Schema as the grammar holds the answer to: strings without a bound get
+    ``maxLength`` ``ragspec.tool_calls.STRING_LIMIT`` and objects take their declared properties
+    only (``bounded_strings``, ``closed_objects``, as ``ChatRagSpec.with_structured_output`` does).
+    Every answer is still valid against the schema sent; a small model that repeats itself inside
+    a string then still finishes the object instead of filling ``max_tokens``."""
+    from ragspec.tool_calls import bounded_strings, closed_objects
+
+    return bounded_strings(closed_objects(schema))
+
+
+def _tools(body: Mapping[str, Any]) -> tuple[tuple[Any, ...], str, bool]:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as ragspec ``Tool``s, a choice and a flag."""
+    from ragspec.tool_calls import ToolError, openai_tool, parse_choice
+
+    value, choice = body.get("tools"), body.get("tool_choice")
+    if value is not None and not isinstance(value, list):
+        raise OpenAIError(400, "tools must be a list of {\"type\": \"function\", \"function\": {...}} objects", param="tools")
+    tools = []
+    for i, item in enumerate(value or []):
+        try:
+            tools.append(openai_tool(item))
+        except ToolError as e:
+            raise OpenAIError(400, f"tools[{i}]: {e}", param=f"tools[{i}]") from e
+    names = [t.name for t in tools]
+    if len(set(names)) < len(names):
+        raise OpenAIError(400, "two tools have the same name: a call names its tool", param="tools")
+    if choice is not None and not isinstance(choice, (str, dict)):
+        raise OpenAIError(400, f"tool_choice must be a string or an object, got {choice!r}", param="tool_choice")
+    if not tools and choice not in (None, "none", "auto"):
+        raise OpenAIError(400, f"tool_choice {choice!r} needs tools: send the tools it may call", param="tool_choice")
+    try:
+        choice = parse_choice(choice, tools)
+    except ToolError as e:
+        raise OpenAIError(400, str(e), param="tool_choice") from e
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise OpenAIError(400, f"parallel_tool_calls must be true or false, got {parallel!r}", param="parallel_tool_calls")
+    return tuple(tools), choice, parallel
 
 
 def _messages(value: object) -> list[dict[str, str]]:
+    """The turns as the chat template takes them; tool calls and results in ``ragspec.tool_calls``' form."""
     from ragspec.text import clean_text
+    from ragspec.tool_calls import call_turn, result_turn
 
     if not isinstance(value, list) or not value:
         raise OpenAIError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
@@ -289,13 +331,17 @@ def _messages(value: object) -> list[dict[str, str]]:
         role = message.get("role")
         if role == "developer":
             role = "system"
-        if role not in ("system", "user", "assistant"):
+        if role not in ("system", "user", "assistant", "tool"):
             raise OpenAIError(
-                400, f"{where}.role {role!r} is not supported: use system, developer, user or assistant", param=f"{where}.role"
-            )
-        if message.get("tool_calls") or message.get("function_call"):
-            raise OpenAIError(400, f"{where} has tool calls: tool calling is not supported yet", param=where)
+                400, f"{where}.role {role!r} is not supported: use system, developer, user, assistant or tool",
+                param=f"{where}.role",
+            )  # fmt: skip
+        if message.get("function_call"):
+            raise OpenAIError(400, f"{where}.function_call (OpenAI's deprecated form) is not supported: send tool_calls", param=where)
+        calls = _message_calls(message.get("tool_calls"), where) if role == "assistant" else []
         content = message.get("content")
+        if content is None and (calls or role == "tool"):
+            content = ""
         if isinstance(content, list):
             parts = []
             for part in content:
@@ -307,8 +353,41 @@ def _messages(value: object) -> list[dict[str, str]]:
             content = "".join(parts)
         if not isinstance(content, str):
             raise OpenAIError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
-        turns.append({"role": role, "content": clean_text(content)})
+        content = clean_text(content)
+        if role == "tool":
+            turns.append(result_turn(content))
+        elif calls:
+            turns.append(call_turn(content, calls))
+        else:
+            turns.append({"role": role, "content": content})
     return turns
+
+
+def _message_calls(value: object, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """An assistant message's ``tool_calls`` as (name, arguments) pairs."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise OpenAIError(400, f"{where}.tool_calls must be a list", param=f"{where}.tool_calls")
+    calls = []
+    for j, call in enumerate(value):
+        here = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name or not isinstance(arguments, str):
+            raise OpenAIError(
+                400, f'{here} must be {{"id": ..., "type": "function", "function": {{"name": ..., "arguments": "<JSON text>"}}}}',
+                param=here,
+            )  # fmt: skip
+        try:
+            args = json.loads(arguments or "{}")
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise OpenAIError(400, f"{here}.function.arguments is not JSON text: {e}", param=here) from None
+        if not isinstance(args, dict):
+            raise OpenAIError(400, f"{here}.function.arguments must be a JSON object", param=here)
+        calls.append((name, args))
+    return calls
 
 
 def _prompt(value: object) -> str | list[int]:
@@ -375,8 +454,12 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
     vocab = len(tokenizer)
     if any(not isinstance(ref, str) and any(t >= vocab for t in ref) for ref in request.references):
         raise OpenAIError(400, f"reference token ids must be in [0, {vocab})", param="references")
+    options = dict(request.options)
     if request.chat:
-        prompt_ids = chat_prompt_ids(tokenizer, request.prompt)  # as ChatRagSpec and the pipeline build it
+        turns, constraint = _chat_turns(request)
+        if constraint is not None:
+            options["constraint"] = constraint
+        prompt_ids = chat_prompt_ids(tokenizer, turns)  # as ChatRagSpec and the pipeline build it
     elif isinstance(request.prompt, str):
         prompt_ids = generator.encode(request.prompt, special_tokens=True)
     else:
@@ -400,7 +483,7 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
         raise OpenAIError(
             400, f"max_tokens must be at most {settings.max_tokens} on this server (ragspec serve --max-tokens)", param=param
         )
-    options = {"max_new_tokens": min(settings.max_tokens, room), "temperature": 0.0, **request.options}
+    options = {"max_new_tokens": min(settings.max_tokens, room), "temperature": 0.0, **options}
     config = generator.config if isinstance(getattr(generator, "config", None), GenerationConfig) else GenerationConfig()
     for name, value in options.items():  # one at a time, so an error names its parameter
         param = "max_tokens" if name == "max_new_tokens" else name
@@ -409,6 +492,33 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
         except GenerationConfigError as e:
             raise OpenAIError(400, str(e).replace(name, param), param=param) from e
     return Job(request, prompt_ids, config)
+
+
+JSON_INSTRUCTION = "Answer with one JSON object."
+"""Added to the system turn under ``response_format: {"type": "json_object"}`` when no message
+mentions JSON (OpenAI asks the client to say so; ragspec does it for a client that did not)."""
+
+
+def _chat_turns(request: ApiRequest) -> tuple[list[dict[str, str]], Any]:
+    """The conversation with the tools' listing (``ragspec.tool_calls.system_prompt``) or the JSON
+    instruction, and the tool-call grammar when tools may be called."""
+    from ragspec import tool_calls
+
+    assert isinstance(request.prompt, list)
+    turns: list[dict[str, str]] = list(request.prompt)  # type: ignore[arg-type]
+    constraint = request.options.get("constraint")
+    if request.tools:
+        turns = tool_calls.with_system_text(turns, tool_calls.system_prompt(request.tools, request.tool_choice))
+        if constraint is None:  # tool_choice "none" with a response_format keeps the format
+            bounded = [tool_calls.Tool(t.name, t.description, served_schema(t.parameters)) for t in request.tools]
+            try:
+                constraint = tool_calls.tool_call_constraint(bounded, request.tool_choice, request.parallel_tool_calls)
+            except tool_calls.ToolError as e:
+                raise OpenAIError(400, str(e), param="tools") from e
+            return turns, constraint
+    if constraint is not None and constraint.kind == "json" and not any("json" in t["content"].lower() for t in turns):
+        turns = tool_calls.with_system_text(turns, JSON_INSTRUCTION)
+    return turns, None
 
 
 # -- responses --------------------------------------------------------------------------------------
@@ -475,13 +585,19 @@ def add_openai_routes(app: FastAPI, *, source: Source, queue: ModelQueue, settin
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         lm = (await generator()).lm
-        return {"object": "list", "data": [model_entry(lm)]}
+        return {"object": "list", "data": [model_entry(lm), *([embedding_entry()] if settings.embedding_model else [])]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str) -> dict[str, Any]:
+        if settings.embedding_model and model == settings.embedding_model:
+            return embedding_entry()
         lm = (await generator()).lm
         check_model(model, lm.name)
         return model_entry(lm)
+
+    def embedding_entry() -> dict[str, Any]:
+        return {"id": settings.embedding_model, "object": "model", "created": 0, "owned_by": "ragspec",
+                "ragspec": {"kind": "embeddings"}}  # fmt: skip
 
     def model_entry(lm: Any) -> dict[str, Any]:
         return {
@@ -590,9 +706,12 @@ class Answer:
         request = self.job.request
         finish = _finish(self.finish_reason)
         if request.chat:
-            choice: dict[str, Any] = {
-                "index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None, "finish_reason": finish,
-            }  # fmt: skip
+            message: dict[str, Any] = {"role": "assistant", "content": self.text}
+            if request.tools:
+                calls = self._calls()
+                pieces = [*calls.add(self.text), *calls.flush()]
+                message, finish = self._call_message(pieces, finish)
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": finish}
         return {
@@ -605,7 +724,21 @@ class Answer:
             "ragspec": self.extension(),
         }
 
-    def chunk(self, delta: dict[str, str] | str | None, finish: str | None = None) -> dict[str, Any]:
+    def _calls(self) -> Any:
+        """A ``ragspec.tool_calls.CallStream`` for this answer's text."""
+        from ragspec.tool_calls import CallStream
+
+        return CallStream()
+
+    def _call_message(self, pieces: list[Any], finish: str) -> tuple[dict[str, Any], str]:
+        """The message of an answer with tools and its finish reason: ``tool_calls`` when it made
+        them, its text when it answered in text or left a call unfinished."""
+        calls = [_tool_call(p) for p in pieces if p.name is not None and p.error is None]
+        if any(p.error for p in pieces) or not calls:
+            return {"role": "assistant", "content": self.text, **({"tool_calls": calls} if calls else {})}, finish
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+
+    def chunk(self, delta: dict[str, Any] | str | None, finish: str | None = None) -> dict[str, Any]:
         """One stream chunk: a chat ``delta`` object or a completion's text, and the finish reason."""
         request = self.job.request
         if request.chat:
@@ -628,11 +761,23 @@ class Answer:
         """The SSE stream: a role chunk (chat), text chunks, the finish chunk with ``ragspec``, usage, ``[DONE]``."""
         request = self.job.request
         try:
+            finish = None
             if request.chat:
                 yield sse_data(self.chunk({"role": "assistant", "content": ""}))
-            async for delta in self.run():
-                yield sse_data(self.chunk(delta))
-            yield sse_data({**self.chunk(None, _finish(self.finish_reason)), "ragspec": self.extension()})
+            if request.tools:  # calls are sent whole, each once it is complete
+                calls = self._calls()
+                async for delta in self.run():
+                    for piece in calls.add(delta):
+                        yield sse_data(self.chunk(_piece_delta(piece)))
+                held = calls.flush()
+                for piece in held:
+                    yield sse_data(self.chunk(_piece_delta(piece)))
+                if calls.mode == "calls" and not held:
+                    finish = "tool_calls"
+            else:
+                async for delta in self.run():
+                    yield sse_data(self.chunk(delta))
+            yield sse_data({**self.chunk(None, finish or _finish(self.finish_reason)), "ragspec": self.extension()})
             if request.include_usage:
                 yield sse_data({**self.chunk(None), "choices": [], "usage": self.usage()})
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
@@ -641,6 +786,21 @@ class Answer:
         finally:
             await self.events.aclose()  # stops the generation if the stream ended early
         yield "data: [DONE]\n\n"
+
+
+def _tool_call(piece: Any) -> dict[str, Any]:
+    """One complete call (a ``CallStreamPiece``) in OpenAI's form."""
+    return {"id": piece.id, "type": "function", "function": {"name": piece.name, "arguments": piece.args}}
+
+
+def _piece_delta(piece: Any) -> dict[str, Any]:
+    """A stream delta for one ``CallStreamPiece``: text, a whole call, or (a call the answer left
+    unfinished) the answer's text as written."""
+    if piece.error is not None:
+        return {"content": piece.args}
+    if piece.name is None:
+        return {"content": piece.text}
+    return {"tool_calls": [{"index": piece.index, **_tool_call(piece)}]}
 
 
 def _generation_error(e: Exception) -> OpenAIError:

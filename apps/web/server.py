@@ -61,6 +61,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from apps.engine import AppError, Collection, IndexSummary, Token, update_index
+from apps.web.embeddings_api import add_embeddings_route
 from apps.web.openai_api import ApiSettings, Source, add_openai_routes, openai_error_body
 from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError, Ticket
 from apps.web.security import (
@@ -214,16 +215,21 @@ def create_app(
     preload: Answerer | None = None,
     sessions_root: Path | None = None,
     generation: Source | None = None,
+    embeddings: Any = None,
 ) -> FastAPI:
     """Build the app. ``preload`` answers for sessions that have not uploaded anything.
 
     ``generation`` is what the ``/v1`` routes generate with (default: the local default model,
     ``ragspec.registry.LocalModel()``; a ``ragspec.remote.RemoteModel`` serves a remote one).
+    ``embeddings`` is what ``/v1/embeddings`` serves (default: ``retrievers.default_embeddings()``,
+    the model the indexes are built with; loaded at the first request).
     """
+    from retrievers import default_embeddings
     from ragspec.registry import LocalModel
 
     config = config or AppConfig()
     generation = generation if generation is not None else LocalModel()
+    embeddings = embeddings if embeddings is not None else default_embeddings()
     if backend is None:  # the page answers with the same model as /v1: local (its own Collection) or remote
         local = generation if isinstance(generation, LocalModel) else None
         backend = DefaultBackend(max_tokens=config.max_tokens, source=None if local else generation,
@@ -256,8 +262,10 @@ def create_app(
             max_tokens=config.max_tokens,
             queue_timeout_s=config.queue_timeout_s,
             answer_timeout_s=config.answer_timeout_s,
+            embedding_model=embeddings.model_id,
         ),
     )
+    add_embeddings_route(app, embeddings, embeddings.model_id)
 
     def live_session(request: Request) -> Session | None:
         """The request's session; None without one. A cookie naming a gone session clears the cookie."""

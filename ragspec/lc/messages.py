@@ -59,12 +59,11 @@ def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict
     chat: list[dict[str, str]] = []
     for message in messages:
         if isinstance(message, ToolMessage):
-            chat.append({"role": "user", "content": tool_calls.format_result(message_text(message))})
+            chat.append(tool_calls.result_turn(message_text(message)))
             continue
         if isinstance(message, AIMessage) and message.tool_calls:
             text = message_text(message, skip=_CALL_BLOCKS).strip()
-            calls = tool_calls.format_calls([(c["name"], c["args"]) for c in message.tool_calls])
-            chat.append({"role": "assistant", "content": f"{text}\n{calls}" if text else calls})
+            chat.append(tool_calls.call_turn(text, [(c["name"], c["args"]) for c in message.tool_calls]))
             continue
         if isinstance(message, ChatMessage):
             role = message.role if message.role in ("system", "user", "assistant") else None
@@ -83,12 +82,7 @@ def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict
         chat.append({"role": role, "content": message_text(message)})
     if not chat:
         raise ValueError("ChatRagSpec needs at least one message")
-    if tool_prompt:
-        if chat[0]["role"] == "system":
-            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{tool_prompt}"}
-        else:
-            chat.insert(0, {"role": "system", "content": tool_prompt})
-    return chat
+    return tool_calls.with_system_text(chat, tool_prompt)
 
 
 def messages_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[int]:

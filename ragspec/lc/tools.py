@@ -23,11 +23,11 @@ runs when the tools or schema are bound, before anything is generated.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.exceptions import OutputParserException
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
@@ -36,9 +36,9 @@ from pydantic import ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
 from ragspec import tool_calls
-from ragspec.constraints import Constraint, ConstraintError
+from ragspec.constraints import OPENAI_RESPONSE_FORMATS, Constraint, ConstraintError, response_format_constraint
 from ragspec.lc.messages import message_text
-from ragspec.tool_calls import CallStream, CallStreamPiece, Tool, ToolError
+from ragspec.tool_calls import CallStream, CallStreamPiece, Tool, ToolError, bounded_strings
 
 METHODS = ("json_schema", "json_mode", "function_calling")
 
@@ -86,24 +86,6 @@ def _untitled(schema: Any) -> Any:
     return {k: v for k, v in tool_calls.map_subschemas(schema, _untitled).items() if k != "title"}
 
 
-def choice_name(tool_choice: Any, tools: Sequence[Tool]) -> str:
-    """LangChain's and OpenAI's spellings of ``tool_choice`` as ``tool_calls.check_choice`` takes them."""
-    if tool_choice is True:
-        if len(tools) != 1:
-            raise ToolError(f"tool_choice=True needs exactly one tool, got {len(tools)}")
-        tool_choice = tools[0].name
-    elif tool_choice is False:
-        tool_choice = "none"
-    elif isinstance(tool_choice, Mapping):
-        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
-        if not isinstance(name, str):
-            raise ToolError(f"tool_choice {dict(tool_choice)!r} is not {{'type': 'function', 'function': {{'name': ...}}}}")
-        tool_choice = name
-    elif tool_choice is not None and not isinstance(tool_choice, str):
-        raise ToolError(f"tool_choice must be a string, True, or a dict naming a function; got {tool_choice!r}")
-    return tool_calls.check_choice(tools, tool_choice)
-
-
 def bound_tools(kwargs: dict[str, Any]) -> tuple[list[Tool], str, bool] | None:
     """Pop ``tools``, ``tool_choice`` and ``parallel_tool_calls`` from a call's options: the tools,
     the choice and whether several calls may be made at once; None without tools."""
@@ -116,22 +98,19 @@ def bound_tools(kwargs: dict[str, Any]) -> tuple[list[Tool], str, bool] | None:
             raise ToolError(f"tool_choice={choice!r} but no tools are bound: use .bind_tools(tools, tool_choice=...)")
         return None
     parsed = [to_tool(t) for t in tools]
-    return parsed, choice_name(choice, parsed), parallel
+    return parsed, tool_calls.parse_choice(choice, parsed), parallel
 
 
 # -- response formats ---------------------------------------------------------------------------
-def response_constraint(response_format: Any) -> Constraint:
-    """A per-call ``response_format`` as a constraint (see the module docstring)."""
+def response_constraint(response_format: Any) -> Constraint | None:
+    """A per-call ``response_format`` as a constraint (see the module docstring); OpenAI's dicts
+    are read by ``ragspec.constraints.response_format_constraint``, as on ``/v1``."""
     if isinstance(response_format, Constraint):
         return response_format
-    if response_format == "json" or (isinstance(response_format, Mapping) and response_format.get("type") == "json_object"):
+    if response_format == "json":
         return Constraint.json()
-    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
-        inner = response_format.get("json_schema") or {}
-        schema = inner.get("schema") if isinstance(inner, Mapping) else None
-        if not isinstance(schema, Mapping):
-            raise ConstraintError("response_format {'type': 'json_schema'} needs {'json_schema': {'schema': {...}}}")
-        return Constraint.json_schema(schema)
+    if isinstance(response_format, Mapping) and response_format.get("type") in OPENAI_RESPONSE_FORMATS:
+        return response_format_constraint(response_format)
     return Constraint.json_schema(_json_schema(response_format))
 
 
@@ -153,27 +132,6 @@ def _json_schema(schema: Any) -> dict[str, Any]:
 
 
 # -- structured output -----------------------------------------------------------------------------
-STRING_LIMIT = 200
-"""``maxLength`` given to the strings of a structured-output schema that set no bound of their own."""
-
-
-def bounded_strings(schema: Any, limit: int = STRING_LIMIT) -> Any:
-    """``schema`` with ``maxLength: limit`` on every string that has no length, pattern, format or value set.
-
-    A small model under greedy decoding can repeat itself inside a string until the token budget
-    runs out, which leaves the object unfinished; with a bound the grammar closes the string and
-    the object completes. Pass your own ``maxLength`` to choose another bound.
-    """
-    if not isinstance(schema, Mapping):
-        return schema
-    out = tool_calls.map_subschemas(schema, lambda sub: bounded_strings(sub, limit))
-    types = schema.get("type")
-    is_string = types == "string" or (isinstance(types, list) and "string" in types)
-    if is_string and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const")):
-        out["maxLength"] = limit
-    return out
-
-
 def structured_output(
     model: Any, schema: Any, method: str = "json_schema", include_raw: bool = False, **kwargs: Any
 ) -> Runnable:
@@ -226,6 +184,30 @@ def structured_output(
     with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | final, parsing_error=lambda _: None)
     fallback = RunnablePassthrough.assign(parsed=lambda _: None)
     return RunnableMap(raw=llm) | with_parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
+
+# -- agents ----------------------------------------------------------------------------------------
+def call_then_answer(model: Any, tools: Sequence[Any]) -> Callable[[Any, Any], Runnable]:
+    """An agent's model that calls a tool after each user turn and answers after the results.
+
+    For models that do not choose to call under ``tool_choice="auto"`` (the 135M default model
+    answers in text there): after a user turn the answer must be calls (``"any"``), after tool
+    results it must be text (``"none"``), so an agent loop makes one round of calls and ends.
+    ``model`` is any chat model with ``bind_tools`` (``ChatRagSpec``, ``ChatOpenAI`` on
+    ``ragspec serve``). LangGraph's prebuilt agent takes the result as its dynamic model::
+
+        agent = create_react_agent(call_then_answer(ChatRagSpec(), tools), tools)
+
+    It is called with the agent's state (``{"messages": [...]}``) and LangGraph's runtime.
+    """
+    calling = model.bind_tools(tools, tool_choice="any")
+    answering = model.bind_tools(tools, tool_choice="none")
+
+    def choose(state: Any, runtime: Any = None) -> Runnable:
+        messages = state["messages"] if isinstance(state, Mapping) else state.messages
+        return answering if messages and isinstance(messages[-1], ToolMessage) else calling
+
+    return choose
 
 
 # -- answers -----------------------------------------------------------------------------------------

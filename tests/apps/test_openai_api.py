@@ -194,8 +194,9 @@ def wait_until(condition: Callable[[], bool], timeout_s: float) -> float:
 @integration
 @pytest.mark.timeout(420)
 def test_models_lists_the_served_model(client: Any) -> None:
-    (model,) = client.models.list().data
+    model, embeddings = client.models.list().data  # the chat model, then the embedding model (/v1/embeddings)
     assert model.id == "default" and model.owned_by == "ragspec"
+    assert embeddings.id == "sentence-transformers/all-MiniLM-L6-v2" and embeddings.model_extra["ragspec"]["kind"] == "embeddings"
     assert model.model_extra["max_model_len"] > 1000 and model.model_extra["ragspec"]["name"] == "SmolLM2-135M-Instruct"
     assert client.models.retrieve("default").id == "default"
 
@@ -285,11 +286,11 @@ def chat_body(**fields: Any) -> dict[str, Any]:
         (CHAT, chat_body(max_completion_tokens=10**6), 400, "messages", "context_length_exceeded"),
         (CHAT, chat_body(stop=[""]), 400, "stop", None),
         (CHAT, chat_body(logprobs=True), 400, "logprobs", "unsupported_parameter"),
-        (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", "unsupported_parameter"),
+        (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools[0]", None),
         (CHAT, chat_body(response_format={"type": "xml"}), 400, "response_format", None),
         (CHAT, chat_body(response_format={"type": "json_schema", "json_schema": {"schema": 3}}), 400, "response_format", None),
         (CHAT, chat_body(frobnicate=1), 400, "frobnicate", None),
-        (CHAT, chat_body(messages=[{"role": "tool", "content": "x"}]), 400, "messages[0].role", None),
+        (CHAT, chat_body(messages=[{"role": "function", "content": "x"}]), 400, "messages[0].role", None),
         (CHAT, chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "messages[0].content", None),
         (CHAT, chat_body(references="not a list"), 400, "references", None),
         (CHAT, chat_body(model="gpt-4o"), 404, "model", "model_not_found"),

@@ -298,3 +298,18 @@ def test_a_schema_nested_too_deeply_is_a_constraint_error() -> None:
         schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
     with pytest.raises(ConstraintError, match="invalid or unsupported JSON Schema"):
         Constraint.json_schema(schema)
+
+
+@pytest.mark.parametrize("kind", ["schema", "lark"])
+def test_an_output_whose_grammar_completes_at_the_budget_ends_as_eos_not_length(kind: str) -> None:
+    """A client reading ``finish_reason`` ("length": cut short) must not reject a complete object
+    that happened to fill ``max_new_tokens`` exactly."""
+    generator = SpeculativeGenerator(tiny_model(257, 3))
+    config = GenerationConfig(max_new_tokens=200, constraint=CONSTRAINTS[kind])
+    whole = generator.generate("x", config)
+    assert whole.finish_reason == "eos"
+    n = len(whole.token_ids)
+    exact = generator.generate("x", config.merged(max_new_tokens=n))
+    assert (exact.token_ids, exact.finish_reason) == (whole.token_ids, "eos")
+    short = generator.generate("x", config.merged(max_new_tokens=n - 1))
+    assert (short.token_ids, short.finish_reason) == (whole.token_ids[: n - 1], "length")

@@ -216,11 +216,13 @@ def test_tool_call_grammar_by_choice(lc_tokenizer) -> None:
 
     tools = [Tool("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})]
     ids = lc_tokenizer.encode('<tool_call>[{"name": "add", "arguments": {"a": 1}}]</tool_call>', add_special_tokens=False)
-    text = lc_tokenizer.encode("Hello there", add_special_tokens=False)
+    text = lc_tokenizer.encode("Hello there, 3 < 4", add_special_tokens=False)
+    echo = lc_tokenizer.encode(" <tool_response>\n3\n</tool_response>", add_special_tokens=False)  # markup first: never text
     for choice, call_ok, text_ok in [("auto", True, True), ("any", True, False), ("none", False, True), ("add", True, False)]:
         grammar = Grammar(tool_call_constraint(tools, choice), lc_tokenizer, len(lc_tokenizer), [lc_tokenizer.eos_token_id])
         assert (grammar._matcher.validate_tokens(ids) == len(ids)) == call_ok, choice
         assert (grammar._matcher.validate_tokens(text) == len(text)) == text_ok, choice
+        assert grammar._matcher.validate_tokens(echo) < len(echo), choice
 
 
 def test_tool_schemas_with_refs_keep_their_meaning(lc_tokenizer) -> None:

@@ -155,3 +155,57 @@ def test_add_documents_embeds_chunks_with_their_header_as_ingest_does() -> None:
         assert hit.id == chunk.id and hit.page_content == chunk.page_content and score == pytest.approx(1.0, abs=1e-5)
     hit, score = store.similarity_search_with_score_by_vector(emb.embed_query("no header here"), k=1)[0]
     assert hit.id == "plain" and score == pytest.approx(1.0, abs=1e-5)
+
+
+OPERATOR_CASES = [
+    ({"i": {"$eq": 4}}, lambda m: m["i"] == 4),
+    ({"parity": {"$ne": 1}}, lambda m: m["parity"] != 1),
+    ({"i": {"$gt": 10}}, lambda m: m["i"] > 10),
+    ({"i": {"$gte": 10, "$lt": 13}}, lambda m: 10 <= m["i"] < 13),
+    ({"i": {"$lte": 2}}, lambda m: m["i"] <= 2),
+    ({"i": {"$in": [1, 5, 99]}}, lambda m: m["i"] in (1, 5, 99)),
+    ({"i": {"$nin": [0, 1, 2]}, "parity": 0}, lambda m: m["i"] not in (0, 1, 2) and m["parity"] == 0),
+    ({"$or": [{"i": {"$lt": 2}}, {"name": {"$eq": "doc-7"}}]}, lambda m: m["i"] < 2 or m.get("name") == "doc-7"),
+    ({"$and": [{"parity": 1}, {"$or": [{"i": 3}, {"i": {"$gte": 15}}]}]},
+     lambda m: m["parity"] == 1 and (m["i"] == 3 or m["i"] >= 15)),
+    ({"name": {"$gte": "doc-5"}}, lambda m: "name" in m and m["name"] >= "doc-5"),  # strings order as strings
+    ({"name": {"$ne": "doc-7"}}, lambda m: "name" in m and m["name"] != "doc-7"),  # no field: no match, as in Chroma
+    ({"i": {"$gt": "3"}}, lambda m: False),  # a number never orders against a string
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "expected"), OPERATOR_CASES)
+def test_filter_operators_equal_the_python_predicate(where: dict, expected) -> None:
+    n = 17
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((n, DIM)).astype("float32")
+    store = FaissVectorStore(DeterministicFakeEmbedding(size=DIM))
+    metadata = [{"parity": i % 2, "i": i, **({"name": f"doc-{i}"} if i % 3 else {})} for i in range(n)]
+    ids = [f"doc-{i}" for i in range(n)]
+    store.add_embeddings([f"text {i}" for i in range(n)], vectors, metadata, ids)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    mask = np.array([bool(expected(m)) for m in metadata])
+    query = rng.standard_normal(DIM).astype("float32")
+    assert_same_hits(store.similarity_search_with_score_by_vector(query, k=n, filter=where), brute_force(unit, ids, query, n, mask))
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ({"i": {"$like": "doc%"}}, "unsupported filter operator '\\$like'"),
+        ({"$not": {"i": 1}}, "unsupported filter operator '\\$not'"),
+        ({"i": {}}, "is empty"),
+        ({"$or": []}, "non-empty list"),
+        ({"$and": {"i": 1}}, "non-empty list"),
+        ({"i": {"$in": 3}}, "takes a list"),
+        ({"i": {"$gt": [1]}}, "number or a string"),
+    ],
+)
+def test_unknown_operators_and_malformed_conditions_are_refused(where: dict, message: str) -> None:
+    from retrievers import BM25Retriever, FilterError
+
+    store, _, _ = random_store(5)
+    with pytest.raises(FilterError, match=message):
+        store.similarity_search("apple", filter=where)
+    with pytest.raises(FilterError, match=message):
+        BM25Retriever.from_documents([Document("apple pie"), Document("pear")]).invoke("apple", filter=where)
