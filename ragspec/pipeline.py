@@ -39,13 +39,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from ragspec.bridge import iterate_in_thread
-from ragspec.config import CallOptions
+from ragspec.config import CallOptions, GenerationConfig
 from ragspec.conversation import FOLLOW_UP_MODES, History, follow_up_query, passage_key, to_turns
-from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages
+from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
 from ragspec.text import clean_text
 
@@ -123,7 +124,9 @@ class Answer:
     citation_rule: str
     """Which rule chose the citations: ``"cited"``, ``"copied"``, or ``"unsupported"`` (no citations)."""
     finish_reason: str
-    stats: GenerationStats
+    stats: GenerationStats | None
+    """How ragspec generated it (tokens per forward, acceptance, ...); None when another LangChain
+    model answered (``DocumentQA(llm=ChatOpenAI(...))``): ragspec did not generate it."""
     earlier_passages: int = 0
     """Passages of the prompt shown with earlier turns of the conversation: ``passages[earlier_passages:]``
     were first shown with this question."""
@@ -305,6 +308,8 @@ class _Request:
     dropped_turns: int = 0
     retrieval_query: str = ""
     query_stats: GenerationStats | None = None
+    messages: tuple[dict[str, str], ...] = ()
+    """The prompt's turns, for a LangChain model that is not ragspec's (``prompt_ids`` is then empty)."""
 
 
 class DocumentQA:
@@ -332,9 +337,13 @@ class DocumentQA:
         passage_order: str = "rank",
         follow_up: str = "combine",
     ) -> None:
-        """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM`` or ``LocalModel``; its settings (model,
-        max_tokens, stop, sampling, speculative) apply to every answer. Default: ``LocalModel()``
-        (the default model, greedy, 256 new tokens at most).
+        """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM``, ``LocalModel`` or ``RemoteModel``; its settings
+        (model, max_tokens, stop, sampling, speculative) apply to every answer. Default:
+        ``LocalModel()`` (the default model, greedy, 256 new tokens at most). Any other LangChain
+        chat model or LLM (``ChatOpenAI``, ``ChatOllama``, ...) answers too, with the same retrieval,
+        prompt, citations and streaming; ragspec then neither drafts nor fits the passages to the
+        model's window (it does not know that model's tokenizer), ``Answer.stats`` is None, and
+        generation options are the model's own (set them on it; per-call options are refused).
 
         ``passage_order``: ``"rank"`` (the retriever's order) or ``"document"`` (source, then
         position: questions whose passage sets overlap share a longer prompt prefix). ``follow_up``: how a question after
@@ -344,11 +353,15 @@ class DocumentQA:
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
             llm = LocalModel()
-        if not isinstance(llm, GenerationSource):
+        self.external = not isinstance(llm, GenerationSource)
+        """``llm`` is a LangChain model that is not ragspec's: it generates, ragspec does not draft."""
+        if self.external and not isinstance(llm, BaseLanguageModel):
             raise ValueError(
-                "llm must be a ragspec ChatRagSpec, RagSpecLLM, LocalModel or RemoteModel (the drafter needs the passages), "
-                f"got {type(llm).__name__}"
+                "llm must be a ragspec ChatRagSpec, RagSpecLLM, LocalModel or RemoteModel, or a LangChain chat model "
+                f"or LLM (BaseChatModel, BaseLLM), got {type(llm).__name__}"
             )
+        if self.external and follow_up == "rewrite":
+            raise ValueError("follow_up='rewrite' needs a ragspec model (it rewrites with the generator); use 'combine'")
         if snippet_chars < 1:
             raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
         if passage_order not in ("document", "rank"):
@@ -496,6 +509,8 @@ class DocumentQA:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive integer, got {k!r}")
         question = clean_text(question)
+        if self.external:
+            return self._prepare_external(question, k, options, history)
         base = self.llm.call_options(None, {})
         if "max_tokens" in options:
             options["max_new_tokens"] = options.pop("max_tokens")
@@ -517,9 +532,45 @@ class DocumentQA:
         call = dataclasses.replace(call, references=tuple(p.page_content for p in passages))
         return _Request(question, passages, prompt_ids, call, len(passages) - len(new), len(kept), dropped, query, query_stats)
 
+    def _prepare_external(self, question: str, k: int | None, options: dict[str, Any], history: History) -> _Request:
+        """``_prepare`` for a LangChain model that is not ragspec's: the same retrieval and prompt
+        turns, every earlier turn and passage kept (no tokenizer to fit them with)."""
+        if options:
+            raise ValueError(
+                f"per-call options ({', '.join(sorted(options))}) are for ragspec models; set them on "
+                f"{type(self.llm).__name__} itself (e.g. ChatOpenAI(max_tokens=...))"
+            )
+        turns = to_turns(history)
+        query, _ = follow_up_query(self.follow_up, question, turns, None, self.system_prompt)  # type: ignore[arg-type]
+        retrieved = list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
+        shown = {passage_key(p) for t in turns for p in t.passages}
+        new = [p for p in retrieved if passage_key(p) not in shown]
+        if self.passage_order == "document":
+            new = sorted(new, key=_document_position)
+        passages = [p for t in turns for p in t.passages] + new
+        messages = tuple(conversation_messages(turns, question, new, self.system_prompt))
+        call = CallOptions(model="", config=GenerationConfig(), references=tuple(p.page_content for p in passages))
+        return _Request(question, passages, [], call, len(passages) - len(new), len(turns), 0, query, None, messages)
+
+    def _generate_external(self, request: _Request) -> Generator[str | Answer, None, None]:
+        """The answer of a LangChain model that is not ragspec's: its streamed text, then the ``Answer``."""
+        chat = isinstance(self.llm, BaseChatModel)
+        prompt: Any = [(m["role"], m["content"]) for m in request.messages] if chat else plain_prompt(request.messages)
+        text, finish = "", "stop"
+        for chunk in self.llm.stream(prompt):
+            delta = chunk if isinstance(chunk, str) else chunk.text
+            finish = str((getattr(chunk, "response_metadata", None) or {}).get("finish_reason") or finish)
+            if delta:
+                text += delta
+                yield delta
+        yield self._answer(request, text, finish, None)
+
     def _generate(
         self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
     ) -> Generator[str | Answer, None, None]:
+        if self.external:
+            yield from self._generate_external(request)
+            return
         options = request.options
         generator = self.llm.load(options.model)
         with generator.stream(request.prompt_ids, options.config, references=options.references) as stream:
@@ -527,10 +578,9 @@ class DocumentQA:
                 on_start(stream.stats)
             yield from stream
         assert stream.result is not None
-        yield self._answer(request, stream.result)
+        yield self._answer(request, stream.result.text, stream.result.finish_reason, stream.result.stats)
 
-    def _answer(self, request: _Request, result: GenerationResult) -> Answer:
-        text = result.text
+    def _answer(self, request: _Request, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
         numbers, rule = choose_citations(text, request.passages)
         citations = [self._citation(n, request.passages[n - 1]) for n in numbers]
         return Answer(
@@ -539,8 +589,8 @@ class DocumentQA:
             citations=citations,
             passages=request.passages,
             citation_rule=rule,
-            finish_reason=result.finish_reason,
-            stats=result.stats,
+            finish_reason=finish_reason,
+            stats=stats,
             earlier_passages=request.earlier_passages,
             history_turns=request.history_turns,
             dropped_turns=request.dropped_turns,

@@ -13,8 +13,9 @@ of exactly the files found under `paths`, doing as little work as it can:
 - **Deduplicated.** A chunk's id is the hash of its whitespace-normalised text
   (`catalog.content_key`), so identical chunks, in several files or repeated in one, are
   embedded and stored once. The record keeps every file holding it in
-  ``metadata["sources"]`` (sorted); ``metadata["source"]`` and the location fields
-  (``start_index``, ``page``...) are those of the first of them. Removing one file keeps the
+  ``metadata["sources"]`` (sorted); ``metadata["source"]`` (the absolute path), ``file_name``
+  (its last part, to filter by: ``{"file_name": {"$in": ["a.md", "b.pdf"]}}``) and the location
+  fields (``start_index``, ``page``...) are those of the first of them. Removing one file keeps the
   chunk while another holds it. BM25 built from the store sees each chunk once.
 - **Streamed.** Text and Markdown files are read block by block and chunked a window at a
   time (`split_stream`), so a large file is never held whole; HTML, PDF and converted (Office,
@@ -285,12 +286,15 @@ def sync_index(
 
     if not files_now:
         raise NothingToIndexError(_nothing_message(paths, report.skipped, index_dir, bool(old.files)))
-    if not report.rebuilt and not plan.read and not report.removed:
+    # Chunks stored by a ragspec that did not record ``file_name`` get it (their metadata only: the
+    # embedded text does not change, so nothing is embedded again).
+    unnamed = [] if report.rebuilt else [doc.id for doc in store.documents() if "file_name" not in doc.metadata and doc.id]
+    if not report.rebuilt and not plan.read and not report.removed and not unnamed:
         report.passages, report.files = len(store), len(files_now)
         report.seconds = time.perf_counter() - started
         return store, report  # nothing changed: not even rewritten
 
-    affected = plan.affected_keys(report.removed)
+    affected = list(dict.fromkeys([*plan.affected_keys(report.removed), *unnamed]))
     holders = _holders(files_now, affected)
     texts = _texts_for(store, holders, files_now, plan, chunking, max_file_bytes)
     gone = [key for key in affected if not holders[key] and key in store]
@@ -495,7 +499,7 @@ def _chunk_file(
             loaded.documents, chunking.chunk_size, chunking.chunk_overlap, chunking.length_function
         )
     else:
-        metadata: dict[str, Any] = {"source": path, "file_type": kind}
+        metadata: dict[str, Any] = {"source": path, "file_name": Path(path).name, "file_type": kind}
         if kind == "md":
             with closing(iter_text(path, max_file_bytes=max_file_bytes)) as blocks:
                 title = markdown_title(blocks)  # read only up to the first heading
@@ -718,7 +722,8 @@ def _ref(record: FileRecord, key: str) -> ChunkRef:
 def _record(key: str, text: str, paths: list[str], files: dict[str, FileRecord]) -> Document:
     """The stored document for a chunk: the primary source's metadata, plus every source."""
     primary = paths[0]
-    metadata = {**_ref(files[primary], key).metadata, "source": primary, "sources": list(paths), "chunk_id": key}
+    metadata = {**_ref(files[primary], key).metadata, "source": primary, "file_name": Path(primary).name,
+                "sources": list(paths), "chunk_id": key}  # fmt: skip
     return Document(id=key, page_content=text, metadata=metadata)
 
 

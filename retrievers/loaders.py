@@ -701,7 +701,7 @@ def _read_text(path: Path, max_file_bytes: int) -> str:
 
 
 def _document(text: str, path: Path, file_type: str, title: str | None, **extra: object) -> Document:
-    metadata: dict[str, object] = {"source": str(path), "file_type": file_type}
+    metadata: dict[str, object] = {"source": str(path), "file_name": path.name, "file_type": file_type}
     if title:
         metadata["title"] = title
     metadata.update(extra)

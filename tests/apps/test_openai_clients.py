@@ -191,3 +191,21 @@ class TestChatOpenAIOnRagspecServe(Capabilities, ChatModelIntegrationTests):
     )
     def test_json_mode(self, model: Any) -> None:
         super().test_json_mode(model)
+
+
+@pytest.mark.timeout(600)
+def test_document_qa_answers_the_same_through_chat_openai_as_with_the_local_model() -> None:
+    """Greedy on both sides, the same prompt turns: the server applies the chat template the
+    pipeline applies locally, so the answer and its citations are the same."""
+    from ragspec.pipeline import DocumentQA
+    from ragspec.registry import LocalModel
+    from tests.ragspec.test_pipeline import PASSAGES, FixedRetriever
+
+    retriever = FixedRetriever(passages=PASSAGES)
+    remote = langchain_openai.ChatOpenAI(base_url=live_url(), api_key=KEY, model="default", temperature=0, max_retries=0,
+                                        max_tokens=64)  # fmt: skip
+    through_server = DocumentQA(retriever, remote).ask("When does the ferry leave Dunmore?")
+    local = DocumentQA(retriever, LocalModel()).ask("When does the ferry leave Dunmore?", max_tokens=64)
+    assert through_server.text == local.text and through_server.text
+    assert [c.number for c in through_server.citations] == [c.number for c in local.citations]
+    assert through_server.stats is None and local.stats is not None

@@ -125,6 +125,26 @@ def test_first_sync_embeds_each_distinct_chunk_once_and_records_the_files(
     assert loaded.catalog == store.catalog and contents(loaded) == contents(store)
 
 
+def test_chunks_carry_their_file_name_and_an_older_index_gets_it_without_embedding(
+    tmp_path: Path, folder: Path, counting_embeddings: CountingEmbeddings
+) -> None:
+    store, _ = sync(folder, tmp_path / "idx", counting_embeddings)
+    for doc in store.documents():
+        assert doc.metadata["file_name"] == Path(doc.metadata["source"]).name
+    hits = store.similarity_search("the", k=100, filter={"file_name": {"$in": ["note0.txt", "note1.md"]}})
+    assert hits and {d.metadata["file_name"] for d in hits} == {"note0.txt", "note1.md"}
+    # an index written before file_name was recorded: the next sync adds it, embedding nothing
+    old = [Document(d.page_content, id=d.id, metadata={k: v for k, v in d.metadata.items() if k != "file_name"})
+           for d in store.documents()]  # fmt: skip
+    store.update_documents(old)
+    store.save(tmp_path / "idx")
+    counting_embeddings.texts.clear()
+    synced, report = sync(folder, tmp_path / "idx", counting_embeddings)
+    assert counting_embeddings.texts == [] and report.saved and report.embedded == 0
+    assert all(d.metadata["file_name"] == Path(d.metadata["source"]).name for d in synced.documents())
+    assert not sync(folder, tmp_path / "idx", counting_embeddings)[1].saved  # and then nothing is left to do
+
+
 def test_an_unchanged_folder_embeds_nothing_and_leaves_the_index_as_it_was(
     tmp_path: Path, folder: Path, counting_embeddings: CountingEmbeddings
 ) -> None:

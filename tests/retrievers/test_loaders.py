@@ -32,7 +32,7 @@ def test_text_markdown_and_html_metadata(tmp_path: Path) -> None:
     assert result.skipped == []
     by_type = {d.metadata["file_type"]: d for d in result.documents}
     assert by_type["txt"].page_content == "plain words\nsecond line\n"  # CRLF normalized, text otherwise verbatim
-    assert by_type["txt"].metadata == {"source": str(txt), "file_type": "txt"}
+    assert by_type["txt"].metadata == {"source": str(txt), "file_name": "a.txt", "file_type": "txt"}
     assert by_type["md"].metadata["title"] == "The Title"
     assert by_type["html"].metadata["title"] == "Page Title"
     assert "Visible text" in by_type["html"].page_content
