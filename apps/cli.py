@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder made by 'ragspec ingest' (default: {DEFAULT_INDEX})")
         p.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
         p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
+        g = p.add_argument_group("penalties (over the answer's own tokens: quoting the passages is not punished)")
+        for flag, kind, help_ in PENALTY_FLAGS:
+            g.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X", help=help_)
         _local_model_options(p)
         _generator_options(p)
 
@@ -334,15 +337,40 @@ def _quiet_model_loading() -> None:
     hf_logging.disable_progress_bar()
 
 
+PENALTY_FLAGS = (
+    ("--frequency-penalty", float, "lower a token once per time it occurs in the answer (-2 to 2, as OpenAI)"),
+    ("--presence-penalty", float, "lower a token once it occurs in the answer (-2 to 2, as OpenAI)"),
+    ("--repeat-penalty", float, "divide the logit of a token among the last --repeat-last-n answer tokens (llama.cpp; 1: off)"),
+    ("--repeat-last-n", int, "answer tokens --repeat-penalty looks at (default: 64; -1: all)"),
+)
+
+
+def _penalties(args: argparse.Namespace) -> dict[str, Any]:
+    """The penalty flags given, as ``GenerationConfig`` options; a bad value is a ``CLIError`` naming its flag."""
+    from ragspec.config import GenerationConfig, GenerationConfigError
+
+    options = {}
+    for flag, _, _ in PENALTY_FLAGS:
+        name = flag[2:].replace("-", "_")
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+            try:
+                GenerationConfig(**{name: options[name]})
+            except GenerationConfigError as e:
+                raise CLIError(str(e).replace(name, flag)) from e
+    return options
+
+
 def _collection(args: argparse.Namespace) -> Collection:
     from apps.engine import Collection
 
     index = Path(args.index)
     if not index.is_dir():
         raise CLIError(f"no index at {index}: build one with 'ragspec ingest PATH... --index {index}'")
+    options = _penalties(args)
     _quiet_model_loading()
     return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args),
-                      backend=args.backend)
+                      backend=args.backend, options=options)
 
 
 def _local_model_options(p: argparse.ArgumentParser) -> None:

@@ -72,6 +72,11 @@ class GenerationConfig:
     rejects are removed first, then temperature, ``top_k`` and ``top_p`` apply to the rest. A
     ``seed`` fixes plain sampling; speculative sampling has the same distribution but its sample
     also depends on the drafts.
+
+    Penalties change the target's logits before all of that, at every position from the answer's
+    tokens before it (``ragspec.penalties``): ``frequency_penalty`` and ``presence_penalty`` as
+    OpenAI defines them, ``repeat_penalty`` over the last ``repeat_last_n`` answer tokens as
+    llama.cpp does. None counts the prompt, so copying from the passages is never punished.
     """
 
     max_new_tokens: int = 256
@@ -84,6 +89,15 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it occurs in the answer so far (-2 to 2, as OpenAI)."""
+    presence_penalty: float = 0.0
+    """Subtracted from a token's logit once it occurs in the answer so far (-2 to 2, as OpenAI)."""
+    repeat_penalty: float = 1.0
+    """A token among the last ``repeat_last_n`` answer tokens has its logit divided by this (multiplied
+    when negative), as llama.cpp and Ollama do; 1 is off."""
+    repeat_last_n: int = 64
+    """How many of the answer's latest tokens ``repeat_penalty`` looks at; -1: the whole answer, 0: off."""
     constraint: Constraint | None = None
     """Output must match this grammar (``ragspec.constraints``): JSON Schema, JSON, regex, tool calls."""
 
@@ -104,6 +118,16 @@ class GenerationConfig:
         if not 0 < top_p <= 1:
             raise GenerationConfigError(f"top_p must be in (0, 1] (1 keeps every token), got {self.top_p!r}")
         set_(self, "top_p", top_p)
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = _number(name, getattr(self, name))
+            if not -2 <= value <= 2:
+                raise GenerationConfigError(f"{name} must be from -2 to 2 (0 is off), got {getattr(self, name)!r}")
+            set_(self, name, value)
+        repeat_penalty = _number("repeat_penalty", self.repeat_penalty)
+        if not repeat_penalty > 0:
+            raise GenerationConfigError(f"repeat_penalty must be > 0 (1 is off), got {self.repeat_penalty!r}")
+        set_(self, "repeat_penalty", repeat_penalty)
+        set_(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1))
         if self.seed is not None and _integer("seed", self.seed, 0) > MAX_SEED:
             raise GenerationConfigError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
         if self.constraint is not None:
@@ -118,6 +142,12 @@ class GenerationConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits."""
+        repeat = self.repeat_penalty != 1 and self.repeat_last_n != 0
+        return repeat or self.frequency_penalty != 0 or self.presence_penalty != 0
 
     def merged(self, overrides: Mapping[str, Any] | None = None, /, **kwargs: Any) -> GenerationConfig:
         """A copy with ``overrides`` (and ``kwargs``) applied; names not in the config are an error."""

@@ -30,6 +30,7 @@ from ragspec.drafting import Draft, Drafter, DraftSource
 from ragspec.model_drafter import ModelDrafter
 from ragspec.models import LoadedModel, load_model
 from ragspec.ngram import NgramDrafter
+from ragspec.penalties import Penalties
 from ragspec.policy import AdaptivePolicy, Policy, choose_draft
 from ragspec.prefix_cache import DEFAULT_MAX_BYTES, PrefixCache
 from ragspec.sampling import Acceptor, MaskedAcceptor, make_acceptor
@@ -265,6 +266,8 @@ class SpeculativeGenerator:
             vocab = self.backend.vocab_size
             grammar = Grammar(config.constraint, self.lm.tokenizer, vocab, sorted(self.eos_token_ids))
             acceptor = MaskedAcceptor(acceptor, grammar)
+        if config.penalized:  # outermost: penalised first, then masked by the grammar
+            acceptor = MaskedAcceptor(acceptor, Penalties(config))
         assembler = StopTextAssembler(self.lm.tokenizer, config.stop)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:

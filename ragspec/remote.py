@@ -293,6 +293,11 @@ class RemoteGenerator:
             body["seed"] = config.seed
         if config.top_k:
             body["top_k"] = config.top_k  # vLLM, llama.cpp and ragspec take it; others ignore it
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(config, name):
+                body[name] = getattr(config, name)
+        if config.repeat_penalty != 1:  # llama.cpp's and ragspec's names (llama.cpp's window also holds the prompt)
+            body["repeat_penalty"], body["repeat_last_n"] = config.repeat_penalty, config.repeat_last_n
         if response_format is not None:
             body["response_format"] = response_format  # ragspec and vLLM constrain completions with it
         if info.server == "ragspec":  # extensions only where they are understood

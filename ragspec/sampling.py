@@ -12,7 +12,8 @@ with ``x`` removed.
 Under a constraint (``MaskedAcceptor``) the target's logits are masked first: tokens the grammar
 rejects get -inf at every verified position, so greedy takes the argmax over allowed tokens and
 sampling warps (temperature, top-k, top-p) the renormalised allowed distribution. That masked
-distribution is the reference: plain constrained decoding goes through the same mask.
+distribution is the reference: plain constrained decoding goes through the same mask. Repetition
+penalties (``ragspec.penalties``) change the logits through the same interface, before the mask.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ class RejectionSampler:
 
 class Mask(Protocol):
     def mask(self, logits: torch.Tensor, drafted: Sequence[int]) -> torch.Tensor:
-        """``logits`` ``[1 + k, vocab]`` with disallowed tokens at -inf after each draft prefix."""
+        """``logits`` ``[1 + k, vocab]`` changed for the history after each draft prefix (a grammar:
+        disallowed tokens at -inf; penalties: repeated tokens lowered)."""
         ...
 
     def advance(self, tokens: Sequence[int]) -> None:

@@ -5,15 +5,16 @@ talks to the served model through these routes; docs/serving.md is the reference
 
 - Requests map onto one ``GenerationConfig``: ``max_tokens`` / ``max_completion_tokens``,
   ``temperature`` (default 0, greedy: ragspec's default, not OpenAI's 1), ``top_p``, ``seed``,
-  ``stop``, and the extensions ``top_k``, ``speculative`` and ``references`` (passages the drafter
-  copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
+  ``stop``, ``frequency_penalty``, ``presence_penalty``, and the extensions ``top_k``,
+  ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``speculative`` and ``references``
+  (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
   ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
   (``ragspec.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
   list functions in the system turn and constrain the answer to well-formed calls with the same
   grammar as ``ChatRagSpec.bind_tools`` (``ragspec.tool_calls``); calls come back as OpenAI's
   ``tool_calls`` (whole, and in stream deltas as each call completes), and ``tool`` messages and
   assistant ``tool_calls`` enter the conversation. A bad value is a 400 naming the parameter; so is
-  anything ragspec does not do yet (``n`` > 1, logprobs, penalties, legacy ``functions``) and any
+  anything ragspec does not do yet (``n`` > 1, logprobs, ``logit_bias``, legacy ``functions``) and any
   argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
   speculative statistics (tokens per forward, acceptance, by draft source), the finish reason in
@@ -147,7 +148,7 @@ def openai_error_body(path: str, status: int, message: str) -> dict[str, Any]:
 _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
-    "top_k", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
+    "top_k", "repeat_penalty", "repeat_last_n", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
 }  # fmt: skip
 _CHAT_ONLY = {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
@@ -204,7 +205,8 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
             raise OpenAIError(400, f"temperature must be a number from 0 to 2, got {temperature!r}", param="temperature")
         options["temperature"] = temperature
-    for name in ("top_p", "seed", "top_k", "speculative"):
+    for name in ("top_p", "seed", "top_k", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n",
+                 "speculative"):  # fmt: skip
         if body.get(name) is not None:
             options[name] = body[name]
     if body.get("stop") is not None:
@@ -248,9 +250,6 @@ def _unsupported(body: Mapping[str, Any], chat: bool) -> None:
         refuse("suffix", "suffix (insertion) is not supported")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
         refuse("logprobs", "logprobs are not supported yet")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            refuse(name, f"{name} is not supported: ragspec samples from the model's own distribution (lossless)")
     if body.get("logit_bias"):
         refuse("logit_bias", "logit_bias is not supported")
     if not chat:

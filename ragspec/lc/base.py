@@ -53,8 +53,10 @@ _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _RENAMED = {"max_tokens": "max_new_tokens"}
 """LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
-CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", "speculative", "response_format")
-_GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "speculative", "max_draft")
+_PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n")
+CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculative",
+                "response_format")  # fmt: skip
+_GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "stop", "speculative", "max_draft")
 LC_NAMESPACE = ["ragspec", "lc"]
 """Where ``dumpd`` records the ragspec classes: ``["ragspec", "lc", "ChatRagSpec"]``."""
 _LC_CLASSES = ("ChatRagSpec", "RagSpecLLM")
@@ -134,6 +136,14 @@ class RagSpecParams(BaseModel):
     """Sample only from the smallest set of tokens whose probability reaches top_p; 1 keeps every token."""
     seed: int | None = None
     """Seed for sampling; None draws a fresh one (drafts change which random numbers are used, so only the same drafts repeat a sample)."""
+    frequency_penalty: float = 0.0
+    """Lowers a token's logit by this for each time it occurs in the answer so far (-2 to 2, as OpenAI); the passages are not counted."""
+    presence_penalty: float = 0.0
+    """Lowers a token's logit by this once it occurs in the answer so far (-2 to 2, as OpenAI)."""
+    repeat_penalty: float = 1.0
+    """Divides the logit of a token among the last ``repeat_last_n`` answer tokens by this, as llama.cpp and Ollama do; 1 is off."""
+    repeat_last_n: int = 64
+    """How many of the answer's latest tokens ``repeat_penalty`` looks at; -1: the whole answer, 0: off."""
     stop: list[str] | None = None
     """Stop strings: the answer ends before the first one (call-time ``stop`` is added to these)."""
     device: str = "auto"
@@ -268,6 +278,10 @@ class RagSpecParams(BaseModel):
                 top_k=self.top_k,
                 top_p=self.top_p,
                 seed=self.seed,
+                frequency_penalty=self.frequency_penalty,
+                presence_penalty=self.presence_penalty,
+                repeat_penalty=self.repeat_penalty,
+                repeat_last_n=self.repeat_last_n,
             )
 
     def call_options(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> CallOptions:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,6 +143,20 @@ def test_options_that_would_be_ignored_or_cannot_work_are_refused(
     monkeypatch.setattr("apps.web.server.serve", lambda *a, **k: pytest.fail("the server started"))
     assert cli.main(argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_penalty_flags_reach_every_answer_and_bad_values_name_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "index").mkdir()
+    built: list[dict[str, Any]] = []
+    monkeypatch.setattr("apps.engine.Collection", lambda *a, **k: built.append(k) or FakeCollection())
+    argv = ["ask", "ferries?", "--index", str(tmp_path / "index"), "--repeat-penalty", "1.3", "--repeat-last-n", "-1",
+            "--frequency-penalty", "0.5"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert built[0]["options"] == {"repeat_penalty": 1.3, "repeat_last_n": -1, "frequency_penalty": 0.5}
+    assert cli.main(["ask", "ferries?", "--index", str(tmp_path / "index"), "--presence-penalty", "3"]) == 1
+    assert "--presence-penalty must be from -2 to 2" in capsys.readouterr().err
 
 
 def test_small_chunks_get_a_smaller_default_overlap() -> None:

@@ -130,6 +130,8 @@ def test_bad_settings_and_paths_fail_early(tmp_path: Path) -> None:
         Collection(tmp_path, max_tokens=0)
     with pytest.raises(ValueError):
         Collection(tmp_path, k=0)
+    with pytest.raises(ValueError, match="repeat_penalty must be > 0"):
+        Collection(tmp_path, options={"repeat_penalty": -1.0})
     with pytest.raises(AppError, match="no files"):
         build_index([])
     with pytest.raises(AppError, match="no such file"):

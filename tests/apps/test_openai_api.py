@@ -154,6 +154,23 @@ def test_token_ids_outside_the_vocabulary_are_a_400_not_a_crash(tmp_path: Path, 
         assert c.post("/v1/completions", json={**ok, "references": [[1, 2, 3, vocab - 1]]}).status_code == 200
 
 
+@pytest.mark.timeout(120)
+def test_penalties_are_taken_exactly_as_the_generator_takes_them(tmp_path: Path, lc_tiny_generator: Any) -> None:
+    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
+    # Negative: this random model never repeats itself unless pushed to (then it does at once).
+    penalties = {"frequency_penalty": -0.4, "presence_penalty": -1.5, "repeat_penalty": 0.7, "repeat_last_n": 8}
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    want = lc_tiny_generator.generate(prompt, max_new_tokens=24, **penalties).text
+    assert want != lc_tiny_generator.generate(prompt, max_new_tokens=24).text, "the penalties change this answer"
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 24, **penalties})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, r.text
+        for name, bad in [("frequency_penalty", 2.5), ("presence_penalty", "a lot"), ("repeat_penalty", 0),
+                          ("repeat_last_n", -5)]:  # fmt: skip
+            r = c.post("/v1/completions", json={"model": "tiny", "prompt": prompt, name: bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == name and name in r.json()["error"]["message"]
+
+
 # -- against a real server on the default model ------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from ragspec.policy import FixedPolicy
 from ragspec.sampling import GreedyAcceptor, warp
 
 from tests.ragspec.test_generator import NoisyOracle
+from tests.ragspec.test_penalties import CONFIGS as PENALTIES, reference_penalties
 from tests.ragspec.test_sampling import ALPHA, PROMPT, RUNS, FixedDrafter, RandomModelDrafter, chi_square_pvalue
 
 needs_llamacpp = pytest.mark.skipif(not llamacpp_module.available(), reason="llama-cpp-python is not installed")
@@ -268,6 +269,29 @@ def test_loaded_state_gives_the_logits_of_a_cold_prefill(
         assert torch.equal(backend.forward(prompt[shared:], cache, last_only=True), cold)
 
 
+@needs_llamacpp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config", PENALTIES[:5])
+def test_speculative_greedy_with_penalties_equals_plain_penalised_greedy(
+    tiny: tuple[LlamaCppModel, LlamaForCausalLM], config: GenerationConfig
+) -> None:
+    lm, _ = tiny
+    rng = random.Random(11)
+    motif = [rng.randrange(EOS) for _ in range(4)]
+    prompt = [rng.choice(motif) for _ in range(30)]
+    backend = make_backend(lm)
+    cache = backend.new_cache(len(prompt) + 40)
+    logits = backend.forward(prompt, cache, last_only=True)[0]
+    expected: list[int] = []  # plain llama.cpp greedy, one token per forward, penalised the slow way
+    while len(expected) < 40 and (token := int(reference_penalties(logits, expected, config).argmax())) != EOS:
+        expected.append(token)
+        logits = backend.forward([token], cache)[0]
+    oracle = NoisyOracle(expected, len(prompt), 5, len(VOCAB))
+    spec = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=6)).generate(prompt, config, max_new_tokens=40)
+    assert spec.token_ids == expected
+    assert any(0 < n < 6 for n in oracle.accepted), "drafts were partly rejected: rows saw different histories"
+
+
 # -- sampling keeps its distribution (the chi-square test of test_sampling, on llama.cpp) ------
 @torch.inference_mode()
 def exact_distribution(lm: LlamaCppModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
@@ -280,7 +304,10 @@ def exact_distribution(lm: LlamaCppModel, params: GenerationConfig, n: int) -> d
             if len(seq) < step:  # ended by EOS
                 nxt[seq] = nxt.get(seq, 0.0) + prob
                 continue
-            p = warp(backend.forward(PROMPT + list(seq), backend.new_cache(16), last_only=True), params)[0]
+            logits = backend.forward(PROMPT + list(seq), backend.new_cache(16), last_only=True)
+            if params.penalized:
+                logits = reference_penalties(logits[0], seq, params)[None]
+            p = warp(logits, params)[0]
             for t in p.nonzero().flatten().tolist():
                 out = seq if t == EOS else seq + (t,)
                 nxt[out] = nxt.get(out, 0.0) + prob * float(p[t])
@@ -294,6 +321,7 @@ def exact_distribution(lm: LlamaCppModel, params: GenerationConfig, n: int) -> d
     ("plain", GenerationConfig(temperature=1.3, top_k=4)),
     ("ngram", GenerationConfig(temperature=1.3, top_k=4)),
     ("model", GenerationConfig(temperature=0.9, top_p=0.7)),
+    ("ngram", GenerationConfig(temperature=1.3, top_k=4, presence_penalty=1.5, repeat_penalty=1.6, repeat_last_n=2)),
 ])
 def test_speculative_sampling_matches_plain_sampling(tiny_cache: Path, kind: str, params: GenerationConfig) -> None:
     path, _ = write_tiny(tiny_cache, seed=9, layers=1)

@@ -261,3 +261,14 @@ def test_sampling_settings_reach_the_generator(lc_tiny_generator, expected, monk
     monkeypatch.setattr(lc_tiny_generator, "stream", lambda p, config, **kw: seen.append(config) or original(p, config, **kw))
     llm.invoke(PROMPT, top_p=0.5, top_k=3)
     assert (seen[0].temperature, seen[0].top_k, seen[0].top_p, seen[0].seed, seen[0].max_new_tokens) == (1.0, 3, 0.5, 7, MAX)
+
+
+def test_penalties_as_fields_and_per_call_are_the_generators(lc_tiny_generator):
+    # Negative: this random model never repeats itself unless pushed to.
+    push = {"presence_penalty": -1.5, "repeat_penalty": 0.7, "repeat_last_n": 8}
+    want = lc_tiny_generator.generate(PROMPT, max_new_tokens=MAX, **push).text
+    assert want != lc_tiny_generator.generate(PROMPT, max_new_tokens=MAX).text
+    assert RagSpecLLM(generator=lc_tiny_generator, max_tokens=MAX, **push).invoke(PROMPT) == want
+    assert RagSpecLLM(generator=lc_tiny_generator, max_tokens=MAX).bind(**push).invoke(PROMPT) == want
+    with pytest.raises(ValueError, match="frequency_penalty must be from -2 to 2"):
+        RagSpecLLM(generator=lc_tiny_generator, frequency_penalty=5)

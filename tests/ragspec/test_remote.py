@@ -17,6 +17,8 @@ class Handler(BaseHTTPRequestHandler):
 
     models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
     events: list[str] = []
+    request: dict = {}
+    """The last completion request's body."""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -29,7 +31,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(self.models_body)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -93,3 +95,15 @@ def test_iterating_a_finished_stream_again_keeps_its_result(server: type[Handler
     assert list(stream) == ["Yes"] and stream.result is not None
     result = stream.result
     assert list(stream) == [] and stream.result is result
+
+
+@pytest.mark.timeout(60)
+def test_penalties_travel_by_the_names_servers_know(server: type[Handler]) -> None:
+    server.events = [chunk("Yes", "stop"), "data: [DONE]\n\n"]
+    gen = generator(server)
+    gen.generate("Is it?", frequency_penalty=0.5, presence_penalty=-0.25, repeat_penalty=1.2, repeat_last_n=32)
+    sent = server.request  # type: ignore[attr-defined]
+    assert (sent["frequency_penalty"], sent["presence_penalty"], sent["repeat_penalty"], sent["repeat_last_n"]) == (
+        0.5, -0.25, 1.2, 32)
+    gen.generate("Is it?")
+    assert not {"frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"} & set(server.request)  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ from ragspec.sampling import warp
 from ragspec.constraints import Constraint
 
 from tests.ragspec.test_constrained import fresh_mask
+from tests.ragspec.test_penalties import reference_penalties
 from tests.ragspec.tiny import EOS, tiny_model
 
 # Each chi-square test below fails by chance with probability ALPHA when the sampler is exact.
@@ -32,8 +33,9 @@ PROMPT = [11, 42, 7, 99]
 def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
     """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration.
 
-    Sampling EOS ends an output early (EOS itself is not returned). Under a constraint the logits
-    are masked first (by a fresh matcher fed the whole output), then warped.
+    Sampling EOS ends an output early (EOS itself is not returned). Penalties apply first (the
+    brute-force reference, from the output so far), then a constraint's mask (a fresh matcher fed
+    the whole output), then the warp.
     """
     dist: dict[tuple[int, ...], float] = {(): 1.0}
     for step in range(n):
@@ -43,6 +45,8 @@ def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dic
                 nxt[seq] = nxt.get(seq, 0.0) + prob
                 continue
             logits = lm.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1:]
+            if params.penalized:
+                logits = reference_penalties(logits[0], seq, params)[None]
             if params.constraint is not None:
                 logits = logits.masked_fill(~fresh_mask(lm, params.constraint, seq), float("-inf"))
             p = warp(logits, params)[0]
@@ -119,11 +123,23 @@ def lm() -> LoadedModel:
 CASES = {
     "top_k": GenerationConfig(temperature=1.3, top_k=4),
     "top_p": GenerationConfig(temperature=0.9, top_p=0.7),
+    # Row 2 of the verify forward sees the drafted token before it: a wrong history shows here.
+    "penalties": GenerationConfig(temperature=1.3, top_k=4, presence_penalty=1.5, frequency_penalty=0.5,
+                                  repeat_penalty=1.6, repeat_last_n=2),
 }
 
 
+def test_the_penalised_reference_differs_from_the_unpenalised_one(lm: LoadedModel) -> None:
+    """Else the penalised chi-square tests below could not see penalties applied wrongly."""
+    penalised = exact_distribution(lm, CASES["penalties"], 3)
+    plain = exact_distribution(lm, CASES["top_k"], 3)
+    assert sum(abs(penalised.get(s, 0.0) - plain.get(s, 0.0)) for s in set(penalised) | set(plain)) > 0.3
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("kind", "case"), [("plain", "top_k"), ("ngram", "top_k"), ("model", "top_k"),
-                                            ("ngram", "top_p"), ("model", "top_p")])
+                                            ("ngram", "top_p"), ("model", "top_p"),
+                                            ("ngram", "penalties"), ("model", "penalties")])
 def test_speculative_sampling_matches_plain_sampling(lm: LoadedModel, case: str, kind: str) -> None:
     params = CASES[case]
     n = 3  # the first token comes from the prefill, the next two from one verified 2-token draft
