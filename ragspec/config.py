@@ -98,6 +98,9 @@ class GenerationConfig:
     when negative), as llama.cpp and Ollama do; 1 is off."""
     repeat_last_n: int = 64
     """How many of the answer's latest tokens ``repeat_penalty`` looks at; -1: the whole answer, 0: off."""
+    repetition_stop: int = 0
+    """Once the answer repeats this many of its own tokens verbatim it ends where the repeat begins
+    (``finish_reason`` ``"repetition"``); 0 is off. Exact: it only cuts the same answer short."""
     constraint: Constraint | None = None
     """Output must match this grammar (``ragspec.constraints``): JSON Schema, JSON, regex, tool calls."""
 
@@ -128,6 +131,9 @@ class GenerationConfig:
             raise GenerationConfigError(f"repeat_penalty must be > 0 (1 is off), got {self.repeat_penalty!r}")
         set_(self, "repeat_penalty", repeat_penalty)
         set_(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1))
+        set_(self, "repetition_stop", _integer("repetition_stop", self.repetition_stop, 0))
+        if self.repetition_stop == 1:
+            raise GenerationConfigError("repetition_stop must be 0 (off) or at least 2 tokens, got 1")
         if self.seed is not None and _integer("seed", self.seed, 0) > MAX_SEED:
             raise GenerationConfigError(f"seed must be at most {MAX_SEED}, got {self.seed!r}")
         if self.constraint is not None:

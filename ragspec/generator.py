@@ -120,7 +120,8 @@ class GenerationResult:
     """Generated ids, EOS excluded; with a stop string, up to the token that completed it."""
     finish_reason: str
     """``"stop"`` (a stop string), ``"eos"`` (the end of the output, or a constraint's grammar
-    completed), or ``"length"`` (max_new_tokens or the context)."""
+    completed), ``"length"`` (max_new_tokens or the context), or ``"repetition"`` (the answer began
+    repeating itself: ``GenerationConfig.repetition_stop``)."""
     stats: GenerationStats
     model: str = ""
     """Name of the model that produced it."""
@@ -268,7 +269,7 @@ class SpeculativeGenerator:
             acceptor = MaskedAcceptor(acceptor, grammar)
         if config.penalized:  # outermost: penalised first, then masked by the grammar
             acceptor = MaskedAcceptor(acceptor, Penalties(config))
-        assembler = StopTextAssembler(self.lm.tokenizer, config.stop)
+        assembler = StopTextAssembler(self.lm.tokenizer, config.stop, config.repetition_stop)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -376,6 +377,9 @@ class SpeculativeGenerator:
                     update = assembler.add(new)
                     out.extend(new[: update.n_tokens])
                     context.extend(new[: update.n_tokens])
+                    if update.repeated:  # the repeat may have begun in tokens held back earlier
+                        out = assembler.ids
+                        context = [*prompt_ids, *out]
                     stats.new_tokens = len(out)
                     stats.wall_s = time.perf_counter() - start
                     if not stats.ttft_s:
@@ -383,7 +387,7 @@ class SpeculativeGenerator:
                     if update.delta:
                         yield update.delta
                     if update.stopped:
-                        finish = "stop"
+                        finish = "repetition" if update.repeated else "stop"
                     if finish != "continue":
                         break
                     new = self._step(cache, context, budget - len(out), acceptor, grammar, config.speculative, stats)

@@ -305,6 +305,8 @@ class RemoteGenerator:
                 body["references"] = [r if isinstance(r, str) else [int(t) for t in r] for r in references]
             if not config.speculative:
                 body["speculative"] = False
+            if config.repetition_stop:
+                body["repetition_stop"] = config.repetition_stop
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         return RemoteStream(self._run(body, config, stats), stats)
 

@@ -1,9 +1,10 @@
-"""Turning accepted tokens into text: incremental decoding and stop strings.
+"""Turning accepted tokens into text: incremental decoding, stop strings and the repetition stop.
 
-Streaming must never emit text it later takes back. Two things could force that: a token that
+Streaming must never emit text it later takes back. Three things could force that: a token that
 ends in the middle of a UTF-8 character (decoded as U+FFFD until the next token completes it),
-and the start of a stop string, which is only known to be a stop once it is complete. So the
-tail that could still be either is held back until the next tokens settle it.
+the start of a stop string, which is only known to be a stop once it is complete, and the start
+of a repeat of the answer's own tokens (see ``RepeatGuard``). So the tail that could still be
+any of them is held back until the next tokens settle it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,40 @@ def clean_text(text: str) -> str:
     return text
 
 
+class RepeatGuard:
+    """Finds where an answer starts repeating ``n`` or more of its own tokens verbatim.
+
+    The answer then ends where the repeat begins: the first occurrence stays, the copy goes (when
+    the two overlap, as in a loop of a short phrase, the loop's first turns stay). ``tail`` is how
+    many of the latest tokens repeat earlier ones (fewer than ``n``): they could still become a
+    repeat, so their text is held back. Every ``L``-gram (``L <= n``) is indexed once, as added.
+    """
+
+    def __init__(self, n: int) -> None:
+        if n < 2:
+            raise ValueError(f"a repeat is at least 2 tokens, got {n}")
+        self.n = n
+        self.ids: list[int] = []
+        self._seen: set[tuple[int, ...]] = set()
+        self.tail = 0
+
+    def add(self, tokens: Sequence[int]) -> int | None:
+        """Take tokens; the index in the answer where a repeat of ``n`` tokens begins, or None."""
+        for token in tokens:
+            self.ids.append(token)
+            end, tail = len(self.ids), 0
+            for length in range(1, min(self.n, end) + 1):
+                gram = tuple(self.ids[end - length :])
+                if gram in self._seen:
+                    if length == self.n:
+                        return end - self.n
+                    tail = length
+                else:
+                    self._seen.add(gram)
+            self.tail = tail
+        return None
+
+
 @dataclass
 class TextUpdate:
     """What one batch of accepted tokens changed."""
@@ -35,17 +70,21 @@ class TextUpdate:
     n_tokens: int
     """How many of the offered tokens were kept (fewer when a stop string completed)."""
     stopped: bool
-    """A stop string completed; generation must end."""
+    """A stop string completed (or the answer repeated itself); generation must end."""
+    repeated: bool = False
+    """The answer started repeating itself: ``n_tokens`` of the offered tokens are kept and the
+    answer is ``StopTextAssembler.ids``, which may have dropped earlier (held back) tokens too."""
 
 
 class StopTextAssembler:
     """Decodes generated tokens incrementally, cutting the text before the first stop string."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = (), repetition_stop: int = 0) -> None:
         if any(not s for s in stop):
             raise ValueError("stop strings must be non-empty")
         self._tokenizer = tokenizer
         self._stop = tuple(stop)
+        self._guard = RepeatGuard(repetition_stop) if repetition_stop else None
         self._ids: list[int] = []
         self._emitted = ""
         self.text = ""
@@ -59,8 +98,25 @@ class StopTextAssembler:
         hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
         return min(hits) if hits else -1
 
+    @property
+    def ids(self) -> list[int]:
+        """The answer's tokens kept so far."""
+        return list(self._ids)
+
     def add(self, tokens: Sequence[int]) -> TextUpdate:
         """Offer newly accepted tokens; returns the safe text delta."""
+        repeat = self._guard.add(tokens) if self._guard is not None else None
+        if repeat is None:
+            return self._add(tokens)
+        kept = max(0, repeat - len(self._ids))
+        del self._ids[repeat:]  # their text was held back, never shown (see ``add``'s hold-back)
+        update = self._add(tokens[:kept])
+        if update.stopped:  # a stop string before the repeat wins
+            return update
+        self.text = self._decode(self._ids)
+        return TextUpdate(update.delta, update.n_tokens, True, repeated=True)
+
+    def _add(self, tokens: Sequence[int]) -> TextUpdate:
         text = self._decode(self._ids + list(tokens))
         kept = len(tokens)
         stop_at = self._find_stop(text) if self._stop else -1
@@ -74,7 +130,10 @@ class StopTextAssembler:
         self.text = text
         if stop_at >= 0:
             return TextUpdate(self._take(text), kept, True)
-        return TextUpdate(self._take(text[: len(text) - self._holdback(text)]), kept, False)
+        held = self._holdback(text)
+        if self._guard is not None and self._guard.tail:  # the text of tokens that may start a repeat
+            held = max(held, len(text) - len(self._decode(self._ids[: -self._guard.tail])))
+        return TextUpdate(self._take(text[: len(text) - held]), kept, False)
 
     def flush(self) -> str:
         """Generation ended without a stop string: release whatever was held back."""

@@ -6,7 +6,7 @@ talks to the served model through these routes; docs/serving.md is the reference
 - Requests map onto one ``GenerationConfig``: ``max_tokens`` / ``max_completion_tokens``,
   ``temperature`` (default 0, greedy: ragspec's default, not OpenAI's 1), ``top_p``, ``seed``,
   ``stop``, ``frequency_penalty``, ``presence_penalty``, and the extensions ``top_k``,
-  ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``speculative`` and ``references``
+  ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``repetition_stop``, ``speculative`` and ``references``
   (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
   ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
   (``ragspec.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
@@ -18,7 +18,7 @@ talks to the served model through these routes; docs/serving.md is the reference
   argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
   speculative statistics (tokens per forward, acceptance, by draft source), the finish reason in
-  ragspec's terms (``eos``, ``stop`` or ``length``) and the seconds spent in the queue. Streams
+  ragspec's terms (``eos``, ``stop``, ``length`` or ``repetition``) and the seconds spent in the queue. Streams
   (``stream: true``) send it in the chunk that carries the ``finish_reason``; with
   ``stream_options: {"include_usage": true}`` one more chunk carries ``usage``.
 - Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}}`` with
@@ -148,7 +148,7 @@ def openai_error_body(path: str, status: int, message: str) -> dict[str, Any]:
 _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
-    "top_k", "repeat_penalty", "repeat_last_n", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
+    "top_k", "repeat_penalty", "repeat_last_n", "repetition_stop", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
 }  # fmt: skip
 _CHAT_ONLY = {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
@@ -206,7 +206,7 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
             raise OpenAIError(400, f"temperature must be a number from 0 to 2, got {temperature!r}", param="temperature")
         options["temperature"] = temperature
     for name in ("top_p", "seed", "top_k", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n",
-                 "speculative"):  # fmt: skip
+                 "repetition_stop", "speculative"):  # fmt: skip
         if body.get(name) is not None:
             options[name] = body[name]
     if body.get("stop") is not None:

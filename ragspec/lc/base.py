@@ -53,7 +53,7 @@ _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _RENAMED = {"max_tokens": "max_new_tokens"}
 """LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
-_PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n")
+_PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n", "repetition_stop")
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculative",
                 "response_format")  # fmt: skip
 _GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "stop", "speculative", "max_draft")
@@ -144,6 +144,8 @@ class RagSpecParams(BaseModel):
     """Divides the logit of a token among the last ``repeat_last_n`` answer tokens by this, as llama.cpp and Ollama do; 1 is off."""
     repeat_last_n: int = 64
     """How many of the answer's latest tokens ``repeat_penalty`` looks at; -1: the whole answer, 0: off."""
+    repetition_stop: int = 0
+    """Once the answer repeats this many of its own tokens verbatim it ends where the repeat begins (finish reason ``"repetition"``); 0 is off."""
     stop: list[str] | None = None
     """Stop strings: the answer ends before the first one (call-time ``stop`` is added to these)."""
     device: str = "auto"
@@ -282,6 +284,7 @@ class RagSpecParams(BaseModel):
                 presence_penalty=self.presence_penalty,
                 repeat_penalty=self.repeat_penalty,
                 repeat_last_n=self.repeat_last_n,
+                repetition_stop=self.repetition_stop,
             )
 
     def call_options(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> CallOptions:
