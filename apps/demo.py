@@ -25,6 +25,10 @@ QUESTIONS = [
 ]
 
 
+ENDS = {"eos": "ended by itself", "stop": "ended by itself", "length": "cut at max_tokens",
+        "repetition": "cut where it began repeating itself"}
+
+
 def show(qa: DocumentQA, question: str) -> Answer:
     print(f"\nQ: {question}\nA: ", end="", flush=True)
     stream = qa.stream(question)
@@ -37,7 +41,7 @@ def show(qa: DocumentQA, question: str) -> Answer:
         where = f"{Path(c.source).name}" + (f", char {c.start_index}" if c.start_index is not None else "")
         print(f"   [{c.number}] {where}: {c.text[:90].strip()}...")
     s = answer.stats
-    print(f"   {s.new_tokens} tokens in {s.wall_s:.2f} s ({s.decode_tokens_per_s:.1f} tok/s decode), "
+    print(f"   {s.new_tokens} tokens ({ENDS.get(answer.finish_reason, answer.finish_reason)}) in {s.wall_s:.2f} s ({s.decode_tokens_per_s:.1f} tok/s decode), "
           f"{s.tokens_per_forward:.2f} tokens per forward, {s.acceptance_rate:.0%} of drafted tokens accepted")
     return answer
 
@@ -54,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     same = sum(p.text == a.text for p, a in zip(plain, answers))
     rate = {name: sum(x.stats.new_tokens - 1 for x in xs) / sum(x.stats.wall_s - x.stats.ttft_s for x in xs)
             for name, xs in (("plain", plain), ("speculative", answers))}
+    lengths = ", ".join(f"{a.stats.new_tokens} ({ENDS.get(a.finish_reason, a.finish_reason)})" for a in answers)
     print(f"\nPlain decoding of the same questions: {rate['plain']:.1f} tok/s; speculative: "
-          f"{rate['speculative']:.1f} tok/s ({rate['speculative'] / rate['plain']:.2f}x); "
-          f"answers identical: {same}/{len(questions)}.")
+          f"{rate['speculative']:.1f} tok/s ({rate['speculative'] / rate['plain']:.2f}x) over answers of {lengths} "
+          f"tokens; answers identical: {same}/{len(questions)}.")
     return 0 if same == len(questions) else 1
 
 

@@ -9,7 +9,10 @@ tokens. The answer comes with citations, chosen by this rule:
 2. otherwise the passages the answer copies a substantial span from: a run of
    ``min(6, words in the answer)`` consecutive words (at least 4, two of them not stop words
    such as "the" or "is") that the passage also holds, in rank order;
-3. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
+3. otherwise the passage that holds the most of the answer's content words (words that are not
+   stop words), when it holds at least two thirds of them and at least two: a short answer
+   ("It had five arches.") rarely copies six words but uses the passage's own;
+4. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
    passage is shown to back it. A passage is never cited just for being retrieved.
 
 Passages that do not fit the model's context window together with the answer budget are
@@ -122,7 +125,7 @@ class Answer:
     passages: list[Document]
     """The passages in the prompt, in order: ``passages[0]`` is ``[1]``."""
     citation_rule: str
-    """Which rule chose the citations: ``"cited"``, ``"copied"``, or ``"unsupported"`` (no citations)."""
+    """Which rule chose the citations: ``"cited"``, ``"copied"``, ``"overlap"``, or ``"unsupported"`` (no citations)."""
     finish_reason: str
     stats: GenerationStats | None
     """How ragspec generated it (tokens per forward, acceptance, ...); None when another LangChain
@@ -141,7 +144,8 @@ class Answer:
 
     @property
     def supported(self) -> bool:
-        """Whether a passage backs the answer: it cites one by number or copies a substantial span of one."""
+        """Whether a passage backs the answer: it cites one by number, copies a substantial span of one,
+        or uses mostly one passage's words (see the module docstring)."""
         return bool(self.citations)
 
     def as_turn(self) -> Turn:
@@ -733,6 +737,19 @@ def copied_numbers(
     return found
 
 
+def overlap_numbers(text: str, passages: Sequence[Document], min_share: float = 2 / 3, min_words: int = 2) -> list[int]:
+    """The passages holding the most of ``text``'s content words, when that is at least ``min_share``
+    of them and at least ``min_words`` (ties: all of them, in rank order)."""
+    wanted = {w.lower() for w in _WORD.findall(text)} - _STOP_WORDS
+    if len(wanted) < min_words:
+        return []
+    held = [len(wanted & {w.lower() for w in _WORD.findall(p.page_content)}) for p in passages]
+    best = max(held, default=0)
+    if best < max(min_words, min_share * len(wanted)):
+        return []
+    return [number for number, n in enumerate(held, start=1) if n == best]
+
+
 def choose_citations(text: str, passages: Sequence[Document]) -> tuple[list[int], str]:
     """Passage numbers to cite and the rule that chose them (see the module docstring);
     ``([], "unsupported")`` when no passage backs the answer."""
@@ -740,4 +757,6 @@ def choose_citations(text: str, passages: Sequence[Document]) -> tuple[list[int]
         return numbers, "cited"
     if numbers := copied_numbers(text, passages):
         return numbers, "copied"
+    if numbers := overlap_numbers(text, passages):
+        return numbers, "overlap"
     return [], "unsupported"

@@ -136,6 +136,6 @@ def test_an_unsupported_answer_is_marked_on_the_page(browser: object, tmp_path: 
         page.fill("#question", "What is the capital of Peru?")
         page.click("#ask-btn")
         page.wait_for_selector(".citations .unsupported")
-        assert "Unsupported: no passage backs this answer" in page.inner_text(".citations")
+        assert "I don't know: no passage backs this answer" in page.inner_text(".citations")
         assert page.query_selector(".citation") is None
         page.close()

@@ -179,10 +179,10 @@ def test_an_unsupported_answer_is_said_to_be_unsupported(
     assert cli.main(["ask", "What is the capital of Peru?"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("The capital of Peru is Lima.\n")
-    assert "Sources:" not in out and "Unsupported: no passage backs this answer" in out
+    assert "Sources:" not in out and "I don't know: no passage backs this answer" in out
     monkeypatch.setattr(cli, "_collection", lambda args: FakeCollection())
     assert cli.main(["ask", "ferries?"]) == 0
-    assert "Unsupported" not in capsys.readouterr().out
+    assert "I don't know" not in capsys.readouterr().out
 
 
 @pytest.mark.integration

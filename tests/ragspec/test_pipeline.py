@@ -123,6 +123,13 @@ TIMETABLE = [
 
 def test_an_answer_no_passage_backs_is_unsupported_and_cites_nothing():
     assert choose_citations("The capital of Peru is Lima.", TIMETABLE) == ([], "unsupported")
+    assert choose_citations("The Gannet ferry costs 12 pounds.", TIMETABLE) == ([], "unsupported")  # 1 of 5 words in either
+
+
+def test_a_short_answer_in_a_passage_s_own_words_cites_that_passage():
+    assert choose_citations("It takes forty minutes.", TIMETABLE) == ([2], "overlap")
+    assert choose_citations("Departures at 9:40 on weekdays.", TIMETABLE) == ([1], "overlap")
+    assert choose_citations("Forty.", TIMETABLE) == ([], "unsupported")  # one word is no evidence
 
 
 def test_an_answer_that_copies_a_span_cites_that_passage():

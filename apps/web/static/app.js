@@ -271,7 +271,7 @@ async function ask(question) {
         }));
         if (data.supported === false) {
           citeList.append(el("li", { class: "unsupported" },
-            "Unsupported: no passage backs this answer (it cites none and copies from none). Check it against your documents."));
+            "I don't know: no passage backs this answer (it cites none, copies from none and uses few of any passage's words), so it may be a guess. Check it against your documents."));
         }
         stats.innerHTML = statsLine(data.stats);
       } else if (event === "error") {
