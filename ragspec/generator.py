@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import torch
 
 from ragspec.backends import KVCache, TargetModel, make_backend
+from ragspec.cancel import check as check_cancelled
+from ragspec.cancel import current_cancel_event
 from ragspec.config import GenerationConfig
 from ragspec.constraints import Grammar
 from ragspec.drafting import Draft, Drafter, DraftSource
@@ -135,8 +137,11 @@ class GenerationStream:
     ``stats`` is updated after every target forward, so it can be shown live while streaming.
     """
 
-    def __init__(self, steps: Generator[str, None, GenerationResult], stats: GenerationStats) -> None:
+    def __init__(
+        self, steps: Generator[str, None, GenerationResult], stats: GenerationStats, cancel_event: threading.Event
+    ) -> None:
         self._steps = steps
+        self._cancel = cancel_event
         self.stats = stats
         self.result: GenerationResult | None = None
 
@@ -154,6 +159,12 @@ class GenerationStream:
     def close(self) -> None:
         """Stop generating (e.g. the client went away); releases the generator for other calls."""
         self._steps.close()
+
+    def cancel(self) -> None:
+        """Ask the generation to stop, from any thread: the thread iterating the stream gets
+        ``GenerationCancelled`` at its next check (in the prefill, between steps, or while it
+        waits for the generator), and the generator is free again."""
+        self._cancel.set()
 
 
 class SpeculativeGenerator:
@@ -280,8 +291,9 @@ class SpeculativeGenerator:
             )
         ref_ids = [self.encode(r, special_tokens=False) for r in references]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats)
-        return GenerationStream(steps, stats)
+        cancel = current_cancel_event()
+        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats, cancel)
+        return GenerationStream(steps, stats, cancel)
 
     def calibrate(self, context: int = 128) -> None:
         """Start the policy from verify costs timed after ``context`` tokens (done with 128 when the
@@ -310,18 +322,21 @@ class SpeculativeGenerator:
         return ids
 
     @contextmanager
-    def _hold(self) -> Iterator[None]:
-        """Hold the generator for one request (see ``stream`` for who waits and who fails)."""
+    def _hold(self, cancel: threading.Event | None = None) -> Iterator[None]:
+        """Hold the generator for one request (see ``stream`` for who waits and who fails); a
+        request whose ``cancel`` event is set while it waits stops waiting (``GenerationCancelled``)."""
         if self._owner == threading.get_ident():
             raise GeneratorBusyError(
                 "this thread still has an open stream of this generator: exhaust or close it first "
                 "(`with generator.stream(...) as s:` closes it on exit)"
             )
-        wait = self.busy_timeout_s
-        if not self._lock.acquire(timeout=-1 if wait > threading.TIMEOUT_MAX else wait):  # inf: for as long as it takes
-            raise GeneratorBusyError(
-                f"the generator stayed busy with another request for {self.busy_timeout_s:g} s; try again later"
-            )
+        deadline = time.monotonic() + self.busy_timeout_s  # inf: for as long as it takes
+        while not self._lock.acquire(timeout=max(0.0, min(0.05, deadline - time.monotonic()))):
+            check_cancelled(cancel)
+            if time.monotonic() >= deadline:
+                raise GeneratorBusyError(
+                    f"the generator stayed busy with another request for {self.busy_timeout_s:g} s; try again later"
+                )
         self._owner = threading.get_ident()
         try:
             yield
@@ -356,8 +371,9 @@ class SpeculativeGenerator:
         acceptor: Acceptor,
         grammar: Grammar | None,
         stats: GenerationStats,
+        cancel: threading.Event,
     ) -> Generator[str, None, GenerationResult]:
-        with self._hold():
+        with self._hold(cancel):
             start = time.perf_counter()
             budget = min(config.max_new_tokens, self.lm.context_length - len(prompt_ids))
             finish = "length"
@@ -369,7 +385,9 @@ class SpeculativeGenerator:
                     self.model_drafter.begin(prompt_ids, ref_ids)
                 cache, reused = self._take_cache(prompt_ids, len(prompt_ids) + budget + self.max_draft + 1)
                 stats.cached_prompt_tokens = reused
-                _, first = acceptor.accept(self._forward(prompt_ids[reused:], cache, last_only=True), (), None)
+                check_cancelled(cancel)
+                logits = self._forward(prompt_ids[reused:], cache, last_only=True, cancel=cancel)
+                _, first = acceptor.accept(logits, (), None)
                 new = [first]
                 stats.forward_passes = 1
                 while True:
@@ -390,6 +408,7 @@ class SpeculativeGenerator:
                         finish = "repetition" if update.repeated else "stop"
                     if finish != "continue":
                         break
+                    check_cancelled(cancel)
                     new = self._step(cache, context, budget - len(out), acceptor, grammar, config.speculative, stats)
                 self.drafter.finish(out)
                 if self.model_drafter is not None:

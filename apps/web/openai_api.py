@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError, Ticket
 from apps.web.security import plain_error
 from apps.web.streaming import ClientGone, EventStream, unless_gone
+from ragspec.bridge import iterate_in_thread, next_before
 
 logger = logging.getLogger(__name__)
 
@@ -556,7 +557,6 @@ def _events(generator: Any, job: Job) -> Generator[_Event, None, None]:
 
 def add_openai_routes(app: FastAPI, *, source: Source, queue: ModelQueue, settings: ApiSettings) -> None:
     """Add the ``/v1`` routes to ``app``; they generate with ``source`` through ``queue``."""
-    from ragspec.bridge import iterate_in_thread
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -668,7 +668,7 @@ class Answer:
     async def _next(self) -> _Event | None:
         """The next event; None at the end; ``TimeoutError`` past the deadline."""
         try:
-            return await asyncio.wait_for(anext(self.events), max(0.0, self.deadline - time.monotonic()))
+            return await next_before(self.events, self.deadline)
         except StopAsyncIteration:
             return None
 
@@ -678,8 +678,8 @@ class Answer:
         while True:
             try:
                 event = await self._next()
-            except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
-                return  # cut: the events' cleanup stops the generation
+            except TimeoutError:
+                return  # cut: the events' clean-up has stopped the generation
             if event is None:
                 return
             if isinstance(event, tuple):

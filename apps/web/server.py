@@ -301,7 +301,10 @@ def create_app(
 
     @app.get("/api/health")
     async def health() -> dict[str, Any]:
-        return {"ok": True, "queue": queue.waiting, "busy": queue.busy}
+        # running counts a request until its generation has really stopped (a client that left
+        # frees its slot only once the worker has ended: ragspec.bridge), so this is what the model does.
+        return {"ok": True, "queue": queue.waiting, "busy": queue.busy, "running": queue.running,
+                "waiting": queue.waiting, "slots": queue.slots}
 
     @app.get("/api/progress")
     async def get_progress(id: str = "") -> dict[str, Any]:  # noqa: A002 - the query parameter's name
@@ -434,7 +437,7 @@ def create_app(
         )
 
     async def _answer(session: Session, answerer: Answerer, question: str, ticket: Ticket) -> AsyncIterator[str]:
-        from ragspec.bridge import iterate_in_thread
+        from ragspec.bridge import iterate_in_thread, next_before
 
         try:
             if queue.running >= queue.slots:
@@ -450,10 +453,10 @@ def create_app(
             try:
                 while True:
                     try:
-                        event = await asyncio.wait_for(anext(events), max(0.0, deadline - time.monotonic()))
+                        event = await next_before(events, deadline)
                     except StopAsyncIteration:
                         break
-                    except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
+                    except TimeoutError:
                         yield sse("error", {"message": f"the answer took longer than {config.answer_timeout_s:g} s and was stopped"})
                         return
                     if isinstance(event, Token):
@@ -463,9 +466,9 @@ def create_app(
                         yield sse("done", _done(event, session))
             except AppError as e:
                 yield sse("error", {"message": str(e)})
-            except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, log the rest
+            except Exception:  # noqa: BLE001 - the stream has started: report in-band, log the rest
                 logger.exception("answer failed")
-                yield sse("error", {"message": f"{type(e).__name__}: {e}"})
+                yield sse("error", {"message": "the answer failed (an error in the server; its log has the details)"})
             finally:
                 await events.aclose()
         finally:

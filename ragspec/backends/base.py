@@ -15,6 +15,7 @@ forward) and ``ragspec.backends.llamacpp`` (GGUF files through llama.cpp's own k
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 import torch
@@ -54,11 +55,15 @@ class Backend(Protocol):
     device: torch.device
     """Where the returned logits live."""
 
-    def forward(self, ids: list[int], cache: KVCache, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, ids: list[int], cache: KVCache, last_only: bool = False, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
         """Evaluate ``ids`` after the cached positions and append them to ``cache``.
 
         Returns logits ``[len(ids), vocab]`` (``[1, vocab]`` with ``last_only``) on ``device``. The
         tensor may be a view of the back end's own buffer: it is valid until the next ``forward``.
+        A prompt (``last_only``) is evaluated in chunks, and ``cancel`` is checked before each: once it
+        is set, ``ragspec.cancel.GenerationCancelled`` is raised and the cache holds the chunks done.
         """
         ...
 

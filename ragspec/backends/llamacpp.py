@@ -47,6 +47,7 @@ import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from ragspec.backends.base import BackendUnavailableError
+from ragspec.cancel import check as check_cancelled
 from ragspec.models import ModelLoadError, gguf_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -510,7 +511,9 @@ class LlamaCppBackend:
         return cache
 
     # -- forward ------------------------------------------------------------------------------
-    def forward(self, ids: list[int], cache: LlamaCppCache, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, ids: list[int], cache: LlamaCppCache, last_only: bool = False, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
         """Evaluate ``ids`` after the cached positions (see ``Backend.forward``).
 
         ``last_only`` marks a prompt: it is evaluated in balanced chunks of at least 64 rows where
@@ -536,6 +539,7 @@ class LlamaCppBackend:
         bounds = [start + n * i // chunks for i in range(chunks + 1)]  # balanced: no short last chunk
         rows: list[torch.Tensor] = []
         for lo, hi in zip(bounds, bounds[1:]):
+            check_cancelled(cancel)  # between llama.cpp's batches
             out = self._decode(ids[lo - start : hi - start], lo, cache, first_output=start + n - 1 if last_only else lo)
             if out is not None:
                 rows.append(out if hi == bounds[-1] else out.clone())  # the buffer is reused by the next chunk

@@ -3,11 +3,13 @@ preallocated KV cache (``ragspec.kv_cache``), transformers' own forward for othe
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
+from ragspec.cancel import check as check_cancelled
 from ragspec.forward import make_forward
 from ragspec.kv_cache import cache_nbytes, copy_prefix
 from ragspec.models import LoadedModel
@@ -41,8 +43,20 @@ class TorchBackend:
             ids.add(lm.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(ids)
 
-    def forward(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
-        return self._forward(ids, cache, last_only)
+    prefill_chunk = 512
+    """Prompt tokens per forward: a long prompt is evaluated in chunks so that a cancelled request
+    stops within one chunk (under a second for the default model on 2 CPU cores), and the
+    attention scores of one chunk stay small. Prompts up to this length take one forward."""
+
+    def forward(
+        self, ids: list[int], cache: DynamicCache, last_only: bool = False, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
+        if not last_only:
+            return self._forward(ids, cache, False)
+        for start in range(0, len(ids), self.prefill_chunk):
+            check_cancelled(cancel)
+            logits = self._forward(ids[start : start + self.prefill_chunk], cache, True)
+        return logits
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return self._forward.new_cache(capacity)
