@@ -67,6 +67,8 @@ class Constraint:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise ConstraintError(f"the JSON Schema is not valid JSON: {e}") from e
+            except RecursionError:
+                raise ConstraintError("the JSON Schema is nested too deeply to be read") from None
         if isinstance(schema, bool) or not isinstance(schema, Mapping):
             raise ConstraintError(
                 f"a JSON Schema must be a JSON object (a dict), got {type(schema).__name__}: {schema!r}"
@@ -75,6 +77,8 @@ class Constraint:
             text = json.dumps(schema)
         except (TypeError, ValueError) as e:
             raise ConstraintError(f"the JSON Schema cannot be written as JSON: {e}") from e
+        except RecursionError:
+            raise ConstraintError("the JSON Schema is nested too deeply to be written as JSON") from None
         return cls._checked("json_schema", lambda: llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS),
                             text, "JSON Schema")
 
@@ -122,17 +126,30 @@ def response_format_constraint(
     ``ConstraintError`` saying what is accepted. ``schema_for`` rewrites the schema first (``/v1``
     bounds its strings). The one reader of this format (``/v1`` and the LangChain classes'
     ``response_format=`` both use it)."""
+    kind = response_format_kind(value)
+    if kind is None:
+        return None
+    if kind == "json_object":
+        return Constraint.json()
+    schema = value["json_schema"]["schema"]  # type: ignore[index]
+    return Constraint.json_schema(schema if schema_for is None else schema_for(schema))
+
+
+def response_format_kind(value: object) -> str | None:
+    """``"json_object"`` or ``"json_schema"`` for a ``response_format`` of that shape, None for
+    ``{"type": "text"}``; ``ConstraintError`` for anything else. Checks the shape only: nothing is
+    compiled (``/v1`` checks a request with it before the request holds the model)."""
     kind = value.get("type") if isinstance(value, Mapping) else None
     if kind == "text":
         return None
     if kind == "json_object":
-        return Constraint.json()
+        return kind
     if kind == "json_schema":
         assert isinstance(value, Mapping)
         spec = value.get("json_schema")
         if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
             raise ConstraintError('a json_schema response_format must be {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
-        return Constraint.json_schema(spec["schema"] if schema_for is None else schema_for(spec["schema"]))
+        return kind
     raise ConstraintError(
         'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
     )

@@ -14,6 +14,7 @@ llama.cpp removes the positions from its context's memory (``llama_memory_seq_rm
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from contextlib import contextmanager
@@ -289,7 +290,9 @@ class SpeculativeGenerator:
                 f"the prompt has {len(prompt_ids)} tokens but {self.lm.name} takes at most "
                 f"{self.lm.context_length} (prompt and answer together): shorten it or pass fewer passages"
             )
-        ref_ids = [self.encode(r, special_tokens=False) for r in references]
+        if isinstance(references, (str, bytes)):
+            raise TypeError("references must be a list of passages (texts or token-id lists), got one string: wrap it in a list")
+        ref_ids = [self.encode(r, special_tokens=False, what=f"reference {i}") for i, r in enumerate(references)]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         cancel = current_cancel_event()
         steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats, cancel)
@@ -310,12 +313,17 @@ class SpeculativeGenerator:
             if self.model_drafter is not None:
                 self.model_drafter.clear_cache()
 
-    def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
+    def encode(self, text: str | Sequence[int], *, special_tokens: bool, what: str = "the prompt") -> list[int]:
         """Token ids of ``text`` (lone surrogates, which no tokenizer takes, become U+FFFD); ids pass
-        through, checked against the model's vocabulary (``ValueError`` for one outside it)."""
+        through, checked against the model's vocabulary (``ValueError`` for one outside it). Anything
+        else (bytes, floats, None) is a ``TypeError`` naming ``what`` it was given as."""
         if isinstance(text, str):
             return list(self.lm.tokenizer.encode(clean_text(text), add_special_tokens=special_tokens))
-        ids = [int(t) for t in text]
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            raise TypeError(f"{what} must be text or token ids, got {type(text).__name__}: decode it first (data.decode())")
+        if not isinstance(text, Sequence) and not hasattr(text, "__array__"):
+            raise TypeError(f"{what} must be text or a sequence of token ids, got {type(text).__name__}")
+        ids = [_token_id(t, what) for t in text]
         vocab = self.backend.vocab_size
         if (bad := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab})")
@@ -541,6 +549,16 @@ class SpeculativeGenerator:
             draft = self.model_drafter.propose(context, k) if k > 0 else None
             return (draft if grammar is None or draft is None else grammar.cut(draft)), self.model_drafter
         return None, None
+
+
+def _token_id(value: object, what: str) -> int:
+    """``value`` as a token id: an integer (numpy's included), never a float or a bool."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: token ids are integers, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what}: token ids are integers, got {type(value).__name__} {value!r:.40}") from None
 
 
 def _count(stats: GenerationStats, draft: Draft, n_accepted: int) -> None:

@@ -209,6 +209,9 @@ def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, w
             documents = _load(path, max_file_bytes)
         except _Skip as e:
             skip = e
+        except Exception as e:  # noqa: BLE001 - whatever a parser raises on a file's content is that file's skip
+            _logger.debug("reading %s failed", path, exc_info=True)
+            skip = _Skip(f"could not be read: {_failure(e)}")
     if skip is not None:
         reason = str(skip) + (f" [{'; '.join(messages)}]" if messages else "")
         if warn:
@@ -740,7 +743,6 @@ def _tidy(text: str) -> str:
 
 def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
     from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
 
     data = _read_bytes(path, max_file_bytes)
     if not data.strip():
@@ -767,8 +769,9 @@ def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
                 )
     except _Skip:
         raise
-    except (PyPdfError, ValueError, KeyError, TypeError, IndexError, AttributeError, OSError) as e:
-        raise _Skip(f"corrupt PDF: {type(e).__name__}: {e}; re-export or repair it (e.g. `qpdf in.pdf out.pdf`)") from e
+    except Exception as e:  # noqa: BLE001 - pypdf raises all kinds (NotImplementedError for an unknown
+        # filter, RecursionError for deep nesting, DependencyError for a codec it lacks): all the file's fault
+        raise _Skip(f"corrupt PDF, or one pypdf cannot read: {_failure(e)}; re-export or repair it (e.g. `qpdf in.pdf out.pdf`)") from e
     documents = [
         _document(
             _tidy(text), path, "pdf", title, page=number, total_pages=len(pages), **({"ocr": True} if number in ocr_pages else {})
@@ -795,6 +798,12 @@ def _scanned_page_text(page: object, number: int, ocr_pages: set[int]) -> str:
     if text:
         ocr_pages.add(number)
     return text
+
+
+def _failure(e: BaseException, limit: int = 200) -> str:
+    """A parser's exception as a one-line skip reason of at most ``limit`` characters."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _utf16_text(text: str) -> str:

@@ -8,7 +8,7 @@ bash "$ROOT/scripts/install-ocr.sh"  # Debian's tesseract-ocr and pytesseract: t
 # llama.cpp from source where it finds no wheel: 15-35 min on 2 cores, once per change of the set-up.
 if [[ "$(cat "$VENV/.ragspec-llamacpp" 2>/dev/null)" != "$WANT" ]]; then
     echo "[setup] installing the llama.cpp extra (first run only)" >&2
-    python -m pip install -q -e "$ROOT[test,llamacpp]"
+    python -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[test,llamacpp]"
     echo "$WANT" > "$VENV/.ragspec-llamacpp"
 fi
 cd "$ROOT"

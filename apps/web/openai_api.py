@@ -38,7 +38,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Union
 
 from fastapi import FastAPI, Request
@@ -91,6 +91,8 @@ class ApiSettings:
     max_tokens: int = 256
     """Most new tokens per request; also the default when a request sets none."""
     queue_timeout_s: float = 120.0
+    compile_timeout_s: float = 30.0
+    """Longest a request's grammar (``response_format`` or ``tools``) may take to compile, while it holds the model."""
     answer_timeout_s: float = 300.0
     embedding_model: str | None = None
     """The name ``/v1/embeddings`` answers to (``/v1/models`` lists it after the chat model); None: no embeddings."""
@@ -177,6 +179,8 @@ class ApiRequest:
     tool_choice: str = "auto"
     """``ragspec.tool_calls.check_choice``'s spelling: ``"auto"``, ``"any"``, ``"none"`` or a tool's name."""
     parallel_tool_calls: bool = True
+    response_format: object = None
+    """Checked in shape only; compiled, like the tools' grammar, once the request holds the model (``compile_constraint``)."""
 
 
 def parse_request(body: object, *, chat: bool) -> ApiRequest:
@@ -212,11 +216,10 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
             options[name] = body[name]
     if body.get("stop") is not None:
         options["stop"] = _stop(body["stop"])
-    constraint = response_constraint(body.get("response_format"))
-    if constraint is not None:
-        options["constraint"] = constraint
+    response_format = body.get("response_format")
+    format_kind = _response_format_kind(response_format)
     tools, tool_choice, parallel = _tools(body) if chat else ((), "auto", True)
-    if tools and tool_choice != "none" and constraint is not None:
+    if tools and tool_choice != "none" and format_kind is not None:
         raise OpenAIError(400, "a request cannot have both tools and a response_format: send one of them", param="response_format")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
@@ -230,7 +233,8 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
             raise OpenAIError(400, 'stream_options must be like {"include_usage": true}', param="stream_options")
         include_usage = bool(stream_options.get("include_usage", False))
     return ApiRequest(
-        chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel
+        chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel,
+        response_format,
     )
 
 
@@ -272,7 +276,23 @@ def response_constraint(value: object) -> Any:
     try:
         return response_format_constraint(value, served_schema)
     except ConstraintError as e:
+        raise OpenAIError(400, f"response_format: {_first_line(str(e))}", param="response_format") from e
+
+
+def _response_format_kind(value: object) -> str | None:
+    """``response_format``'s kind (None: text), its shape checked without compiling anything; 400 for a bad shape."""
+    from ragspec.constraints import ConstraintError, response_format_kind
+
+    try:
+        return None if value is None else response_format_kind(value)
+    except ConstraintError as e:
         raise OpenAIError(400, f"response_format: {e}", param="response_format") from e
+
+
+def _first_line(message: str, limit: int = 300) -> str:
+    """An engine's message without what follows its first line (a Rust panic's backtrace, build paths)."""
+    line = message.strip().split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def served_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -456,10 +476,7 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
         raise OpenAIError(400, f"reference token ids must be in [0, {vocab})", param="references")
     options = dict(request.options)
     if request.chat:
-        turns, constraint = _chat_turns(request)
-        if constraint is not None:
-            options["constraint"] = constraint
-        prompt_ids = chat_prompt_ids(tokenizer, turns)  # as ChatRagSpec and the pipeline build it
+        prompt_ids = chat_prompt_ids(tokenizer, _chat_turns(request))  # as ChatRagSpec and the pipeline build it
     elif isinstance(request.prompt, str):
         prompt_ids = generator.encode(request.prompt, special_tokens=True)
     else:
@@ -499,26 +516,54 @@ JSON_INSTRUCTION = "Answer with one JSON object."
 mentions JSON (OpenAI asks the client to say so; ragspec does it for a client that did not)."""
 
 
-def _chat_turns(request: ApiRequest) -> tuple[list[dict[str, str]], Any]:
-    """The conversation with the tools' listing (``ragspec.tool_calls.system_prompt``) or the JSON
-    instruction, and the tool-call grammar when tools may be called."""
+def _chat_turns(request: ApiRequest) -> list[dict[str, str]]:
+    """The conversation with the tools' listing (``ragspec.tool_calls.system_prompt``) or the JSON instruction."""
     from ragspec import tool_calls
 
     assert isinstance(request.prompt, list)
     turns: list[dict[str, str]] = list(request.prompt)  # type: ignore[arg-type]
-    constraint = request.options.get("constraint")
     if request.tools:
         turns = tool_calls.with_system_text(turns, tool_calls.system_prompt(request.tools, request.tool_choice))
-        if constraint is None:  # tool_choice "none" with a response_format keeps the format
-            bounded = [tool_calls.Tool(t.name, t.description, served_schema(t.parameters)) for t in request.tools]
-            try:
-                constraint = tool_calls.tool_call_constraint(bounded, request.tool_choice, request.parallel_tool_calls)
-            except tool_calls.ToolError as e:
-                raise OpenAIError(400, str(e), param="tools") from e
-            return turns, constraint
-    if constraint is not None and constraint.kind == "json" and not any("json" in t["content"].lower() for t in turns):
+    json_mode = _response_format_kind(request.response_format) == "json_object" and not _calls_tools(request)
+    if json_mode and not any("json" in t["content"].lower() for t in turns):
         turns = tool_calls.with_system_text(turns, JSON_INSTRUCTION)
-    return turns, None
+    return turns
+
+
+def _calls_tools(request: ApiRequest) -> bool:
+    return bool(request.tools) and request.tool_choice != "none"
+
+
+def request_constraint(request: ApiRequest) -> Any:
+    """The grammar the request's answer must follow: the tool-call format when tools may be called,
+    else its ``response_format`` (None: free text); 400 naming the parameter when it cannot be built."""
+    from ragspec import tool_calls
+
+    if _calls_tools(request):
+        bounded = [tool_calls.Tool(t.name, t.description, served_schema(t.parameters)) for t in request.tools]
+        try:
+            return tool_calls.tool_call_constraint(bounded, request.tool_choice, request.parallel_tool_calls)
+        except (tool_calls.ToolError, ValueError) as e:
+            raise OpenAIError(400, _first_line(str(e)), param="tools") from e
+    return response_constraint(request.response_format)
+
+
+async def compile_constraint(job: Job, ticket: Ticket, timeout_s: float) -> Job:
+    """``job`` with its grammar compiled (``request_constraint``), in a worker thread while ``ticket``
+    holds the model, so compiling a client's schema counts against the queue like generating; a
+    grammar that takes longer than ``timeout_s`` is a 400, and the slot stays taken until the
+    abandoned compile has ended (``Ticket.keep_until_done``)."""
+    request = job.request
+    if not _calls_tools(request) and _response_format_kind(request.response_format) is None:
+        return job
+    work = asyncio.ensure_future(asyncio.to_thread(request_constraint, request))
+    ticket.keep_until_done(work)
+    try:
+        constraint = await asyncio.wait_for(asyncio.shield(work), timeout_s)
+    except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on
+        param = "tools" if _calls_tools(request) else "response_format"
+        raise OpenAIError(400, f"{param}: the grammar did not compile within {timeout_s:g} s; simplify it", param=param) from None
+    return job if constraint is None else replace(job, config=job.config.merged({"constraint": constraint}))
 
 
 # -- responses --------------------------------------------------------------------------------------
@@ -630,6 +675,14 @@ def add_openai_routes(app: FastAPI, *, source: Source, queue: ModelQueue, settin
             raise OpenAIError(503, str(e), code="queue_timeout", headers={"Retry-After": str(e.retry_after_s)}) from e
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the place in the queue is given back
+        except BaseException:
+            ticket.release()
+            raise
+        try:
+            job = await unless_gone(request, compile_constraint(job, ticket, settings.compile_timeout_s))
+        except ClientGone:
+            ticket.release()
+            return Response(status_code=499)
         except BaseException:
             ticket.release()
             raise
@@ -804,26 +857,29 @@ def _piece_delta(piece: Any) -> dict[str, Any]:
 
 def _generation_error(e: Exception) -> OpenAIError:
     """An exception from the generator as an OpenAI error."""
+    from ragspec.constraints import ConstraintError
     from ragspec.generator import GeneratorBusyError, PromptTooLongError
 
     if isinstance(e, OpenAIError):
         return e
+    if isinstance(e, ConstraintError):  # found when the grammar meets the tokenizer, after the queue
+        return OpenAIError(400, f"response_format: {_first_line(str(e))}", param="response_format")
     if isinstance(e, PromptTooLongError):
         return OpenAIError(400, str(e), code="context_length_exceeded")
     if isinstance(e, GeneratorBusyError):
         return OpenAIError(503, str(e), code="busy", headers={"Retry-After": "5"})
     if type(e).__name__ == "RemoteGenerationError":
         return OpenAIError(502, f"the upstream generator failed: {e}", code="upstream_error")
-    logger.exception("generation failed", exc_info=e)
-    return OpenAIError(500, f"generation failed: {type(e).__name__}: {e}", code="internal_error")
+    logger.error("generation failed", exc_info=e)
+    return OpenAIError(500, "generation failed: an internal error (logged on the server)", code="internal_error")
 
 
 async def _json_body(request: Request) -> object:
     body = await request.body()
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise OpenAIError(400, f"the request body is not valid JSON: {e}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's 4300-digit limit
+        raise OpenAIError(400, f"the request body is not valid JSON: {_first_line(str(e), 200)}") from None
     except RecursionError:
         raise OpenAIError(400, "the request body is JSON nested too deeply") from None
 

@@ -22,7 +22,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class QueueFullError(Exception):
@@ -91,6 +91,8 @@ class Ticket:
     started: float = 0.0
     waited_s: float = 0.0
     """How long ``wait`` took."""
+    _work: list[asyncio.Future[object]] = field(default_factory=list)
+    """Work done for this request in other threads; the slot is kept until it has ended."""
 
     async def wait(self, timeout_s: float) -> None:
         """Take a slot; ``QueueTimeoutError`` after ``timeout_s`` (the place in the queue is then given up)."""
@@ -114,8 +116,17 @@ class Ticket:
         self.started = time.monotonic()
         self.waited_s = self.started - start
 
+    def keep_until_done(self, work: asyncio.Future[object]) -> None:
+        """Keep the slot until ``work`` (done for this request in another thread) has ended, even
+        past ``release``: a request answered early (a time limit) cannot hand a busy model on."""
+        self._work.append(work)
+        work.add_done_callback(lambda _: self.release())
+
     def release(self) -> None:
-        """Give back the slot or the place in the queue; further calls do nothing."""
+        """Give back the slot or the place in the queue (once the work kept by ``keep_until_done``
+        has ended); further calls do nothing."""
+        if any(not work.done() for work in self._work):
+            return  # the last of the work's callbacks releases
         if self.state == "waiting":
             self.queue.waiting -= 1
         elif self.state == "running":

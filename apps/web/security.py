@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,8 @@ class Guard:
 
         try:
             await self.app(scope, counted_receive, app_send)
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing worth an error log
+            logger.debug("the client of %s %s left before its body was read", scope["method"], path)
         except Exception:
             if answered:  # after the guard's 413, the app's "client went away" errors are expected
                 return

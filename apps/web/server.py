@@ -87,6 +87,11 @@ DEFAULT_SUFFIXES = (
     ".txt", ".md", ".markdown", ".html", ".htm", ".pdf", ".docx", ".pptx", ".xlsx", ".csv", ".epub", ".odt", ".ipynb"
 )
 MAX_NAME_CHARS = 120
+MAX_NAME_BYTES = 200
+"""An upload's saved name in UTF-8 stays under this, leaving room for `` (N)`` within the 255 bytes
+file systems allow (130 mathematical letters are 520 bytes)."""
+MAX_SUFFIX_CHARS = 16
+MAX_FOLDER_CHARS = 4096
 PROGRESS_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 MAX_PROGRESS = 256
 """Most indexing runs whose progress is tracked at once (a run beyond that is not tracked)."""
@@ -185,7 +190,7 @@ class AskBody(BaseModel):
 
 
 class FolderBody(BaseModel):
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, max_length=MAX_FOLDER_CHARS)
 
 
 def sse(event: str, data: Any) -> str:
@@ -337,30 +342,40 @@ def create_app(
                     413, f"this session's uploads would pass {_mib(config.max_session_bytes)}: clear the documents first"
                 )
             session.uploads.mkdir(parents=True, exist_ok=True)
-            for upload_file in files:
-                filename = upload_file.filename or "upload"
-                data = await upload_file.read(config.max_file_bytes + 1)
-                if len(data) > config.max_file_bytes:
-                    raise HTTPException(413, f"{filename!r} is larger than {_mib(config.max_file_bytes)}")
-                target = _free_name(session.uploads, _safe_name(filename))
-                shown = Path(filename.replace("\\", "/")).name
-                if target.name != shown:
-                    taken = target.name != _safe_name(filename)
-                    notices.append(
-                        f"{shown!r} was saved as {target.name!r}"
-                        + (": a file of that name is already uploaded" if taken else ": its name had characters a file name cannot keep")
-                    )
-                target.write_bytes(data)
-            await _reindex(session, [session.uploads], progress)
+            written: list[Path] = []
+            try:
+                for upload_file in files:
+                    filename = upload_file.filename or "upload"
+                    data = await upload_file.read(config.max_file_bytes + 1)
+                    if len(data) > config.max_file_bytes:
+                        raise HTTPException(413, f"{filename!r} is larger than {_mib(config.max_file_bytes)}")
+                    safe = _safe_name(filename)
+                    target = _free_name(session.uploads, safe)
+                    shown = Path(filename.replace("\\", "/")).name
+                    if target.name != shown:
+                        notices.append(f"{shown!r} was saved as {target.name!r}: {_rename_reason(shown, target.name, safe)}")
+                    target.write_bytes(data)
+                    written.append(target)
+                await _reindex(session, [session.uploads], progress)
+            except BaseException:  # the index is unchanged: so are the session's files
+                for path in written:
+                    path.unlink(missing_ok=True)
+                raise
             return describe(session, notices)
 
     @app.post("/api/folder")
     async def add_folder(request: Request, body: FolderBody, progress: str = "") -> dict[str, Any]:
         if not config.allow_folders:
             raise HTTPException(403, "indexing server folders is disabled; upload the files instead")
-        folder = Path(body.path).expanduser()
-        if not folder.is_dir():
-            raise HTTPException(404, f"no such folder on the server: {body.path}")
+        try:
+            folder = Path(body.path).expanduser()
+            found = folder.is_dir()
+        except RuntimeError:  # ~name of a user that does not exist
+            raise HTTPException(404, f"no such folder on the server: {body.path[:200]!r} (no such user)") from None
+        except (OSError, ValueError) as e:  # a name too long, a NUL byte
+            raise HTTPException(422, f"not a usable folder path: {body.path[:200]!r} ({e.strerror or e})") from None
+        if not found:
+            raise HTTPException(404, f"no such folder on the server: {body.path[:200]!r}")
         session, notices = _session_for_change(request)
         async with session.lock, _dropped_if_unused(request, session):
             paths = [folder, session.uploads] if session.uploads.is_dir() else [folder]
@@ -650,8 +665,21 @@ def _safe_name(filename: str) -> str:
     def clean(part: str) -> str:
         return "".join(c if c.isalnum() or c in "-_. ()" else "_" for c in part).strip(" .")
 
-    stem, suffix = clean(stem)[:MAX_NAME_CHARS].strip(" .") or "upload", clean(suffix).lower()
+    suffix = clean(suffix).lower()[:MAX_SUFFIX_CHARS]
+    room = MAX_NAME_BYTES - len(suffix.encode()) - 1
+    stem = clean(stem)[:MAX_NAME_CHARS].encode()[:room].decode(errors="ignore").strip(" .") or "upload"
     return f"{stem}.{suffix}" if suffix else stem
+
+
+def _rename_reason(shown: str, saved: str, safe: str) -> str:
+    """Why an upload called ``shown`` was saved as ``saved`` (``safe``: its cleaned name)."""
+    if saved != safe:
+        return "a file of that name is already uploaded"
+    if shown.lower() == safe.lower():
+        return "its suffix is kept in lower case"
+    if len(shown.encode()) > MAX_NAME_BYTES or len(shown) > MAX_NAME_CHARS:
+        return "its name was too long to keep whole"
+    return "its name had characters a file name cannot keep"
 
 
 def _mib(n: int) -> str:
