@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from langchain_core.documents import Document
 
@@ -23,3 +25,14 @@ def fake_answer(text: str, sources: Sequence[tuple[str, str, str]] = (), *, ques
     passages = [Document(page_content=body, metadata={"source": src, "title": title, "start_index": 0}) for src, title, body in sources]
     citations = [Citation(i, src, 0, None, title, body, None) for i, (src, title, body) in enumerate(sources, start=1)]
     return Answer(question, text, citations, passages, "cited" if citations else "unsupported", "eos", speed())
+
+
+@dataclass
+class GeneratorSource:
+    """A ``/v1`` generation source over an already built generator (e.g. a tiny random model)."""
+
+    generator: Any
+    model: str = "tiny"
+
+    def load(self, model: str | None = None) -> Any:
+        return self.generator

@@ -15,7 +15,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest
 from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError
 from apps.web.server import AppConfig, create_app
 from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.fakes import GeneratorSource as TinySource
 from tests.apps.ragspec_server import ServeProcess
 
 openai = pytest.importorskip("openai")
@@ -86,17 +86,6 @@ def test_the_model_queue_is_bounded_first_come_first_served_and_released_once() 
         assert not queue.busy
 
     asyncio.run(scenario())
-
-
-@dataclass
-class TinySource:
-    """A generation source over an already built generator (the tiny random model)."""
-
-    generator: Any
-    model: str = "tiny"
-
-    def load(self, model: str | None = None) -> Any:
-        return self.generator
 
 
 @pytest.mark.timeout(120)

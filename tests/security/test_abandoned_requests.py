@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,11 @@ import pytest
 
 from apps.web.server import AppConfig, create_app
 from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.fakes import GeneratorSource
 from tests.slow_forward import slow_generator
 
 PROMPT = [(7 * i) % 250 for i in range(3000)]
 PER_TOKEN_S = 0.001  # the prompt's prefill: 3 s in six chunks of ~0.5 s
-
-
-@dataclass
-class Source:
-    generator: Any
-    model: str = "tiny"
-
-    def load(self, model: str | None = None) -> Any:
-        return self.generator
 
 
 def watch_health(url: str, slow: Any, stop: threading.Event, seen: list[tuple[bool, bool]]) -> None:
@@ -43,7 +34,7 @@ def watch_health(url: str, slow: Any, stop: threading.Event, seen: list[tuple[bo
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_abandoned_long_prompt_stops_in_the_prefill_and_holds_its_slot_until_then(tmp_path: Path, stream: bool) -> None:
     gen, slow = slow_generator(PER_TOKEN_S)
-    app = create_app(AppConfig(max_queue=4), backend=ScriptedBackend(), sessions_root=tmp_path, generation=Source(gen))
+    app = create_app(AppConfig(max_queue=4), backend=ScriptedBackend(), sessions_root=tmp_path, generation=GeneratorSource(gen))
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": stream}
     with LiveServer(app) as server:
         seen: list[tuple[bool, bool]] = []

@@ -16,6 +16,7 @@ import pytest
 from apps.web.server import AppConfig, _safe_name, create_app
 from retrievers.loaders import load_documents, load_file
 from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.fakes import GeneratorSource
 
 
 def pdf(content: bytes, stream_dict: bytes = b"") -> bytes:
@@ -92,18 +93,9 @@ def test_an_upload_whose_indexing_fails_leaves_no_file_behind(tmp_path: Path) ->
 # -- 3, 5. errors in /v1 replies -----------------------------------------------------------------
 
 
-@dataclass
-class Source:
-    generator: Any
-    model: str = "tiny"
-
-    def load(self, model: str | None = None) -> Any:
-        return self.generator
-
-
 @pytest.mark.timeout(180)
 def test_v1_bodies_and_schemas_that_were_500s_are_400s_naming_the_parameter(tmp_path: Path, lc_tiny_generator: Any) -> None:
-    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=Source(lc_tiny_generator))
+    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=GeneratorSource(lc_tiny_generator))
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
         digits = b'{"model": "tiny", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"
         r = c.post("/v1/completions", content=digits, headers={"Content-Type": "application/json"})
