@@ -132,7 +132,11 @@ def response_format_constraint(
     if kind == "json_object":
         return Constraint.json()
     schema = value["json_schema"]["schema"]  # type: ignore[index]
-    return Constraint.json_schema(schema if schema_for is None else schema_for(schema))
+    try:
+        schema = schema if schema_for is None else schema_for(schema)
+    except RecursionError:
+        raise ConstraintError("the JSON Schema is nested too deeply") from None
+    return Constraint.json_schema(schema)
 
 
 def response_format_kind(value: object) -> str | None:

@@ -540,11 +540,13 @@ def request_constraint(request: ApiRequest) -> Any:
     from ragspec import tool_calls
 
     if _calls_tools(request):
-        bounded = [tool_calls.Tool(t.name, t.description, served_schema(t.parameters)) for t in request.tools]
         try:
+            bounded = [tool_calls.Tool(t.name, t.description, served_schema(t.parameters)) for t in request.tools]
             return tool_calls.tool_call_constraint(bounded, request.tool_choice, request.parallel_tool_calls)
         except (tool_calls.ToolError, ValueError) as e:
             raise OpenAIError(400, _first_line(str(e)), param="tools") from e
+        except RecursionError:
+            raise OpenAIError(400, "a tool's parameters schema is nested too deeply", param="tools") from None
     return response_constraint(request.response_format)
 
 
