@@ -112,7 +112,7 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield path
 
 
-@pytest.mark.parametrize(("backend", "min_cosine"), [("onnx", 0.9999), ("openvino", 0.9999), ("openvino-bf16", 0.999), ("onnx-int8", 0.999)])
+@pytest.mark.parametrize(("backend", "min_cosine"), [("onnx", 0.9999), ("openvino", 0.9999), ("openvino-bf16", 0.999), ("onnx-int8", 0.999), ("openvino-int8", 0.99)])
 def test_exported_backends_agree_with_torch(tiny_model: Path, shared_cache: Path, backend: str, min_cosine: float) -> None:
     torch_vectors = np.array(SentenceTransformerEmbeddings(str(tiny_model), backend="torch", device="cpu").embed_documents(TEXTS))
     got = np.array(SentenceTransformerEmbeddings(str(tiny_model), backend=backend).embed_documents(TEXTS))
@@ -128,6 +128,18 @@ def test_batching_and_length_sorting_keep_the_input_order(tiny_model: Path, shar
     one_by_one = np.array([emb.embed_query(t) for t in texts])
     np.testing.assert_allclose(together, one_by_one, atol=1e-5)  # padding does not leak into the pooling
     assert emb.embed_documents([]) == []
+
+
+def test_static_int8_gives_a_text_the_same_vector_whatever_it_is_batched_with(tiny_model: Path, shared_cache: Path) -> None:
+    """openvino-int8's activation scales are calibrated once, so a vector does not depend on its batch."""
+    emb = SentenceTransformerEmbeddings(str(tiny_model), backend="openvino-int8", batch_size=3)
+    texts = [f"{'word ' * n}end {n}" for n in (7, 1, 30, 3, 12)] + TEXTS
+    together = np.array(emb.embed_documents(texts))
+    one_by_one = np.array([emb.embed_query(t) for t in texts])
+    assert cosines(together, one_by_one).min() > 0.9999
+    directory = emb_mod.export_dir(str(tiny_model), "openvino-int8")
+    assert directory.name.split("-")[-2:-1] == ["qdq"]
+    assert b"DequantizeLinear" in (directory / "model.onnx").read_bytes()
 
 
 def test_batches_are_balanced_over_the_runtime_lanes(tiny_model: Path, shared_cache: Path) -> None:
