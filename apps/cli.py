@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -176,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="answers generated at once: 1 with the local model; with --generator-url the server may "
                             "batch them (default: 4 there)")
     _local_model_options(serve)
+    serve.add_argument("--engine", choices=("ragspec", "vllm"), default="ragspec",
+                       help="what generates: ragspec's own engine (default), or a vLLM server started and supervised "
+                            "here on 127.0.0.1 with ragspec's drafting inside it, serving --model (a folder, a .gguf "
+                            "file or 'default'); vLLM's own flags go after '--' (docs/scale-out.md)")
+    serve.add_argument("--vllm-draft-tokens", type=_non_negative, default=None, metavar="K",
+                       help="with --engine vllm: longest draft ragspec's proposer hands vLLM (0: no speculation; "
+                            "default: 8)")
     _generator_options(serve)
 
     commands.add_parser("bench", help="speedup benchmark (see 'ragspec bench --help')", add_help=False)
@@ -186,11 +195,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "bench":
         return _guard(lambda: _bench(args_list[1:]))
+    engine_args: list[str] = []
+    if args_list and args_list[0] == "serve" and "--" in args_list:  # vLLM's own flags follow '--'
+        split = args_list.index("--")
+        args_list, engine_args = args_list[:split], args_list[split + 1 :]
     parser = build_parser()
     try:
         args = parser.parse_args(args_list)
     except SystemExit as e:  # argparse: 0 for --help/--version, 2 for usage errors
         return int(e.code) if isinstance(e.code, int) else 2
+    args.engine_args = engine_args
     handler = {"ingest": _ingest, "ask": _ask, "chat": _chat, "serve": _serve}[args.command]
     return _guard(lambda: handler(args))
 
@@ -500,8 +514,8 @@ def _serve(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("RAGSPEC_API_KEY") or None
     require_key_off_loopback(args.host, api_key)
     allow_folders = is_loopback(args.host) if args.allow_folders is None else args.allow_folders
-    remote = _remote(args)
-    if args.concurrency is not None and args.concurrency > 1 and remote is None:
+    remote = _remote(args) if args.engine == "ragspec" else None
+    if args.concurrency is not None and args.concurrency > 1 and remote is None and args.engine == "ragspec":
         raise CLIError("--concurrency above 1 needs --generator-url: the local model decodes one answer at a time")
     config = AppConfig(
         max_file_bytes=args.max_upload_mb * 2**20,
@@ -511,10 +525,14 @@ def _serve(args: argparse.Namespace) -> int:
         api_key=api_key,
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout,
-        concurrency=args.concurrency or (4 if remote is not None else 1),
+        concurrency=args.concurrency or (4 if remote is not None else 8 if args.engine == "vllm" else 1),
     )
     if allow_folders and not is_loopback(args.host):
         print(f"{PROG}: warning: --allow-folders on {args.host}: anyone with the API key can index server folders", file=sys.stderr)
+    if args.engine == "vllm":
+        return _serve_on_vllm(args, config)
+    if args.engine_args or args.vllm_draft_tokens is not None:
+        raise CLIError("vLLM flags after '--' and --vllm-draft-tokens need --engine vllm")
     preload = None
     if args.index is not None:
         from apps.engine import Collection
@@ -539,6 +557,73 @@ def _serve(args: argparse.Namespace) -> int:
 
         serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend))
     return 0
+
+
+def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
+    """``serve --engine vllm``: start vLLM with ragspec's proposer, serve the app on it, stop it on exit.
+
+    If vLLM exits while the app serves, the app stops too and the command fails with vLLM's status.
+    """
+    import _thread
+
+    from apps.web.server import serve
+    from ragspec.config import GenerationConfig
+    from ragspec.engines.vllm_server import DEFAULT_DRAFT_TOKENS, VllmServer, speculative_config
+    from ragspec.models import model_folder
+    from ragspec.remote import RemoteModel
+
+    if args.generator_url:
+        raise CLIError("--engine vllm starts its own vLLM server; --generator-url names one started elsewhere: use one of them")
+    if args.backend != "auto":
+        raise CLIError("--backend picks what runs the local model; with --engine vllm, vLLM runs it")
+    draft_tokens = DEFAULT_DRAFT_TOKENS if args.vllm_draft_tokens is None else args.vllm_draft_tokens
+    folder = model_folder(args.model)
+    server = VllmServer(folder, speculation=speculative_config(draft_tokens) if draft_tokens else None,
+                        extra_args=args.engine_args, served_name=folder.name)
+    print(f"{PROG}: starting vLLM on {folder} (the first start compiles for a few minutes)", file=sys.stderr)
+    server.start()
+    vllm_exit: list[int] = []
+    stopping = threading.Event()
+
+    def watch() -> None:  # supervision: the app does not outlive its generator
+        assert server.process is not None
+        status = server.process.wait()
+        if not stopping.is_set():
+            vllm_exit.append(status)
+            _thread.interrupt_main()  # uvicorn takes it as Ctrl-C and shuts down
+
+    def terminated(signum: int, frame: object) -> None:  # uvicorn re-raises SIGTERM once it has shut down
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)  # so that vLLM is stopped below, not orphaned
+    try:
+        threading.Thread(target=watch, name="vllm-watch", daemon=True).start()
+        remote = RemoteModel(server.base_url, model=folder.name, tokenizer=str(folder),
+                             config=GenerationConfig(max_new_tokens=args.max_tokens))
+        preload = None
+        if args.index is not None:
+            from apps.engine import Collection
+
+            if not Path(args.index).is_dir():
+                raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
+            preload = Collection(args.index, max_tokens=args.max_tokens, source=remote)
+        _quiet_model_loading()
+        url = f"http://{args.host}:{args.port}"
+        locked = " (API key required)" if config.api_key else ""
+        print(f"generating on vLLM at {server.base_url} (ragspec's proposer, up to {draft_tokens} drafted tokens)", file=sys.stderr)
+        print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
+        try:
+            serve(args.host, args.port, config=config, preload=preload, generation=remote)
+        except KeyboardInterrupt:
+            if not vllm_exit:
+                raise
+        if vllm_exit:
+            raise CLIError(f"vLLM exited with status {vllm_exit[0]} while serving: {server.log_tail()}")
+        return 0
+    finally:
+        stopping.set()
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _bench(argv: list[str]) -> int:

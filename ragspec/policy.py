@@ -151,6 +151,10 @@ class AdaptivePolicy:
         self._cost.update(seconds)
         self._calibrated = True
 
+    def measured_costs(self) -> dict[int, float]:
+        """Seconds of a forward by number of drafted tokens, as measured (or calibrated) so far."""
+        return dict(sorted(self._cost.items()))
+
     def relative_cost(self, k: int) -> float:
         """Estimated cost of verifying ``k`` drafted tokens, in plain decoding steps."""
         base = self._cost.get(0)
@@ -214,14 +218,22 @@ class AdaptivePolicy:
 
     def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float, draft_seconds: float) -> None:
         k = 0 if draft is None else len(draft)
-        self._cost[k] = _smooth(self._cost.get(k), forward_seconds, self.cost_smoothing)
+        self.record_cost(k, forward_seconds)
         if draft is None or k == 0:
             return
         if draft.source == DraftSource.MODEL:
             self._model_token_cost = _smooth(self._model_token_cost, draft_seconds / k, self.cost_smoothing)
+        self.record_acceptance(draft, n_accepted)
+
+    def record_cost(self, k: int, forward_seconds: float) -> None:
+        """A timed forward that verified ``k`` drafted tokens (``k = 0``: a plain step)."""
+        self._cost[k] = _smooth(self._cost.get(k), forward_seconds, self.cost_smoothing)
+
+    def record_acceptance(self, draft: Draft, n_accepted: int) -> None:
+        """How many leading tokens of a verified ``draft`` the target accepted."""
         # Acceptance is learnt on the drafter's own tokens; grammar-forced tokens after them are not its doing.
-        k, n_accepted = k - draft.forced, min(n_accepted, k - draft.forced)
-        if k == 0:
+        k, n_accepted = len(draft) - draft.forced, min(n_accepted, len(draft) - draft.forced)
+        if k <= 0:
             return
         stats = self._stats(draft)
         stats.first.add(1 if n_accepted else 0, 1, self.decay)

@@ -82,7 +82,8 @@ class RemoteInfo:
     tokenizer: PreTrainedTokenizerBase
     context_length: int
     server: str
-    """``"ragspec"`` when the server is a ragspec server (it takes the ``references`` extension), else ``"openai"``."""
+    """``"ragspec"`` when the server is a ragspec server (it takes the ``references`` extension), ``"vllm"`` for
+    vLLM (it returns the answer's token ids), else ``"openai"``."""
 
 
 def api_base(url: str) -> str:
@@ -229,7 +230,8 @@ class RemoteGenerator:
             self.model = str(entry.get("id"))
         tokenizer = load_tokenizer(self._tokenizer_name or self.model)
         context = self._context_length or _listed_context(entry) or _tokenizer_context(tokenizer) or FALLBACK_CONTEXT
-        server = "ragspec" if entry is not None and entry.get("owned_by") == "ragspec" else "openai"
+        owner = entry.get("owned_by") if entry is not None else None
+        server = owner if owner in ("ragspec", "vllm") else "openai"
         return RemoteInfo(name=self.model, tokenizer=tokenizer, context_length=context, server=server)
 
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
@@ -300,6 +302,8 @@ class RemoteGenerator:
             body["repeat_penalty"], body["repeat_last_n"] = config.repeat_penalty, config.repeat_last_n
         if response_format is not None:
             body["response_format"] = response_format  # ragspec and vLLM constrain completions with it
+        if info.server == "vllm":
+            body["return_token_ids"] = True  # the answer's own ids, not the text encoded again here
         if info.server == "ragspec":  # extensions only where they are understood
             if references:
                 body["references"] = [r if isinstance(r, str) else [int(t) for t in r] for r in references]
@@ -314,6 +318,7 @@ class RemoteGenerator:
     def _run(self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats) -> Generator[str, None, GenerationResult]:
         start = time.perf_counter()
         text, finish, remote_finish = "", None, None
+        server_ids: list[int] = []  # vLLM's own ids of the answer, when it sends them
         stop_reason: tuple[object] | None = None  # vLLM's stop_reason, when the server sends one
         if body["max_tokens"] > 0:
             with self._open_stream(body) as response:
@@ -321,6 +326,7 @@ class RemoteGenerator:
                     if "error" in event:
                         raise RemoteGenerationError(f"{self.base_url} stopped the answer: {_error_message(event)}")
                     for choice in event.get("choices") or ():
+                        server_ids += [int(t) for t in choice.get("token_ids") or ()]
                         delta = choice.get("text") or ""
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
@@ -343,7 +349,12 @@ class RemoteGenerator:
                     f"the answer from {self.base_url} ended without a finish_reason after {len(text)} characters: "
                     "the server stopped or the connection was closed mid-answer"
                 )
-        ids = self.encode(text, special_tokens=False) if text else []
+        if server_ids:  # vLLM's ids end with the EOS token when it stopped there; ragspec's results leave it out
+            eos = self.lm.tokenizer.eos_token_id
+            ended_by_eos = finish == "stop" and stop_reason in (None, (None,)) and server_ids[-1] == eos
+            ids = server_ids[:-1] if ended_by_eos else server_ids
+        else:
+            ids = self.encode(text, special_tokens=False) if text else []
         if not stats.new_tokens:
             stats.new_tokens = len(ids)
         stats.wall_s = time.perf_counter() - start

@@ -11,5 +11,6 @@ if [[ "$(cat "$VENV/.ragspec-llamacpp" 2>/dev/null)" != "$WANT" ]]; then
     python -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[test,llamacpp]"
     echo "$WANT" > "$VENV/.ragspec-llamacpp"
 fi
+bash "$ROOT/scripts/install-vllm.sh"  # vLLM (CPU) in .venv-vllm, for tests/apps/test_vllm_engine.py
 cd "$ROOT"
 exec python -m pytest "$@"

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ragspec.remote import RemoteGenerationError, RemoteModel
+from ragspec.remote import RemoteGenerationError, RemoteGenerator, RemoteModel
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -107,3 +107,21 @@ def test_penalties_travel_by_the_names_servers_know(server: type[Handler]) -> No
         0.5, -0.25, 1.2, 32)
     gen.generate("Is it?")
     assert not {"frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"} & set(server.request)  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(60)
+def test_vllm_answers_keep_the_servers_token_ids(server: type[Handler]) -> None:
+    """vLLM returns the ids it decoded: the result holds those (EOS left out), not the text encoded again."""
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
+    event = {"choices": [{"index": 0, "text": "Hi", "token_ids": [17, 4], "finish_reason": None}]}
+    last = {"choices": [{"index": 0, "text": "", "token_ids": [2], "finish_reason": "stop", "stop_reason": None}]}
+    server.events = ["data: " + json.dumps(event) + "\n\n", "data: " + json.dumps(last) + "\n\n", "data: [DONE]\n\n"]
+    result = RemoteGenerator(server.url, model="m", tokenizer="default").generate("Hello", max_new_tokens=8)  # type: ignore[attr-defined]
+    assert server.request["return_token_ids"] is True  # type: ignore[attr-defined]
+    assert result.token_ids == [17, 4] and result.text == "Hi" and result.finish_reason == "eos"
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    server.events = [chunk("Hi", "stop"), "data: [DONE]\n\n"]
+    other = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    result = other.generate("Hello", max_new_tokens=8)
+    assert "return_token_ids" not in server.request  # type: ignore[attr-defined]
+    assert result.token_ids == other.encode("Hi", special_tokens=False)

@@ -1,0 +1,242 @@
+"""vLLM side by side: no speculation, its n-gram (defaults and tuned), its suffix decoding, ragspec's proposer.
+
+Each method is one vLLM server (started here on 127.0.0.1, one at a time, with the same flags),
+measured on the bundled RAG workload (a question and 3 retrieved passages) and the open workload
+(no passages) at 1, 4 and 8 concurrent streaming clients. Per method, workload and client count:
+per-request decode tokens/s (tokens after the first over the time after the first), total
+throughput (all new tokens over the wall time), mean TTFT, vLLM's own drafted/accepted counters
+(``/metrics``), how many answers ended by themselves (EOS, not the token limit), and how many
+outputs equal vLLM without speculation token for token (at 1 client, where batching does not
+change the numerics). ragspec's proposer also reports the step costs it measured (``r``: a step of
+T tokens in one-token steps, keyed by T - 1), which is vLLM's verify cost on this device.
+
+    python benchmarks/vllm_bench.py                                   # CPU: the default model, fp32
+    python benchmarks/vllm_bench.py --device cuda --model /models/Qwen2.5-7B-Instruct \\
+        --vllm-arg=--gpu-memory-utilization=0.85                      # a GPU: nothing else changes
+
+Run it alone (``flock /tmp/ragspec-bench.lock python benchmarks/vllm_bench.py``); it writes
+``bench-out/vllm_bench.json`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from apps.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
+from ragspec.engines.vllm import STATS_ENV  # noqa: E402
+from ragspec.engines.vllm_server import VllmServer, speculative_config  # noqa: E402
+from ragspec.models import model_folder  # noqa: E402
+from ragspec.remote import load_tokenizer  # noqa: E402
+
+
+def methods(draft_tokens: int, ngram_best: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    return {
+        "vllm": None,
+        "vllm_ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+        "vllm_ngram_best": {"method": "ngram", **ngram_best},
+        "vllm_suffix": {"method": "suffix", "num_speculative_tokens": draft_tokens},
+        "vllm_ragspec": speculative_config(draft_tokens),
+    }
+
+
+@dataclass
+class Request:
+    prompt: int
+    tokens: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    finish: str | None = None
+
+
+@dataclass
+class Cell:
+    method: str
+    workload: str
+    clients: int
+    decode_tokens_per_s: float
+    throughput_tokens_per_s: float
+    ttft_s: float
+    drafted: int
+    accepted: int
+    ended_by_eos: int
+    requests: int
+    identical: int | None = None
+
+
+def stream(base_url: str, index: int, ids: list[int], max_tokens: int) -> Request:
+    body = {"model": "bench", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "return_token_ids": True}
+    request = Request(index)
+    start = time.perf_counter()
+    first = last = start
+    with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=900) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices") or ():
+                new = choice.get("token_ids") or []
+                if new:
+                    last = time.perf_counter()
+                    if not request.tokens:
+                        first = last
+                    request.tokens += new
+                request.finish = choice.get("finish_reason") or request.finish
+    request.ttft_s = first - start
+    request.decode_s = last - first
+    return request
+
+
+def counters(base_url: str) -> tuple[int, int]:
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    found = {"vllm:spec_decode_num_draft_tokens_total": 0.0, "vllm:spec_decode_num_accepted_tokens_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in found:
+            found[name] += float(line.rsplit(" ", 1)[1])
+    return int(found["vllm:spec_decode_num_draft_tokens_total"]), int(found["vllm:spec_decode_num_accepted_tokens_total"])
+
+
+def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: int) -> tuple[list[Request], float, int, int]:
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(prompts)):
+        todo.put(i)
+    done: list[Request] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            result = stream(base_url, i, prompts[i], max_tokens)
+            with lock:
+                done.append(result)
+
+    drafted0, accepted0 = counters(base_url)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    drafted1, accepted1 = counters(base_url)
+    return sorted(done, key=lambda r: r.prompt), wall, drafted1 - drafted0, accepted1 - accepted0
+
+
+def summarize(method: str, workload: str, clients: int, runs: list[Request], wall: float, drafted: int, accepted: int,
+              eos: int) -> Cell:
+    decode = [(len(r.tokens) - 1) / r.decode_s for r in runs if len(r.tokens) > 1 and r.decode_s > 0]
+    return Cell(
+        method, workload, clients,
+        decode_tokens_per_s=statistics.mean(decode) if decode else 0.0,
+        throughput_tokens_per_s=sum(len(r.tokens) for r in runs) / wall,
+        ttft_s=statistics.mean(r.ttft_s for r in runs),
+        drafted=drafted, accepted=accepted,
+        ended_by_eos=sum(1 for r in runs if r.finish == "stop" or (r.tokens and r.tokens[-1] == eos)),
+        requests=len(runs),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default", help="a model folder, a .gguf file or 'default' (SmolLM2-135M-Instruct)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: fp32, 1 GiB KV cache; cuda: bf16")
+    p.add_argument("--questions", type=int, default=12, help="RAG prompts (bundled questions, default 12)")
+    p.add_argument("--open-ended", type=int, default=6, help=f"open prompts (at most {len(OPEN_ENDED)}, default 6)")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--clients", default="1,4,8", help="concurrency levels (default 1,4,8)")
+    p.add_argument("--methods", default="vllm,vllm_ngram,vllm_ngram_best,vllm_suffix,vllm_ragspec")
+    p.add_argument("--draft-tokens", type=int, default=8, help="longest draft of ragspec's proposer and suffix decoding")
+    p.add_argument("--ngram-best", default='{"num_speculative_tokens": 4, "prompt_lookup_min": 3, "prompt_lookup_max": 5}',
+                   help="vLLM n-gram settings of the tuned row (JSON)")
+    p.add_argument("--vllm-arg", action="append", default=[], help="a flag passed to every vLLM server (repeatable)")
+    p.add_argument("--out", default=str(ROOT / "bench-out" / "vllm_bench.json"))
+    args = p.parse_args(argv)
+
+    folder = model_folder(args.model)
+    tokenizer = load_tokenizer(str(folder))
+    lm = SimpleNamespace(tokenizer=tokenizer)
+    workloads = {"rag": [q.ids for q in rag_prompts(lm, args.questions)],
+                 "open": [q.ids for q in open_prompts(lm, args.open_ended)]}
+    levels = [int(c) for c in args.clients.split(",")]
+    flags = ["--max-model-len", "2048", "--max-num-seqs", str(max(levels)), "--seed", "0", *args.vllm_arg]
+    if args.device == "cuda":
+        flags += ["--dtype", "bfloat16"]
+    table = methods(args.draft_tokens, json.loads(args.ngram_best))
+    cells: list[Cell] = []
+    outputs: dict[str, dict[str, list[list[int]]]] = {}
+    report: dict[str, Any] = {"model": str(folder), "device": args.device, "max_tokens": args.max_tokens,
+                              "flags": flags, "cells": [], "proposer": None, "skipped": {}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for method in args.methods.split(","):
+        stats_file = out.parent / f"{method}-proposer.json"
+        server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
+                            env={STATS_ENV: str(stats_file)}, log=out.parent / f"{method}.log")
+        started = time.perf_counter()
+        try:
+            server.start()
+        except Exception as e:  # noqa: BLE001 - e.g. suffix decoding without arctic-inference: reported, not fatal
+            report["skipped"][method] = str(e)[:500]
+            print(f"{method}: not measured: {str(e)[:300]}", file=sys.stderr)
+            continue
+        print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        try:
+            stream(server.base_url, 0, workloads["rag"][-1], 8)  # warm-up
+            for workload, prompts in workloads.items():
+                for clients in levels:
+                    runs, wall, drafted, accepted = run_cell(server.base_url, prompts, clients, args.max_tokens)
+                    cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
+                    if clients == 1:
+                        outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
+                        base = outputs.get("vllm", {}).get(workload)
+                        if base is not None:
+                            cell.identical = sum(a == b for a, b in zip(base, outputs[method][workload]))
+                    cells.append(cell)
+                    print(json.dumps(asdict(cell)), file=sys.stderr)
+            if method == "vllm_ragspec" and stats_file.is_file():
+                report["proposer"] = json.loads(stats_file.read_text())
+        finally:
+            server.stop()
+        report["cells"] = [asdict(c) for c in cells]
+        out.write_text(json.dumps(report, indent=2))
+    print(format_table(cells))
+    return 0
+
+
+def format_table(cells: list[Cell]) -> str:
+    base = {(c.workload, c.clients): c.decode_tokens_per_s for c in cells if c.method == "vllm"}
+    lines = ["| method | workload | clients | decode tok/s | vs vLLM | throughput tok/s | TTFT s | drafted | accepted | "
+             "ended by EOS | identical |", "|---" * 11 + "|"]
+    for c in cells:
+        ratio = c.decode_tokens_per_s / base[(c.workload, c.clients)] if base.get((c.workload, c.clients)) else None
+        lines.append(
+            f"| {c.method} | {c.workload} | {c.clients} | {c.decode_tokens_per_s:.2f} | "
+            f"{'' if ratio is None else f'{ratio:.2f}x'} | {c.throughput_tokens_per_s:.2f} | {c.ttft_s:.2f} | {c.drafted} | "
+            f"{c.accepted} | {c.ended_by_eos}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""ragspec's drafting inside vLLM: a proposer for vLLM's ``custom_class`` speculative method.
+
+Started by vLLM with ``--speculative-config '{"method": "custom_class", "model":
+"ragspec.engines.vllm.RagspecProposer", "num_speculative_tokens": K}'`` (``ragspec serve --engine
+vllm`` does that, see ``ragspec.engines.vllm_server``). Every engine step vLLM's model runner calls
+``propose`` with the whole batch; vLLM's rejection sampler then verifies the drafts, so the output
+is what vLLM gives without speculation (greedy: the same tokens; sampling: the same distribution).
+
+What runs here is ragspec's own drafting, per request of the batch:
+
+- ``ragspec.ngram.NgramDrafter`` over the request's running context (its prompt, where the
+  retrieved passages are, and its output), indexed once when the request appears and extended by
+  the tokens each step accepted, never rescanned; plus one bounded ``AnswerHistory`` of earlier
+  answers shared by all requests. Passage boundaries are not separate sources here: the passages
+  are in the prompt, so the context's automaton finds the same matches, and vLLM keeps no
+  per-passage statistics to report them in.
+- ``ragspec.policy.AdaptivePolicy``'s acceptance model (by source and match length, learnt from
+  how many drafted tokens each step kept) and cost table, extended to a batch by ``plan_batch``:
+  a step that carries ``T`` tokens in all (one per request plus the drafted ones) costs ``c(T)``,
+  timed here as the interval between two calls of ``propose`` whose batches were the same
+  requests in decode. Drafts are added while they raise the expected tokens per second of the
+  whole step, so under a full batch (where verification is no longer free) and where drafts do
+  not pay, the proposer proposes nothing.
+
+State is kept by request id (the model runner's batch rows move when requests end or are
+reordered), created when a request first shows a sampled token, and dropped, its answer handed to
+the history, when the id leaves the batch; so memory is bounded by the batch size plus the history.
+
+This module runs inside vLLM's worker process, in vLLM's own environment, with ragspec's source
+on ``PYTHONPATH``: it imports only the standard library, numpy, and ragspec's drafting modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragspec.drafting import Draft
+from ragspec.ngram import AnswerHistory, NgramDrafter
+from ragspec.policy import AdaptivePolicy
+
+PROPOSER_CLASS = "ragspec.engines.vllm.RagspecProposer"
+"""The value of ``speculative_config["model"]`` that loads this proposer."""
+STATS_ENV = "RAGSPEC_PROPOSER_STATS"
+"""When set, the proposer writes its statistics (JSON) to this file whenever a request ends."""
+HISTORY_ENV = "RAGSPEC_PROPOSER_HISTORY_TOKENS"
+MIN_MATCH_ENV = "RAGSPEC_PROPOSER_MIN_MATCH"
+DEFAULT_HISTORY_TOKENS = 2048
+DEFAULT_MIN_MATCH = 1
+
+
+@dataclass
+class _Request:
+    drafter: NgramDrafter
+    tokens: list[int]
+    prompt_len: int
+    draft: Draft | None = None  # proposed at the last step: what this step verified
+
+
+def plan_batch(policy: AdaptivePolicy, candidates: Sequence[Draft | None]) -> list[int]:
+    """How many tokens of each candidate draft one step of the batch verifies.
+
+    The step carries one token per request plus the drafted ones; ``policy.relative_cost(T - 1)``
+    is the cost of a step of ``T`` tokens in plain one-token steps (so for a single request this is
+    ``AdaptivePolicy.choose``). Requests are taken by the chance of their first drafted token, and a
+    draft is added when the step's expected tokens per unit of cost rise by more than the policy's
+    margin. ``None`` or empty candidates verify nothing.
+    """
+    rows = len(candidates)
+    ks = [0] * rows
+    expected, drafted = float(rows), 0
+    live = [i for i, c in enumerate(candidates) if c is not None and c.tokens]
+    for i in sorted(live, key=lambda i: -policy.expected_yield(candidates[i], 1)):  # type: ignore[arg-type]
+        candidate = candidates[i]
+        assert candidate is not None
+        best_k = 0
+        best_rate = (1.0 + policy.margin) * expected / policy.relative_cost(rows - 1 + drafted)
+        for k in range(1, min(len(candidate), policy.max_draft) + 1):
+            rate = (expected + policy.expected_yield(candidate, k) - 1.0) / policy.relative_cost(rows - 1 + drafted + k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k:
+            ks[i] = best_k
+            expected += policy.expected_yield(candidate, best_k) - 1.0
+            drafted += best_k
+    return ks
+
+
+class BatchDrafter:
+    """ragspec's drafter and policy for a batch of requests that an engine steps together.
+
+    ``step`` takes what vLLM's model runner has after a step: each row's request id, the tokens it
+    sampled this step (none while its prompt is still being prefilled), its token count and its
+    token ids; it returns each row's draft for the next step. ``clock`` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        max_draft: int,
+        *,
+        max_model_len: int,
+        history_tokens: int = DEFAULT_HISTORY_TOKENS,
+        min_match: int = DEFAULT_MIN_MATCH,
+        policy: AdaptivePolicy | None = None,
+        clock: Any = time.perf_counter,
+    ) -> None:
+        if max_draft < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {max_draft}")
+        self.max_draft = max_draft
+        self.max_model_len = max_model_len
+        self.min_match = min_match
+        self.history = AnswerHistory(history_tokens)
+        self.policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
+        self.clock = clock
+        self.requests: dict[str, _Request] = {}
+        self.requests_seen = 0
+        self.steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self._last_ids: tuple[str, ...] = ()
+        self._last_tokens = 0  # tokens the last planned step carries (rows + drafted)
+        self._last_time: float | None = None
+
+    def step(
+        self,
+        req_ids: Sequence[str],
+        sampled: Sequence[Sequence[int]],
+        num_tokens: Sequence[int] | np.ndarray,
+        token_ids: np.ndarray,
+        seeded_rows: Collection[int] = (),
+    ) -> list[list[int]]:
+        """Each row's draft for the next step. Rows in ``seeded_rows`` (requests sampled with a
+        seed) get none: vLLM's rejection sampler draws its random numbers per drafted token, so
+        drafts that depend on timing and on other requests would make a seeded sample differ
+        from run to run; without drafts it is the sample vLLM gives without speculation."""
+        now = self.clock()
+        rows = len(sampled)
+        ids = tuple(req_ids[:rows])
+        self._finish_absent(set(ids))
+        steady = ids == self._last_ids and all(sampled)
+        if steady and self._last_time is not None and now > self._last_time:
+            # The step just verified what the last call planned: time it by its token count.
+            self.policy.record_cost(self._last_tokens - 1, now - self._last_time)
+        candidates: list[Draft | None] = []
+        for i, (rid, new, n) in enumerate(zip(ids, sampled, num_tokens)):
+            n = int(n)
+            if not new or n >= self.max_model_len:
+                candidates.append(None)
+                continue
+            request = self._sync(rid, len(new), n, token_ids[i])
+            room = 0 if i in seeded_rows else min(self.max_draft, self.max_model_len - n - 1)
+            candidates.append(request.drafter.propose(request.tokens, room))
+        ks = plan_batch(self.policy, candidates)
+        drafts: list[list[int]] = []
+        for rid, candidate, k in zip(ids, candidates, ks):
+            draft = candidate.truncated(k) if candidate is not None and k else None
+            if rid in self.requests:
+                self.requests[rid].draft = draft
+            drafts.append(list(draft.tokens) if draft is not None else [])
+            self.drafted += k
+        self.steps += 1
+        self._last_ids = ids if all(sampled) else ()
+        self._last_tokens = rows + sum(ks)
+        self._last_time = self.clock()
+        return drafts
+
+    def _sync(self, rid: str, n_new: int, n: int, row: np.ndarray) -> _Request:
+        """The request's state, created on first sight, extended by this step's accepted tokens.
+
+        ``row`` is the request's row of the runner's token ids (its first ``n`` are valid), and
+        ``n_new`` how many of those this step sampled: the accepted drafted tokens plus one.
+        """
+        request = self.requests.get(rid)
+        if request is not None and n >= len(request.tokens):
+            if request.draft is not None:
+                accepted = min(n_new - 1, len(request.draft))
+                self.policy.record_acceptance(request.draft, accepted)
+                self.accepted += accepted
+            request.tokens.extend(row[len(request.tokens) : n].tolist())
+            return request
+        # New (or restarted after preemption): index its prompt and what it sampled so far.
+        tokens = row[:n].tolist()
+        drafter = NgramDrafter(min_match=self.min_match, history=self.history)
+        drafter.begin(tokens[: n - n_new], [])
+        request = self.requests[rid] = _Request(drafter, tokens, n - n_new)
+        self.requests_seen += 1
+        self.write_stats()
+        return request
+
+    def _finish_absent(self, present: set[str]) -> None:
+        ended = [rid for rid in self.requests if rid not in present]
+        for rid in ended:
+            request = self.requests.pop(rid)
+            self.history.add(request.tokens[request.prompt_len :])
+        if ended:
+            self.write_stats()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and the measured cost table (``r[T-1]``: a step of T tokens in one-token steps)."""
+        costs = self.policy.measured_costs()
+        base = costs.get(0)
+        return {
+            "live_requests": len(self.requests),
+            "requests_seen": self.requests_seen,
+            "history_tokens": len(self.history),
+            "history_budget": self.history.max_tokens,
+            "steps": self.steps,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "step_seconds": {str(k): costs[k] for k in sorted(costs)},
+            "relative_cost": {str(k): costs[k] / base for k in sorted(costs)} if base else {},
+        }
+
+    def write_stats(self) -> None:
+        path = os.environ.get(STATS_ENV)
+        if not path:
+            return
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(self.stats()))
+        tmp.replace(target)
+
+
+class RagspecProposer:
+    """The proposer class vLLM builds for ``{"method": "custom_class", "model": PROPOSER_CLASS}``.
+
+    vLLM 0.32 builds it with its ``VllmConfig`` inside the model runner's constructor and calls
+    ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` with the
+    batch's rows, but not their request ids; those are the runner's ``input_batch.req_ids``, so the
+    proposer keeps a reference to the runner that built it (found on the call stack), whose batch
+    also says which rows have a seeded generator (those get no drafts). Settings come
+    from ``num_speculative_tokens`` (the longest draft) and the environment variables
+    ``RAGSPEC_PROPOSER_HISTORY_TOKENS`` (earlier answers kept, default 2048) and
+    ``RAGSPEC_PROPOSER_MIN_MATCH`` (shortest match drafted from, default 1).
+    """
+
+    def __init__(self, vllm_config: Any) -> None:
+        spec = vllm_config.speculative_config
+        self.drafter = BatchDrafter(
+            int(spec.num_speculative_tokens),
+            max_model_len=int(vllm_config.model_config.max_model_len),
+            history_tokens=_env_int(HISTORY_ENV, DEFAULT_HISTORY_TOKENS),
+            min_match=_env_int(MIN_MATCH_ENV, DEFAULT_MIN_MATCH),
+        )
+        self._runner = _building_runner()
+
+    def load_model(self, model: Any) -> None:
+        """vLLM's CPU model runner hands every drafter the target model; drafting from text needs none."""
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        """Drafts for every row of the batch (an empty list: no draft for that request)."""
+        batch = self._runner.input_batch
+        return self.drafter.step(batch.req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, batch.generators)
+
+
+def _building_runner() -> Any:
+    """The vLLM model runner whose constructor is building this proposer."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if frame.f_code.co_name == "__init__" and type(candidate).__name__.endswith("ModelRunner"):
+            return candidate
+        frame = frame.f_back
+    raise RuntimeError(
+        f"{PROPOSER_CLASS} is built by vLLM's model runner (speculative_config method 'custom_class', "
+        "vLLM 0.32 or newer); it cannot be built on its own"
+    )
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None

@@ -1,0 +1,337 @@
+"""vLLM with ragspec's proposer, for real: vLLM servers on 127.0.0.1 in the venv that
+scripts/install-vllm.sh makes (scripts/test.sh runs it; locally the tests skip without it).
+
+Two servers run one after the other, never together (2 cores): vLLM without speculation answers
+the bundled RAG prompts greedily with its top-2 logprobs (the reference), then vLLM with ragspec's
+proposer serves every other test. Both use the same flags, so their compiled graphs share vLLM's
+cache (~/.cache/vllm) and only the first start of a machine compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from ragspec.engines.vllm import STATS_ENV
+from ragspec.engines.vllm_server import (
+    PYTHON_ENV,
+    VllmError,
+    VllmServer,
+    check_model_folder,
+    find_python,
+    speculative_config,
+)
+from ragspec.models import model_folder
+
+
+def _vllm_python() -> Path | None:
+    try:
+        return find_python()
+    except VllmError:
+        return None
+
+
+VLLM_PYTHON = _vllm_python()
+needs_vllm = pytest.mark.skipif(
+    VLLM_PYTHON is None, reason="vLLM is not installed here: scripts/install-vllm.sh makes .venv-vllm (scripts/test.sh runs it)"
+)
+N_PROMPTS = 12
+MAX_TOKENS = 48
+DRAFT_TOKENS = 8
+HISTORY_TOKENS = 512
+FLAGS = ["--max-model-len", "2048", "--max-num-seqs", "8", "--seed", "0", "-O0"]
+"""-O0: no torch.compile, so a server starts in about a minute instead of compiling for several."""
+GAP_TOLERANCE = 1e-3
+"""A greedy divergence is accepted only where vLLM's own top-2 logprobs were this close."""
+
+
+@pytest.fixture(scope="module")
+def served_folder() -> Path:
+    return model_folder("default")
+
+
+@pytest.fixture(scope="module")
+def rag_ids(lc_tokenizer) -> list[list[int]]:
+    from apps.bench import rag_prompts
+
+    return [p.ids for p in rag_prompts(SimpleNamespace(tokenizer=lc_tokenizer), N_PROMPTS)]
+
+
+def complete(base_url: str, ids: list[int], **params: Any) -> dict[str, Any]:
+    body = {"model": "smol", "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0.0, "return_token_ids": True,
+            **params}
+    response = httpx.post(f"{base_url}/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    """vLLM's Prometheus counters and gauges, summed over their labels."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            name, value = line.rsplit(" ", 1)
+            name = name.split("{")[0]
+            found[name] = found.get(name, 0.0) + float(value)
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(served_folder, rag_ids, tmp_path_factory) -> list[dict[str, Any]]:
+    """vLLM without speculation: greedy answers and their top-2 logprobs, one prompt at a time."""
+    log = tmp_path_factory.mktemp("vllm") / "plain.log"
+    with VllmServer(served_folder, speculation=None, extra_args=FLAGS, served_name="smol", log=log) as server:
+        return [complete(server.base_url, ids, logprobs=2) for ids in rag_ids]
+
+
+@pytest.fixture(scope="module")
+def spec_server(served_folder, tmp_path_factory) -> Iterator[VllmServer]:
+    """vLLM with ragspec's proposer. The greedy test asks for ``reference`` first, so the server
+    without speculation has answered and stopped before this one starts."""
+    folder = tmp_path_factory.mktemp("vllm")
+    env = {STATS_ENV: str(folder / "proposer.json"), "RAGSPEC_PROPOSER_HISTORY_TOKENS": str(HISTORY_TOKENS)}
+    with VllmServer(served_folder, speculation=speculative_config(DRAFT_TOKENS), extra_args=FLAGS, served_name="smol",
+                    env=env, log=folder / "spec.log") as server:
+        yield server
+
+
+def proposer_stats(server: VllmServer) -> dict[str, Any]:
+    return json.loads(Path(server.env[STATS_ENV]).read_text())
+
+
+@needs_vllm
+@pytest.mark.timeout(1500)
+def test_greedy_outputs_equal_vllm_without_speculation(reference, spec_server, rag_ids) -> None:
+    before = metrics(spec_server.base_url)
+    identical, divergences = 0, []
+    for ids, ref in zip(rag_ids, reference):
+        got = complete(spec_server.base_url, ids)["token_ids"]
+        want = ref["token_ids"]
+        if got == want:
+            identical += 1
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        top = sorted(ref["logprobs"]["top_logprobs"][at].values(), reverse=True)
+        divergences.append((at, top[0] - top[1] if len(top) > 1 else float("inf")))
+    after = metrics(spec_server.base_url)
+    assert all(gap < GAP_TOLERANCE for _, gap in divergences), f"greedy diverged where vLLM's top-2 gap was not tiny: {divergences}"
+    assert identical >= N_PROMPTS - 2, divergences
+    # The proposer drafted and vLLM accepted some of it: this compared speculative decoding, not plain twice.
+    assert after["vllm:spec_decode_num_draft_tokens_total"] > before.get("vllm:spec_decode_num_draft_tokens_total", 0)
+    assert after["vllm:spec_decode_num_accepted_tokens_total"] > before.get("vllm:spec_decode_num_accepted_tokens_total", 0)
+
+
+@needs_vllm
+@pytest.mark.timeout(900)
+def test_ragspec_through_vllm_answers_as_its_own_engine_does(spec_server, served_folder, rag_ids) -> None:
+    """The same prompt ids, greedy, fp32: ragspec's local greedy and vLLM's (through RemoteGenerator) agree."""
+    from ragspec.config import GenerationConfig
+    from ragspec.generator import SpeculativeGenerator
+    from ragspec.remote import RemoteGenerator
+
+    config = GenerationConfig(max_new_tokens=MAX_TOKENS, speculative=False)
+    local = SpeculativeGenerator("default", backend="torch")
+    remote = RemoteGenerator(spec_server.base_url, tokenizer=str(served_folder))
+    for ids in rag_ids[:4]:
+        here, there = local.generate(ids, config), remote.generate(ids, config)
+        assert there.token_ids == here.token_ids and there.text == here.text
+        assert there.finish_reason == here.finish_reason
+
+
+@needs_vllm
+@pytest.mark.timeout(600)
+def test_seeded_sampling_is_reproducible_and_well_formed(spec_server, rag_ids, lc_tokenizer) -> None:
+    """Seeded requests get no drafts (see ``BatchDrafter.step``); unseeded ones are drafted."""
+    unseeded = complete(spec_server.base_url, rag_ids[3], temperature=0.8, max_tokens=32)
+    assert unseeded["finish_reason"] in ("stop", "length") and lc_tokenizer.decode(unseeded["token_ids"]) == unseeded["text"]
+    params = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 32}
+    first = complete(spec_server.base_url, rag_ids[0], seed=7, **params)
+    again = complete(spec_server.base_url, rag_ids[0], seed=7, **params)
+    other = complete(spec_server.base_url, rag_ids[0], seed=8, **params)
+    assert first["token_ids"] == again["token_ids"] and first["text"] == again["text"]
+    assert first["finish_reason"] in ("stop", "length") and 0 < len(first["token_ids"]) <= 32
+    assert all(0 <= t < len(lc_tokenizer) for t in first["token_ids"] + other["token_ids"])
+    assert lc_tokenizer.decode(first["token_ids"]) == first["text"]
+
+
+def _stream(base_url: str, ids: list[int], max_tokens: int, out: list[Any]) -> None:
+    body = {"model": "smol", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    text, finish = "", None
+    with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choice = json.loads(line[6:])["choices"][0]
+                text += choice.get("text") or ""
+                finish = choice.get("finish_reason") or finish
+    out.append((text, finish))
+
+
+@needs_vllm
+@pytest.mark.timeout(600)
+def test_eight_concurrent_streaming_clients_all_complete(spec_server, rag_ids) -> None:
+    results: list[Any] = []
+    threads = [threading.Thread(target=_stream, args=(spec_server.base_url, rag_ids[i], 32, results)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=500)
+    assert len(results) == 8
+    assert all(text and finish in ("stop", "length") for text, finish in results)
+
+
+@needs_vllm
+@pytest.mark.timeout(300)
+def test_a_client_that_disconnects_frees_its_request(spec_server, rag_ids) -> None:
+    body = {"model": "smol", "prompt": rag_ids[1], "max_tokens": 1000, "temperature": 0.0, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{spec_server.base_url}/completions", json=body, timeout=300) as response:
+        chunks = 0
+        for line in response.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks >= 3:
+                break  # leaving the block closes the connection mid-answer
+    deadline = time.monotonic() + 60
+    while metrics(spec_server.base_url).get("vllm:num_requests_running", 0) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert metrics(spec_server.base_url).get("vllm:num_requests_running", 0) == 0
+    complete(spec_server.base_url, rag_ids[2], max_tokens=2)  # the proposer sees the batch without it
+    assert proposer_stats(spec_server)["live_requests"] <= 1
+
+
+@needs_vllm
+@pytest.mark.timeout(900)
+def test_proposer_state_stays_bounded_over_200_sequential_requests(spec_server, lc_tokenizer) -> None:
+    seen = []
+    for n in range(200):
+        ids = lc_tokenizer.encode(f"Count from {n} to {n + 5}: {n}, {n + 1},")
+        complete(spec_server.base_url, ids, max_tokens=4)
+        if n % 50 == 49:
+            seen.append(proposer_stats(spec_server))
+    assert seen[-1]["requests_seen"] - seen[0]["requests_seen"] >= 150
+    assert all(s["live_requests"] <= 2 for s in seen)
+    assert all(s["history_tokens"] <= HISTORY_TOKENS + 1 for s in seen)
+
+
+def test_missing_vllm_too_old_and_unservable_folders_fail_clearly(tmp_path, monkeypatch, served_folder) -> None:
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
+    with pytest.raises(VllmError, match="no Python at"):
+        find_python()
+    fake = tmp_path / "python"  # a Python whose vLLM is too old
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("__version__ = '0.6.3'\n")
+    fake.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path} exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    with pytest.raises(VllmError, match="vLLM 0.6.3 is too old"):
+        VllmServer(served_folder, python=fake).start()
+    nothing = tmp_path / "python-without-vllm"
+    nothing.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    nothing.chmod(0o755)
+    with pytest.raises(VllmError, match="cannot import vLLM"):
+        VllmServer(served_folder, python=nothing).start()
+    with pytest.raises(VllmError, match="no config.json"):
+        check_model_folder(tmp_path)
+    bad = tmp_path / "model"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": None, "model_type": "llama"}))
+    with pytest.raises(VllmError, match="names no architectures"):
+        check_model_folder(bad)
+    check_model_folder(served_folder)  # the converted default model is served as it is
+
+
+@needs_vllm
+@pytest.mark.timeout(600)
+def test_a_folder_vllm_cannot_load_is_a_clear_error(tmp_path, served_folder, spec_server) -> None:
+    """Started after the other servers' tests (it needs the proposer server's fixture order)."""
+    bad = tmp_path / "model"
+    bad.mkdir()
+    config = json.loads((served_folder / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
+    (bad / "model.safetensors").write_bytes(b"not weights")
+    spec_server.stop()  # one vLLM at a time
+    with pytest.raises(VllmError, match="vLLM exited with status"):
+        VllmServer(bad, speculation=None, extra_args=FLAGS, log=tmp_path / "bad.log").start()
+
+
+def test_vllm_serves_without_torchvision_torchaudio_torchcodec() -> None:
+    if VLLM_PYTHON is None:
+        pytest.skip("vLLM is not installed here: scripts/install-vllm.sh makes .venv-vllm")
+    probe = ("import importlib.util as u; import vllm.entrypoints.openai.api_server; "
+             "print([m for m in ('torchvision', 'torchaudio', 'torchcodec') if u.find_spec(m)])")
+    done = subprocess.run([str(VLLM_PYTHON), "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"  # and the servers above ran without them
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--engine", "vllm", "--generator-url", "http://127.0.0.1:9/v1"], "use one of them"),
+        (["serve", "--engine", "vllm", "--backend", "llamacpp"], "--backend picks"),
+        (["serve", "--", "--tensor-parallel-size", "2"], "need --engine vllm"),
+        (["serve", "--vllm-draft-tokens", "4"], "need --engine vllm"),
+    ],
+)
+def test_serve_engine_vllm_usage_errors(argv, message, monkeypatch, capsys) -> None:
+    from apps.cli import main
+
+    monkeypatch.setattr("apps.web.server.serve", lambda *a, **k: pytest.fail("the server started"))
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_serve_engine_vllm_without_vllm_says_how_to_install_it(tmp_path, monkeypatch, capsys) -> None:
+    from apps.cli import main
+
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "python"))
+    monkeypatch.setattr("apps.web.server.serve", lambda *a, **k: pytest.fail("the server started"))
+    assert main(["serve", "--engine", "vllm"]) == 1
+    err = capsys.readouterr().err
+    assert "ragspec: error: no Python at" in err and PYTHON_ENV in err
+
+
+@needs_vllm
+@pytest.mark.timeout(900)
+def test_serve_engine_vllm_answers_through_vllm_and_stops_it(spec_server, tmp_path) -> None:
+    """The whole command: ragspec's app and /v1 in front of a vLLM it started (after the other servers)."""
+    from ragspec.engines.vllm_server import free_port
+
+    spec_server.stop()  # one vLLM at a time
+    port = free_port()
+    command = [sys.executable, "-m", "apps.cli", "serve", "--engine", "vllm", "--port", str(port), "--max-tokens", "16",
+               "--", *FLAGS]
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 800
+        while time.monotonic() < deadline:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(2)
+        name = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"]
+        body = {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+    finally:
+        process.terminate()
+        process.wait(timeout=120)
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    assert "generating on vLLM at http://127.0.0.1:" in text
+    vllm_port = int(text.split("generating on vLLM at http://127.0.0.1:")[1].split("/")[0])
+    with pytest.raises(httpx.HTTPError):  # vLLM went with it
+        httpx.get(f"http://127.0.0.1:{vllm_port}/health", timeout=2)
