@@ -10,7 +10,8 @@ register, and fails). ragspec's source folder goes on its ``PYTHONPATH``, so the
 On a CPU the defaults suit a shared machine: the KV cache gets ``VLLM_CPU_KVCACHE_SPACE`` = 1 GiB
 (vLLM's default is 4), and the worker's threads get every core (``VLLM_CPU_NUM_OF_RESERVED_CPU``
 = 0; vLLM keeps one for the API process by default, half of a 2-core machine). Both are only
-defaults: the caller's environment wins, and any vLLM flag (``--tensor-parallel-size``,
+defaults: the caller's environment wins (``VLLM_HOST_IP``, 127.0.0.1 here, must name the node's
+address for vLLM across nodes), and any vLLM flag (``--tensor-parallel-size``,
 ``--gpu-memory-utilization``, ``--dtype``, ...) passes through ``extra_args``.
 """
 
@@ -170,6 +171,7 @@ class VllmServer:
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_HOST_IP", "127.0.0.1")  # its processes talk over loopback, not the machine's address
         env.update(self.env)
         return env
 
