@@ -36,9 +36,10 @@ import asyncio
 import dataclasses
 import re
 import warnings
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from langchain_core.documents import Document
@@ -52,6 +53,12 @@ from ragspec.conversation import FOLLOW_UP_MODES, History, follow_up_query, pass
 from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
 from ragspec.text import clean_text
+
+QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
+"""What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
+repeating 12 of its own tokens ends there (README, "Answers that end"; ``benchmarks/qa_defaults.py``
+measures other lengths and penalties on the bundled questions)."""
+_PLAIN = GenerationConfig()
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
@@ -340,6 +347,7 @@ class DocumentQA:
         snippet_chars: int = 240,
         passage_order: str = "rank",
         follow_up: str = "combine",
+        generation: Mapping[str, Any] = QA_DEFAULTS,
     ) -> None:
         """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM``, ``LocalModel`` or ``RemoteModel``; its settings
         (model, max_tokens, stop, sampling, speculative) apply to every answer. Default:
@@ -352,7 +360,9 @@ class DocumentQA:
         ``passage_order``: ``"rank"`` (the retriever's order) or ``"document"`` (source, then
         position: questions whose passage sets overlap share a longer prompt prefix). ``follow_up``: how a question after
         earlier turns is retrieved: ``"combine"`` (with the recent questions), ``"rewrite"`` (the
-        model first rewrites it into a standalone question) or ``"question"`` (on its own)."""
+        model first rewrites it into a standalone question) or ``"question"`` (on its own).
+        ``generation``: settings (``GenerationConfig`` names) for the llm's settings it leaves at their
+        defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own."""
         if not isinstance(retriever, BaseRetriever):
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
@@ -372,6 +382,8 @@ class DocumentQA:
             raise ValueError(f"passage_order must be 'document' or 'rank', got {passage_order!r}")
         if follow_up not in FOLLOW_UP_MODES:
             raise ValueError(f"follow_up must be one of {', '.join(map(repr, FOLLOW_UP_MODES))}, got {follow_up!r}")
+        self.generation = dict(generation)
+        GenerationConfig().merged(self.generation)  # a bad setting fails here, naming it
         self.passage_order = passage_order
         self.follow_up = follow_up
         self.retriever = retriever
@@ -518,7 +530,8 @@ class DocumentQA:
         base = self.llm.call_options(None, {})
         if "max_tokens" in options:
             options["max_new_tokens"] = options.pop("max_tokens")
-        call = dataclasses.replace(base, config=base.config.merged(options))
+        unset = {k: v for k, v in self.generation.items() if getattr(base.config, k) == getattr(_PLAIN, k)}
+        call = dataclasses.replace(base, config=base.config.merged(unset).merged(options))
         turns = to_turns(history)
         generator = self.llm.load(call.model)
         query, query_stats = follow_up_query(self.follow_up, question, turns, generator, self.system_prompt)

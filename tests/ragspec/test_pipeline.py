@@ -391,3 +391,17 @@ def test_answer_stream_exposes_live_stats(qa):
     counts = [stream.stats.new_tokens for _ in stream]
     assert counts and counts[-1] >= counts[0] >= 1
     assert stream.answer is not None and stream.answer.stats is stream.stats
+
+
+def test_qa_defaults_fill_only_what_the_llm_leaves_at_its_defaults(lc_tiny_generator):
+    import ragspec.pipeline as pipeline
+
+    llm = ChatRagSpec(generator=lc_tiny_generator, max_tokens=4, repeat_penalty=1.3)
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), llm, generation={"repetition_stop": 9, "repeat_penalty": 1.1})
+    config = qa._prepare("When?", None, {}).options.config
+    assert (config.repetition_stop, config.repeat_penalty) == (9, 1.3)  # the llm's own setting wins
+    assert qa._prepare("When?", None, {"repetition_stop": 0}).options.config.repetition_stop == 0  # and a call's
+    assert DocumentQA(FixedRetriever(passages=PASSAGES), llm).generation == dict(pipeline.QA_DEFAULTS)
+    assert DocumentQA(FixedRetriever(passages=PASSAGES), llm, generation={})._prepare("When?", None, {}).options.config.repetition_stop == 0
+    with pytest.raises(ValueError, match="repetition_stop"):
+        DocumentQA(FixedRetriever(passages=PASSAGES), llm, generation={"repetition_stop": 1})
