@@ -133,6 +133,11 @@ class GenerationResult:
 class GenerationStream:
     """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted.
 
+    One delta per accepted token (a forward that accepts five tokens gives five), so a consumer
+    sees the same pieces whether the answer was drafted or decoded token by token; a token whose
+    text is held back (the start of a stop string, part of a UTF-8 character) gives its text with
+    a later one.
+
     A stream holds its generator from the first delta until it is exhausted or closed; use it as
     a context manager (``with gen.stream(prompt) as s: ...``) so that an early exit releases it.
     ``stats`` is updated after every target forward, so it can be shown live while streaming.
@@ -400,20 +405,24 @@ class SpeculativeGenerator:
                 stats.forward_passes = 1
                 while True:
                     new, finish = self._clip(new, budget - len(out), grammar)
-                    update = assembler.add(new)
-                    out.extend(new[: update.n_tokens])
-                    context.extend(new[: update.n_tokens])
-                    if update.repeated:  # the repeat may have begun in tokens held back earlier
-                        out = assembler.ids
-                        context = [*prompt_ids, *out]
+                    for token in new:  # one delta per token, however many a forward accepted
+                        update = assembler.add([token])
+                        out.extend([token][: update.n_tokens])
+                        context.extend([token][: update.n_tokens])
+                        if update.repeated:  # the repeat may have begun in tokens held back earlier
+                            out = assembler.ids
+                            context = [*prompt_ids, *out]
+                        stats.new_tokens = len(out)
+                        stats.wall_s = time.perf_counter() - start
+                        stats.ttft_s = stats.ttft_s or stats.wall_s
+                        if update.delta:
+                            yield update.delta
+                        if update.stopped:
+                            finish = "repetition" if update.repeated else "stop"
+                            break
                     stats.new_tokens = len(out)
                     stats.wall_s = time.perf_counter() - start
-                    if not stats.ttft_s:
-                        stats.ttft_s = stats.wall_s
-                    if update.delta:
-                        yield update.delta
-                    if update.stopped:
-                        finish = "repetition" if update.repeated else "stop"
+                    stats.ttft_s = stats.ttft_s or stats.wall_s
                     if finish != "continue":
                         break
                     check_cancelled(cancel)

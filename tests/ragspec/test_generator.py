@@ -409,3 +409,19 @@ def test_lone_surrogates_in_a_prompt_are_replaced_not_a_crash() -> None:
     gen = SpeculativeGenerator(tiny_model(257, 3), policy=FixedPolicy(k=4))
     assert gen.encode("a\udcffb", special_tokens=False) == gen.encode("a\ufffdb", special_tokens=False)
     assert gen.generate("a\ud800b", max_new_tokens=2).finish_reason == "length"
+
+
+def test_a_stream_gives_one_delta_per_token_however_many_a_forward_accepts() -> None:
+    """Callbacks and stream chunks count tokens, not forwards: a drafted answer streams in the
+    same pieces as the one decoded token by token (tiny models decode each byte token to text)."""
+    lm = tiny_model(300, 4)
+    prompt = [random.Random(4).randrange(EOS) for _ in range(11)]
+    expected = brute_greedy(lm, prompt, 40)
+    plain = SpeculativeGenerator(lm).stream(prompt, max_new_tokens=40, speculative=False)
+    plain_deltas = list(plain)
+    oracle = NoisyOracle(expected, len(prompt), 4, 300)
+    drafted = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=8)).stream(prompt, max_new_tokens=40)
+    drafted_deltas = list(drafted)
+    assert drafted.result.stats.tokens_per_forward > 1.5  # forwards accepted several tokens each
+    assert drafted_deltas == plain_deltas and "".join(plain_deltas) == plain.result.text
+    assert len(drafted_deltas) > drafted.result.stats.forward_passes  # not one delta per forward

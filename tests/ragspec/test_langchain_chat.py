@@ -231,3 +231,25 @@ async def test_iterate_in_thread_keeps_context_and_propagates_errors():
         async for item in iterate_in_thread(items):
             got.append(item)
     assert got == ["caller", True]
+
+
+def test_on_llm_new_token_fires_once_per_token_on_invoke_and_stream(chat):
+    """The second call drafts from the first answer (many tokens per forward): its callbacks still
+    come one per token, as the first call's, and the stream's chunks are those tokens."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs: object) -> None:
+            self.tokens.append(token)
+
+    question = "Count: one two three four five six seven"
+    invoked, streamed = Tokens(), Tokens()
+    message = chat.invoke(question, config={"callbacks": [invoked]})
+    chunks = [c.content for c in chat.stream(question, config={"callbacks": [streamed]})]
+    assert "".join(invoked.tokens) == message.content and len(invoked.tokens) > 1
+    assert streamed.tokens == [*invoked.tokens, ""]  # and the last chunk, which carries the usage
+    assert chunks == streamed.tokens
+    assert len(invoked.tokens) <= message.usage_metadata["output_tokens"]
