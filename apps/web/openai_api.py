@@ -535,11 +535,13 @@ def _calls_tools(request: ApiRequest) -> bool:
 
 
 def request_constraint(request: ApiRequest) -> Any:
-    """The grammar the request's answer must follow: the tool-call format when tools may be called,
-    else its ``response_format`` (None: free text); 400 naming the parameter when it cannot be built."""
+    """The grammar the request's answer must follow: the tool-call format when tools are sent (for
+    ``tool_choice: "none"`` without a ``response_format``, text that does not open with markup: the
+    default model otherwise echoes a tool result's ``<tool_response>`` wrapper), else its
+    ``response_format`` (None: free text); 400 naming the parameter when it cannot be built."""
     from ragspec import tool_calls
 
-    if _calls_tools(request):
+    if _calls_tools(request) or (request.tools and request.response_format is None):
         try:
             bounded = [tool_calls.Tool(t.name, t.description, served_schema(t.parameters)) for t in request.tools]
             return tool_calls.tool_call_constraint(bounded, request.tool_choice, request.parallel_tool_calls)
@@ -556,7 +558,7 @@ async def compile_constraint(job: Job, ticket: Ticket, timeout_s: float) -> Job:
     grammar that takes longer than ``timeout_s`` is a 400, and the slot stays taken until the
     abandoned compile has ended (``Ticket.keep_until_done``)."""
     request = job.request
-    if not _calls_tools(request) and _response_format_kind(request.response_format) is None:
+    if not request.tools and _response_format_kind(request.response_format) is None:
         return job
     work = asyncio.ensure_future(asyncio.to_thread(request_constraint, request))
     ticket.keep_until_done(work)

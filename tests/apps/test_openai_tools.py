@@ -102,7 +102,7 @@ def test_a_named_or_required_choice_returns_tool_calls_and_the_stream_sends_the_
 def test_none_answers_in_text_and_tool_turns_enter_the_conversation(api: httpx.Client) -> None:
     none = chat(api, tools=[CITY], tool_choice="none", max_tokens=8)["choices"][0]
     assert none["finish_reason"] in ("stop", "length") and "tool_calls" not in none["message"]
-    assert not none["message"]["content"].startswith("<tool_call>")
+    assert not none["message"]["content"].lstrip().startswith("<")  # the "none" grammar: no markup first
     history = [
         *ASK,
         {"role": "assistant", "content": None, "tool_calls": [
@@ -139,3 +139,15 @@ def test_bad_tools_are_400s_naming_the_parameter(api: httpx.Client, fields: dict
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_tool_choice_none_still_has_a_grammar_unless_a_response_format_is_sent() -> None:
+    """Under "none" the answer is text that may not open with markup (the default model echoed
+    ``<tool_response>`` back when left free); a response_format, when sent, is the grammar instead."""
+    from apps.web.openai_api import parse_request, request_constraint
+
+    def grammar(**fields: Any) -> Any:
+        return request_constraint(parse_request({"model": "m", "messages": ASK, "tools": [CITY], **fields}, chat=True))
+
+    assert grammar(tool_choice="none").kind == "lark" and grammar(tool_choice="auto").kind == "lark"
+    assert grammar(tool_choice="none", response_format={"type": "json_object"}).kind == "json"
