@@ -10,6 +10,6 @@ if ! command -v tesseract >/dev/null 2>&1 || [[ ! -d /usr/share/tesseract-ocr ]]
 fi
 if ! python -c "import pytesseract" 2>/dev/null; then
     echo "[setup] installing the ocr extra (pytesseract)" >&2
-    python -m pip install -q "pytesseract>=0.3.10"  # the ocr extra of pyproject.toml
+    python -m pip install -q -c "$ROOT/constraints.txt" "pytesseract>=0.3.10"  # the ocr extra of pyproject.toml
 fi
 tesseract --version >/dev/null

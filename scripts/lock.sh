@@ -18,13 +18,13 @@ trap 'rm -rf "$TMP"' EXIT
     echo "# The exact versions scripts/bootstrap.sh and scripts/test.sh install (pip -c)."
     echo "# Made by scripts/lock.sh on $(date -u +%Y-%m-%d) with $("$TMP/venv/bin/python" --version); refresh on purpose."
     # torch's local label (+cpu) names this machine's build; the version is what the lock pins.
-    "$TMP/venv/bin/python" -m pip freeze --exclude-editable | grep -v -i '^ragspec[= ]' | sed -E 's/^(torch==[^+]+)\+.*/\1/' | LC_ALL=C sort -f
+    "$TMP/venv/bin/python" -m pip list --format=freeze --exclude-editable | grep -v -i -e '^ragspec[= ]' -e '^pip==' | sed -E 's/^(torch==[^+]+)\+.*/\1/' | LC_ALL=C sort -f
 } > "$ROOT/constraints.txt"
 echo "wrote $ROOT/constraints.txt ($(grep -vc '^#' "$ROOT/constraints.txt") pins)"
 # vLLM's own venv (scripts/install-vllm.sh), resolved afresh the same way.
 RAGSPEC_VLLM_VENV="$TMP/vllm" RAGSPEC_UNLOCKED=1 bash "$ROOT/scripts/install-vllm.sh"
 {
     echo "# The exact versions scripts/install-vllm.sh installs into .venv-vllm (pip -c); made by scripts/lock.sh, refreshed on purpose."
-    "$TMP/vllm/bin/python" -m pip freeze | sed -E 's/^(torch==[^+]+)\+.*/\1/' | LC_ALL=C sort -f
+    "$TMP/vllm/bin/python" -m pip list --format=freeze | grep -v -i '^pip==' | sed -E 's/^(torch==[^+]+)\+.*/\1/' | LC_ALL=C sort -f
 } > "$ROOT/constraints-vllm.txt"
 echo "wrote $ROOT/constraints-vllm.txt"

@@ -11,8 +11,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("test", "llamacpp")
-"""The extras scripts/test.sh installs."""
+EXTRAS = ("test", "llamacpp", "ocr")
+"""The extras scripts/test.sh installs (ocr through scripts/install-ocr.sh)."""
 
 
 def pins(lock: str = "constraints.txt") -> dict[str, Version]:
