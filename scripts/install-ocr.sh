@@ -2,6 +2,7 @@
 # Installs the OCR extra: Debian's Tesseract (with its English data) and pytesseract in the venv on
 # PATH (scripts/test.sh runs this after bootstrap.sh). Idempotent: a no-op when both are there.
 set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if ! command -v tesseract >/dev/null 2>&1 || [[ ! -d /usr/share/tesseract-ocr ]]; then
     SUDO=$([[ "$(id -u)" -ne 0 ]] && echo sudo || true)
     echo "[setup] installing tesseract-ocr (Debian package) for OCR" >&2
