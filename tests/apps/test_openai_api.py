@@ -416,7 +416,7 @@ def test_full_queue_429_long_wait_503_and_a_client_that_leaves_frees_the_model(s
             assert waited >= QUEUE_TIMEOUT_S * 0.9
             assert server.health()["busy"] is True  # the long answer is still being generated
         # leaving the with-block closes the connection mid-stream
-    freed_after = wait_until(lambda: server.health() == {"ok": True, "queue": 0, "busy": False}, 10)
+    freed_after = wait_until(lambda: server.health() == {"ok": True, "queue": 0, "busy": False, "running": 0, "waiting": 0, "slots": 1}, 10)
     assert freed_after < 5
 
     start = time.monotonic()
