@@ -154,7 +154,7 @@ def test_ragspec_through_vllm_answers_as_its_own_engine_does(spec_server, served
 def test_seeded_sampling_is_reproducible_and_well_formed(spec_server, rag_ids, lc_tokenizer) -> None:
     """Seeded requests get no drafts (see ``BatchDrafter.step``); unseeded ones are drafted."""
     unseeded = complete(spec_server.base_url, rag_ids[3], temperature=0.8, max_tokens=32)
-    assert unseeded["finish_reason"] in ("stop", "length") and lc_tokenizer.decode(unseeded["token_ids"]) == unseeded["text"]
+    assert unseeded["finish_reason"] in ("stop", "length") and _decoded(lc_tokenizer, unseeded) == unseeded["text"]
     params = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 32}
     first = complete(spec_server.base_url, rag_ids[0], seed=7, **params)
     again = complete(spec_server.base_url, rag_ids[0], seed=7, **params)
@@ -162,7 +162,13 @@ def test_seeded_sampling_is_reproducible_and_well_formed(spec_server, rag_ids, l
     assert first["token_ids"] == again["token_ids"] and first["text"] == again["text"]
     assert first["finish_reason"] in ("stop", "length") and 0 < len(first["token_ids"]) <= 32
     assert all(0 <= t < len(lc_tokenizer) for t in first["token_ids"] + other["token_ids"])
-    assert lc_tokenizer.decode(first["token_ids"]) == first["text"]
+    assert _decoded(lc_tokenizer, first) == first["text"]
+
+
+def _decoded(tokenizer: Any, choice: dict[str, Any]) -> str:
+    """The text vLLM returns for ``choice``: its token ids keep the EOS that ended a sampled
+    answer, while its text leaves special tokens out (``skip_special_tokens`` defaults to true)."""
+    return tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
 
 
 def _stream(base_url: str, ids: list[int], max_tokens: int, out: list[Any]) -> None:
