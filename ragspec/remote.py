@@ -52,7 +52,7 @@ from ragspec.generator import (
     SourceStats,
 )
 from ragspec.models import ModelLoadError
-from ragspec.text import clean_text
+from ragspec.text import StopTextAssembler, clean_text
 
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -314,30 +314,49 @@ class RemoteGenerator:
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         return RemoteStream(self._run(body, config, stats), stats)
 
+    def _cuts_repeats(self, config: GenerationConfig) -> bool:
+        """Whether ``config.repetition_stop`` is applied here: a ragspec server applies it itself,
+        vLLM has none but streams the answer's ids (``return_token_ids``), so it is applied to those
+        and the stream is closed where the answer starts repeating, which ends the request there.
+        Other servers send text only; there the option has no effect (README, "Answers that end")."""
+        return bool(config.repetition_stop) and self.lm.server == "vllm"
+
     # -- HTTP -------------------------------------------------------------------------------------
     def _run(self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats) -> Generator[str, None, GenerationResult]:
         start = time.perf_counter()
         text, finish, remote_finish = "", None, None
         server_ids: list[int] = []  # vLLM's own ids of the answer, when it sends them
         stop_reason: tuple[object] | None = None  # vLLM's stop_reason, when the server sends one
+        # vLLM has no repetition stop: it is applied here, on the ids vLLM streams (see ``_repeat_cut``).
+        repeats = StopTextAssembler(self.lm.tokenizer, (), config.repetition_stop) if self._cuts_repeats(config) else None
         if body["max_tokens"] > 0:
             with self._open_stream(body) as response:
                 for event in _sse_events(response):
                     if "error" in event:
                         raise RemoteGenerationError(f"{self.base_url} stopped the answer: {_error_message(event)}")
                     for choice in event.get("choices") or ():
-                        server_ids += [int(t) for t in choice.get("token_ids") or ()]
+                        new_ids = [int(t) for t in choice.get("token_ids") or ()]
+                        server_ids += new_ids
                         delta = choice.get("text") or ""
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
                             if "stop_reason" in choice:  # vLLM: the stop string, a stop token id, or None (EOS)
                                 stop_reason = (choice["stop_reason"],)
+                        if repeats is not None:
+                            update = repeats.add(new_ids)
+                            delta = update.delta + (repeats.flush() if finish and not update.stopped else "")
+                            if update.stopped:
+                                finish, remote_finish = "stop", "repetition"
                         if delta:
                             text += delta
                             stats.wall_s = time.perf_counter() - start
                             if not stats.ttft_s:
                                 stats.ttft_s = stats.wall_s
                             yield delta
+                        if remote_finish == "repetition":
+                            break
+                    if remote_finish == "repetition":
+                        break  # leaving the stream closes it, which ends the request in vLLM
                     if isinstance(event.get("usage"), dict):
                         usage = event["usage"]
                         stats.prompt_tokens = int(usage.get("prompt_tokens") or stats.prompt_tokens)
@@ -349,7 +368,10 @@ class RemoteGenerator:
                     f"the answer from {self.base_url} ended without a finish_reason after {len(text)} characters: "
                     "the server stopped or the connection was closed mid-answer"
                 )
-        if server_ids:  # vLLM's ids end with the EOS token when it stopped there; ragspec's results leave it out
+        if repeats is not None and remote_finish == "repetition":
+            text, ids = repeats.text, repeats.ids
+            stats.new_tokens = len(server_ids)  # generated, including the repeat that was cut
+        elif server_ids:  # vLLM's ids end with the EOS token when it stopped there; ragspec's results leave it out
             eos = self.lm.tokenizer.eos_token_id
             ended_by_eos = finish == "stop" and stop_reason in (None, (None,)) and server_ids[-1] == eos
             ids = server_ids[:-1] if ended_by_eos else server_ids

@@ -125,3 +125,36 @@ def test_vllm_answers_keep_the_servers_token_ids(server: type[Handler]) -> None:
     result = other.generate("Hello", max_new_tokens=8)
     assert "return_token_ids" not in server.request  # type: ignore[attr-defined]
     assert result.token_ids == other.encode("Hi", special_tokens=False)
+
+
+def _first_repeat(ids: list[int], n: int) -> int | None:
+    """Brute force: where the answer starts an ``n``-token copy of an earlier stretch of itself."""
+    for end in range(n, len(ids) + 1):
+        if any(ids[j : j + n] == ids[end - n : end] for j in range(end - n)):
+            return end - n
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_vllm_answers_end_where_they_start_repeating_themselves(server: type[Handler]) -> None:
+    """vLLM has no repetition stop: the remote generator applies ``repetition_stop`` to the ids vLLM
+    streams, shows none of the repeat, and ends the answer there (finish_reason "repetition")."""
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    loop = gen.encode("The ferry leaves at noon. It leaves at noon. It leaves at noon. It leaves at noon.",
+                      special_tokens=False)
+    server.events = [
+        "data: " + json.dumps({"choices": [{"index": 0, "text": gen.lm.tokenizer.decode([t]), "token_ids": [t],
+                                            "finish_reason": None}]}) + "\n\n"
+        for t in loop
+    ] + ["data: " + json.dumps({"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}]}) + "\n\n",
+         "data: [DONE]\n\n"]
+    for n in (4, 6):
+        stream = gen.stream("Hello", max_new_tokens=64, repetition_stop=n)
+        shown = "".join(stream)
+        cut = _first_repeat(loop, n)
+        assert cut is not None and cut < len(loop)
+        assert stream.result.finish_reason == "repetition"
+        assert stream.result.token_ids == loop[:cut] and shown == stream.result.text == gen.lm.tokenizer.decode(loop[:cut])
+    whole = gen.generate("Hello", max_new_tokens=64, repetition_stop=0)  # off: the loop comes back whole
+    assert whole.token_ids == loop and whole.finish_reason == "length"
