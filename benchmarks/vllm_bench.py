@@ -5,9 +5,10 @@ measured on the bundled RAG workload (a question and 3 retrieved passages) and t
 (no passages) at 1, 4 and 8 concurrent streaming clients. Per method, workload and client count:
 per-request decode tokens/s (tokens after the first over the time after the first), total
 throughput (all new tokens over the wall time), mean TTFT, vLLM's own drafted/accepted counters
-(``/metrics``), how many answers ended by themselves (EOS, not the token limit), and how many
-outputs equal vLLM without speculation token for token (at 1 client, where batching does not
-change the numerics). ragspec's proposer also reports the step costs it measured (``r``: a step of
+(``/metrics``), how many answers ended by themselves (EOS, or where ragspec's repetition stop
+cuts them, see ``stream``; not the token limit), and how many outputs equal vLLM without
+speculation token for token (at 1 client, where batching does not change the numerics).
+ragspec's proposer also reports the step costs it measured (``r``: a step of
 T tokens in one-token steps, keyed by T - 1), which is vLLM's verify cost on this device.
 
     python benchmarks/vllm_bench.py                                   # CPU: the default model, fp32
@@ -42,7 +43,9 @@ from apps.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
 from ragspec.engines.vllm import STATS_ENV  # noqa: E402
 from ragspec.engines.vllm_server import VllmServer, speculative_config  # noqa: E402
 from ragspec.models import model_folder  # noqa: E402
+from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 from ragspec.remote import load_tokenizer  # noqa: E402
+from ragspec.text import RepeatGuard  # noqa: E402
 
 
 def methods(draft_tokens: int, ngram_best: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
@@ -75,14 +78,20 @@ class Cell:
     drafted: int
     accepted: int
     ended_by_eos: int
+    ended_by_repeat: int
     requests: int
     identical: int | None = None
 
 
-def stream(base_url: str, index: int, ids: list[int], max_tokens: int) -> Request:
+def stream(base_url: str, index: int, ids: list[int], max_tokens: int, repetition_stop: int) -> Request:
+    """One streamed greedy answer, cut as ragspec in front of vLLM cuts it: where it starts
+    repeating ``repetition_stop`` of its own tokens (``RemoteGenerator``), the stream is closed, which
+    ends the request in vLLM; the tokens kept are those before the repeat, timed to the token that
+    showed it. So a loop, which every method drafts well from the answer itself, is not measured."""
     body = {"model": "bench", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "return_token_ids": True}
     request = Request(index)
+    guard = RepeatGuard(repetition_stop) if repetition_stop else None
     start = time.perf_counter()
     first = last = start
     with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=900) as response:
@@ -98,6 +107,13 @@ def stream(base_url: str, index: int, ids: list[int], max_tokens: int) -> Reques
                         first = last
                     request.tokens += new
                 request.finish = choice.get("finish_reason") or request.finish
+                cut = guard.add(new) if guard is not None else None
+                if cut is not None:
+                    del request.tokens[cut:]
+                    request.finish = "repetition"
+                    break
+            if request.finish == "repetition":
+                break
     request.ttft_s = first - start
     request.decode_s = last - first
     return request
@@ -113,7 +129,8 @@ def counters(base_url: str) -> tuple[int, int]:
     return int(found["vllm:spec_decode_num_draft_tokens_total"]), int(found["vllm:spec_decode_num_accepted_tokens_total"])
 
 
-def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: int) -> tuple[list[Request], float, int, int]:
+def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: int,
+             repetition_stop: int) -> tuple[list[Request], float, int, int]:
     todo: queue.Queue[int] = queue.Queue()
     for i in range(len(prompts)):
         todo.put(i)
@@ -126,7 +143,7 @@ def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: 
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            result = stream(base_url, i, prompts[i], max_tokens)
+            result = stream(base_url, i, prompts[i], max_tokens, repetition_stop)
             with lock:
                 done.append(result)
 
@@ -152,6 +169,7 @@ def summarize(method: str, workload: str, clients: int, runs: list[Request], wal
         ttft_s=statistics.mean(r.ttft_s for r in runs),
         drafted=drafted, accepted=accepted,
         ended_by_eos=sum(1 for r in runs if r.finish == "stop" or (r.tokens and r.tokens[-1] == eos)),
+        ended_by_repeat=sum(1 for r in runs if r.finish == "repetition"),
         requests=len(runs),
     )
 
@@ -162,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: fp32, 1 GiB KV cache; cuda: bf16")
     p.add_argument("--questions", type=int, default=12, help="RAG prompts (bundled questions, default 12)")
     p.add_argument("--open-ended", type=int, default=6, help=f"open prompts (at most {len(OPEN_ENDED)}, default 6)")
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--repetition-stop", type=int, default=QA_DEFAULTS["repetition_stop"],
+                   help="cut an answer where it repeats this many of its own tokens, as ragspec does (0: off)")
     p.add_argument("--clients", default="1,4,8", help="concurrency levels (default 1,4,8)")
     p.add_argument("--methods", default="vllm,vllm_ngram,vllm_ngram_best,vllm_suffix,vllm_ragspec")
     p.add_argument("--draft-tokens", type=int, default=8, help="longest draft of ragspec's proposer and suffix decoding")
@@ -185,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[Cell] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {}
     report: dict[str, Any] = {"model": str(folder), "device": args.device, "max_tokens": args.max_tokens,
+                              "repetition_stop": args.repetition_stop,
                               "flags": flags, "cells": [], "proposer": None, "skipped": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -201,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         try:
-            stream(server.base_url, 0, workloads["rag"][-1], 8)  # warm-up
+            stream(server.base_url, 0, workloads["rag"][-1], 8, 0)  # warm-up
             for workload, prompts in workloads.items():
                 for clients in levels:
-                    runs, wall, drafted, accepted = run_cell(server.base_url, prompts, clients, args.max_tokens)
+                    runs, wall, drafted, accepted = run_cell(server.base_url, prompts, clients, args.max_tokens,
+                                                             args.repetition_stop)
                     cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
                     if clients == 1:
                         outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
@@ -226,13 +248,13 @@ def main(argv: list[str] | None = None) -> int:
 def format_table(cells: list[Cell]) -> str:
     base = {(c.workload, c.clients): c.decode_tokens_per_s for c in cells if c.method == "vllm"}
     lines = ["| method | workload | clients | decode tok/s | vs vLLM | throughput tok/s | TTFT s | drafted | accepted | "
-             "ended by EOS | identical |", "|---" * 11 + "|"]
+             "ended by EOS / repeat | identical |", "|---" * 11 + "|"]
     for c in cells:
         ratio = c.decode_tokens_per_s / base[(c.workload, c.clients)] if base.get((c.workload, c.clients)) else None
         lines.append(
             f"| {c.method} | {c.workload} | {c.clients} | {c.decode_tokens_per_s:.2f} | "
             f"{'' if ratio is None else f'{ratio:.2f}x'} | {c.throughput_tokens_per_s:.2f} | {c.ttft_s:.2f} | {c.drafted} | "
-            f"{c.accepted} | {c.ended_by_eos}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} |"
+            f"{c.accepted} | {c.ended_by_eos}+{c.ended_by_repeat}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} |"
         )
     return "\n".join(lines)
 
