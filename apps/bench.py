@@ -60,6 +60,20 @@ OPEN_ENDED = [
     "Describe your ideal weekend in the mountains in a few sentences.",
     "Make up a legend about why owls stay awake at night.",
     "List some tips for someone learning to ride a bicycle as an adult.",
+    "Write a short dialogue between a teapot and a kettle arguing about who is more useful.",
+    "Describe a market on a floating island where everything is paid for with songs.",
+    "Tell a story about a postman who delivers letters to the moon.",
+    "Suggest five names for a bakery run by penguins and explain each one.",
+    "Explain how a rainbow forms, as if talking to a curious seven-year-old.",
+    "Write a diary entry of a snowman on the first warm day of spring.",
+    "Invent a board game played with seashells and describe its rules.",
+    "Describe the sounds of a forest at night to someone who has never been in one.",
+    "Write a thank-you note from a tree to the birds that live in it.",
+    "Give some advice to a dragon who is afraid of heights.",
+    "Describe a train journey through a desert made of glass.",
+    "Tell a short fable about a tortoise who wants to fly.",
+    "Imagine a museum of forgotten smells and describe three of its rooms.",
+    "Write instructions for building a sandcastle that survives the tide.",
 ]
 
 

@@ -2,8 +2,9 @@
 
 Each method is one vLLM server (started here on 127.0.0.1, one at a time, with the same flags),
 measured on the bundled RAG workload (a question and 3 retrieved passages) and the open workload
-(no passages) at 1, 4 and 8 concurrent streaming clients. Per method, workload and client count:
-per-request decode tokens/s (tokens after the first over the time after the first), total
+(no passages) at 1, 4 and 8 concurrent streaming clients, each client count on prompts of its own
+(the same for every method). Per method, workload and client count: per-request decode tokens/s
+(tokens after the first over the time from the first to the last token kept), total
 throughput (all new tokens over the wall time), mean TTFT, vLLM's own drafted/accepted counters
 (``/metrics``), how many answers ended by themselves (EOS, or where ragspec's repetition stop
 cuts them, see ``stream``; not the token limit), and how many outputs equal vLLM without
@@ -44,6 +45,7 @@ from ragspec.engines.vllm import STATS_ENV  # noqa: E402
 from ragspec.engines.vllm_server import VllmServer, speculative_config  # noqa: E402
 from ragspec.models import model_folder  # noqa: E402
 from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
+from ragspec.prompts import chat_prompt_ids  # noqa: E402
 from ragspec.remote import load_tokenizer  # noqa: E402
 from ragspec.text import RepeatGuard  # noqa: E402
 
@@ -93,7 +95,7 @@ def stream(base_url: str, index: int, ids: list[int], max_tokens: int, repetitio
     request = Request(index)
     guard = RepeatGuard(repetition_stop) if repetition_stop else None
     start = time.perf_counter()
-    first = last = start
+    arrived: list[float] = []  # when each token came
     with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=900) as response:
         response.raise_for_status()
         for line in response.iter_lines():
@@ -101,11 +103,8 @@ def stream(base_url: str, index: int, ids: list[int], max_tokens: int, repetitio
                 continue
             for choice in json.loads(line[6:]).get("choices") or ():
                 new = choice.get("token_ids") or []
-                if new:
-                    last = time.perf_counter()
-                    if not request.tokens:
-                        first = last
-                    request.tokens += new
+                request.tokens += new
+                arrived += [time.perf_counter()] * len(new)
                 request.finish = choice.get("finish_reason") or request.finish
                 cut = guard.add(new) if guard is not None else None
                 if cut is not None:
@@ -114,8 +113,9 @@ def stream(base_url: str, index: int, ids: list[int], max_tokens: int, repetitio
                     break
             if request.finish == "repetition":
                 break
-    request.ttft_s = first - start
-    request.decode_s = last - first
+    kept = arrived[: len(request.tokens)]  # decode time ends at the last token kept, not at the repeat's
+    request.ttft_s = (kept[0] if kept else time.perf_counter()) - start
+    request.decode_s = kept[-1] - kept[0] if kept else 0.0
     return request
 
 
@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="a model folder, a .gguf file or 'default' (SmolLM2-135M-Instruct)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: fp32, 1 GiB KV cache; cuda: bf16")
-    p.add_argument("--questions", type=int, default=12, help="RAG prompts (bundled questions, default 12)")
-    p.add_argument("--open-ended", type=int, default=6, help=f"open prompts (at most {len(OPEN_ENDED)}, default 6)")
+    p.add_argument("--questions", type=int, default=12, help="RAG prompts per client count (bundled questions, default 12)")
+    p.add_argument("--open-ended", type=int, default=8,
+                   help=f"open prompts per client count ({len(OPEN_ENDED)} in all, default 8)")
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--repetition-stop", type=int, default=QA_DEFAULTS["repetition_stop"],
                    help="cut an answer where it repeats this many of its own tokens, as ragspec does (0: off)")
@@ -195,9 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     folder = model_folder(args.model)
     tokenizer = load_tokenizer(str(folder))
     lm = SimpleNamespace(tokenizer=tokenizer)
-    workloads = {"rag": [q.ids for q in rag_prompts(lm, args.questions)],
-                 "open": [q.ids for q in open_prompts(lm, args.open_ended)]}
     levels = [int(c) for c in args.clients.split(",")]
+    # Each client count gets prompts of its own: the proposer keeps earlier answers as a source,
+    # and a question answered again would be drafted whole from its own earlier answer.
+    workloads = {"rag": [q.ids for q in rag_prompts(lm, args.questions * len(levels))],
+                 "open": [q.ids for q in open_prompts(lm, args.open_ended * len(levels))]}
+    for name, count in (("rag", args.questions), ("open", args.open_ended)):
+        if len(workloads[name]) < count * len(levels):
+            p.error(f"--{'questions' if name == 'rag' else 'open-ended'} {count} at {len(levels)} client counts needs "
+                    f"{count * len(levels)} {name} prompts; there are {len(workloads[name])}")
+    warm_up = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Say hello."}])
     flags = ["--max-model-len", "2048", "--max-num-seqs", str(max(levels)), "--seed", "0", *args.vllm_arg]
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16"]
@@ -222,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         try:
-            stream(server.base_url, 0, workloads["rag"][-1], 8, 0)  # warm-up
-            for workload, prompts in workloads.items():
-                for clients in levels:
+            stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
+            for workload, every in workloads.items():
+                per_cell = len(every) // len(levels)
+                for level, clients in enumerate(levels):
+                    prompts = every[level * per_cell : (level + 1) * per_cell]
                     runs, wall, drafted, accepted = run_cell(server.base_url, prompts, clients, args.max_tokens,
                                                              args.repetition_stop)
                     cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
