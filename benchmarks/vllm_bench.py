@@ -1,4 +1,5 @@
-"""vLLM side by side: no speculation, its n-gram (defaults and tuned), its suffix decoding, ragspec's proposer.
+"""vLLM side by side: no speculation, its n-gram (defaults and tuned), its suffix decoding, ragspec's
+proposer; and ragspec's own engine (plain and with its drafting, one client) on the same prompts.
 
 Each method is one vLLM server (started here on 127.0.0.1, one at a time, with the same flags),
 measured on the bundled RAG workload (a question and 3 retrieved passages) and the open workload
@@ -185,12 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetition-stop", type=int, default=QA_DEFAULTS["repetition_stop"],
                    help="cut an answer where it repeats this many of its own tokens, as ragspec does (0: off)")
     p.add_argument("--clients", default="1,4,8", help="concurrency levels (default 1,4,8)")
-    p.add_argument("--methods", default="vllm,vllm_ngram,vllm_ngram_best,vllm_suffix,vllm_ragspec")
+    p.add_argument("--methods", default="vllm,vllm_ragspec,vllm_ngram,vllm_ngram_best,vllm_suffix,ragspec_plain,ragspec_ngram",
+                   help="vLLM servers (vllm*) and ragspec's own engine (ragspec_*), measured in this order")
     p.add_argument("--draft-tokens", type=int, default=8, help="longest draft of ragspec's proposer and suffix decoding")
     p.add_argument("--ngram-best", default='{"num_speculative_tokens": 4, "prompt_lookup_min": 3, "prompt_lookup_max": 5}',
                    help="vLLM n-gram settings of the tuned row (JSON)")
     p.add_argument("--vllm-arg", action="append", default=[], help="a flag passed to every vLLM server (repeatable)")
     p.add_argument("--out", default=str(ROOT / "bench-out" / "vllm_bench.json"))
+    p.add_argument("--keep", action="store_true",
+                   help="keep the other methods' cells of an earlier run in --out (same settings) and add these")
     args = p.parse_args(argv)
 
     folder = model_folder(args.model)
@@ -217,42 +221,104 @@ def main(argv: list[str] | None = None) -> int:
                               "flags": flags, "cells": [], "proposer": None, "skipped": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for method in args.methods.split(","):
-        stats_file = out.parent / f"{method}-proposer.json"
-        server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
-                            env={STATS_ENV: str(stats_file)}, log=out.parent / f"{method}.log")
-        started = time.perf_counter()
-        try:
-            server.start()
-        except Exception as e:  # noqa: BLE001 - e.g. suffix decoding without arctic-inference: reported, not fatal
-            report["skipped"][method] = str(e)[:500]
-            print(f"{method}: not measured: {str(e)[:300]}", file=sys.stderr)
-            continue
-        print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        try:
-            stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
-            for workload, every in workloads.items():
-                per_cell = len(every) // len(levels)
-                for level, clients in enumerate(levels):
-                    prompts = every[level * per_cell : (level + 1) * per_cell]
-                    runs, wall, drafted, accepted = run_cell(server.base_url, prompts, clients, args.max_tokens,
-                                                             args.repetition_stop)
-                    cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
-                    if clients == 1:
-                        outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
-                        base = outputs.get("vllm", {}).get(workload)
-                        if base is not None:
-                            cell.identical = sum(a == b for a, b in zip(base, outputs[method][workload]))
-                    cells.append(cell)
-                    print(json.dumps(asdict(cell)), file=sys.stderr)
-            if method == "vllm_ragspec" and stats_file.is_file():
-                report["proposer"] = json.loads(stats_file.read_text())
-        finally:
-            server.stop()
+    chosen = args.methods.split(",")
+    if args.keep and out.is_file():  # an earlier run's other methods, measured with the same settings
+        earlier = json.loads(out.read_text())
+        if any(earlier.get(k) != report[k] for k in ("model", "device", "max_tokens", "repetition_stop", "flags")):
+            p.error(f"--keep: {out} was measured with other settings")
+        cells += [Cell(**c) for c in earlier["cells"] if c["method"] not in chosen]
+        outputs.update({m: o for m, o in earlier.get("outputs", {}).items() if m not in chosen})
+        report["skipped"] = {m: why for m, why in earlier.get("skipped", {}).items() if m not in chosen}
+        report["proposer"] = earlier.get("proposer")
+
+    def measure(method: str, clients_levels: list[int], run: Any) -> None:
+        """``run(prompts, clients)`` -> (requests, wall s, drafted, accepted), for every cell."""
+        for workload, every in workloads.items():
+            per_cell = len(every) // len(levels)
+            for level, clients in enumerate(levels):
+                if clients not in clients_levels:
+                    continue
+                runs, wall, drafted, accepted = run(every[level * per_cell : (level + 1) * per_cell], clients)
+                cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
+                if clients == 1:
+                    outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
+                    base = outputs.get("vllm", {}).get(workload)
+                    if base is not None:
+                        cell.identical = sum(a == b for a, b in zip(base, outputs[method][workload]))
+                cells.append(cell)
+                print(json.dumps(asdict(cell)), file=sys.stderr)
+
+    for method in chosen:
+        if method in OWN_ENGINE:
+            generator = own_generator(folder, args.device, args.draft_tokens)
+            speculative = OWN_ENGINE[method]
+            measure(method, [1], lambda prompts, _: own_cell(generator, prompts, args.max_tokens, args.repetition_stop,
+                                                              speculative))
+        else:
+            stats_file = out.parent / f"{method}-proposer.json"
+            server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
+                                env={STATS_ENV: str(stats_file)}, log=out.parent / f"{method}.log")
+            started = time.perf_counter()
+            try:
+                server.start()
+            except Exception as e:  # noqa: BLE001 - e.g. suffix decoding without arctic-inference: reported, not fatal
+                report["skipped"][method] = str(e)[:500]
+                print(f"{method}: not measured: {str(e)[:300]}", file=sys.stderr)
+                continue
+            print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            try:
+                stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
+                measure(method, levels, lambda prompts, clients: run_cell(server.base_url, prompts, clients,
+                                                                          args.max_tokens, args.repetition_stop))
+                if method == "vllm_ragspec" and stats_file.is_file():
+                    report["proposer"] = json.loads(stats_file.read_text())
+            finally:
+                server.stop()
         report["cells"] = [asdict(c) for c in cells]
+        report["outputs"] = outputs
         out.write_text(json.dumps(report, indent=2))
     print(format_table(cells))
     return 0
+
+
+OWN_ENGINE = {"ragspec_plain": False, "ragspec_ngram": True}
+"""ragspec's own engine (PyTorch, one request at a time), plain and with its drafting: 1 client only."""
+
+
+def own_generator(folder: Path, device: str, max_draft: int) -> Any:
+    """ragspec's own generator on the same model and dtype as vLLM (fp32 on a CPU), loaded once."""
+    from ragspec.registry import get_generator
+
+    return get_generator(str(folder), device=device, dtype="float32" if device == "cpu" else "bfloat16",
+                         max_draft=max_draft, backend="torch")
+
+
+def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, repetition_stop: int,
+             speculative: bool) -> tuple[list[Request], float, int, int]:
+    """The prompts one after another on ragspec's own engine, cut and timed as ``stream`` cuts vLLM's."""
+    runs: list[Request] = []
+    drafted = accepted = 0
+    start = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        request, arrived = Request(i), []
+        began = time.perf_counter()
+        with generator.stream(ids, max_new_tokens=max_tokens, temperature=0.0, speculative=speculative) as deltas:
+            for _ in deltas:  # one delta per accepted token
+                arrived.append(time.perf_counter())
+        result = deltas.result
+        request.tokens = list(result.token_ids)
+        request.finish = result.finish_reason
+        cut = RepeatGuard(repetition_stop).add(request.tokens) if repetition_stop else None
+        if cut is not None:
+            del request.tokens[cut:]
+            request.finish = "repetition"
+        kept = arrived[: len(request.tokens)]
+        request.ttft_s = (kept[0] if kept else time.perf_counter()) - began
+        request.decode_s = kept[-1] - kept[0] if kept else 0.0
+        drafted += result.stats.drafted_tokens
+        accepted += result.stats.accepted_tokens
+        runs.append(request)
+    return runs, time.perf_counter() - start, drafted, accepted
 
 
 def format_table(cells: list[Cell]) -> str:
