@@ -15,12 +15,11 @@ What runs here is ragspec's own drafting, per request of the batch:
   are in the prompt, so the context's automaton finds the same matches, and vLLM keeps no
   per-passage statistics to report them in.
 - ``ragspec.policy.AdaptivePolicy``'s acceptance model (by source and match length, learnt from
-  how many drafted tokens each step kept) and cost table, extended to a batch by ``plan_batch``:
-  a step that carries ``T`` tokens in all (one per request plus the drafted ones) costs ``c(T)``,
-  timed here as the interval between two calls of ``propose`` whose batches were the same
-  requests in decode. Drafts are added while they raise the expected tokens per second of the
-  whole step, so under a full batch (where verification is no longer free) and where drafts do
-  not pay, the proposer proposes nothing.
+  how many drafted tokens each step kept), and step costs timed here (``StepCosts``: the interval
+  between two calls of ``propose`` whose batches were the same requests in decode, kept per batch
+  size and drafted tokens). ``plan_batch`` adds drafts while they raise the expected tokens per
+  second of the whole step, so under a full batch (where verification is no longer free) and
+  where drafts do not pay, the proposer proposes nothing.
 
 State is kept by request id (the model runner's batch rows move when requests end or are
 reordered), created when a request first shows a sampled token, and dropped, its answer handed to
@@ -36,7 +35,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,16 +64,20 @@ class _Request:
     draft: Draft | None = None  # proposed at the last step: what this step verified
 
 
-def plan_batch(policy: AdaptivePolicy, candidates: Sequence[Draft | None]) -> list[int]:
+def plan_batch(
+    policy: AdaptivePolicy, candidates: Sequence[Draft | None], step_cost: Callable[[int], float] | None = None
+) -> list[int]:
     """How many tokens of each candidate draft one step of the batch verifies.
 
-    The step carries one token per request plus the drafted ones; ``policy.relative_cost(T - 1)``
-    is the cost of a step of ``T`` tokens in plain one-token steps (so for a single request this is
+    ``step_cost(d)`` is the cost of this batch's step when it carries ``d`` drafted tokens besides
+    one token per request (any unit: only ratios matter); by default ``policy.relative_cost(rows -
+    1 + d)``, a step of ``T`` tokens in plain one-token steps (so for a single request this is
     ``AdaptivePolicy.choose``). Requests are taken by the chance of their first drafted token, and a
     draft is added when the step's expected tokens per unit of cost rise by more than the policy's
     margin. ``None`` or empty candidates verify nothing.
     """
     rows = len(candidates)
+    cost = step_cost if step_cost is not None else (lambda d: policy.relative_cost(rows - 1 + d))
     ks = [0] * rows
     expected, drafted = float(rows), 0
     live = [i for i, c in enumerate(candidates) if c is not None and c.tokens]
@@ -82,9 +85,9 @@ def plan_batch(policy: AdaptivePolicy, candidates: Sequence[Draft | None]) -> li
         candidate = candidates[i]
         assert candidate is not None
         best_k = 0
-        best_rate = (1.0 + policy.margin) * expected / policy.relative_cost(rows - 1 + drafted)
+        best_rate = (1.0 + policy.margin) * expected / cost(drafted)
         for k in range(1, min(len(candidate), policy.max_draft) + 1):
-            rate = (expected + policy.expected_yield(candidate, k) - 1.0) / policy.relative_cost(rows - 1 + drafted + k)
+            rate = (expected + policy.expected_yield(candidate, k) - 1.0) / cost(drafted + k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k:
@@ -94,12 +97,55 @@ def plan_batch(policy: AdaptivePolicy, candidates: Sequence[Draft | None]) -> li
     return ks
 
 
+class StepCosts:
+    """Seconds of one engine step, by the batch's size and the drafted tokens it carried.
+
+    Kept per batch size because a row costs far more than a drafted token: each row reads its own
+    context's keys and values, while a drafted token reuses its row's. ``relative(rows, d)`` is
+    then the step's cost in plain steps of a batch of that size. It never falls below the dearest
+    step timed with fewer drafted tokens (a step that carries more tokens does no less work, so a
+    cheaper timing is noise, e.g. a batch whose contexts were shorter); between timed lengths it is
+    interpolated, and beyond the longest it grows by ``prior_slope`` per token. A size whose plain step is untimed gets no
+    drafts (``measured``), and the plain step is timed again every ``replain_every`` steps of a
+    size, as its contexts grow.
+    """
+
+    def __init__(self, prior_slope: float = 0.1, smoothing: float = 0.1, replain_every: int = 64) -> None:
+        self.prior_slope, self.smoothing, self.replain_every = prior_slope, smoothing, replain_every
+        self.seconds: dict[int, dict[int, float]] = {}
+        self._since_plain: dict[int, int] = {}
+
+    def record(self, rows: int, drafted: int, seconds: float) -> None:
+        table = self.seconds.setdefault(rows, {})
+        old = table.get(drafted)
+        table[drafted] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self._since_plain[rows] = 0 if drafted == 0 else self._since_plain.get(rows, 0) + 1
+
+    def measured(self, rows: int) -> bool:
+        """Whether drafts may be planned for this batch size (its plain step is timed and recent)."""
+        return 0 in self.seconds.get(rows, {}) and self._since_plain.get(rows, 0) < self.replain_every
+
+    def relative(self, rows: int, drafted: int) -> float:
+        table = self.seconds.get(rows, {})
+        base = table.get(0)
+        if base is None or drafted == 0:
+            return 1.0 + self.prior_slope * drafted
+        below = max(d for d in table if d <= drafted)
+        low = max(t for d, t in table.items() if d <= drafted)  # the dearest step with no more drafted tokens
+        above = min((d for d in table if d > drafted), default=None)
+        if above is None:
+            return max(low / base + self.prior_slope * (drafted - below), 1.0)
+        high = max(low, table[above])
+        return max((low + (high - low) * (drafted - below) / (above - below)) / base, 1.0)
+
+
 class BatchDrafter:
     """ragspec's drafter and policy for a batch of requests that an engine steps together.
 
     ``step`` takes what vLLM's model runner has after a step: each row's request id, the tokens it
     sampled this step (none while its prompt is still being prefilled), its token count and its
-    token ids; it returns each row's draft for the next step. ``clock`` is injectable for tests.
+    token ids; it returns each row's draft for the next step. ``costs`` (timed here by default) and
+    ``clock`` are injectable for tests.
     """
 
     def __init__(
@@ -110,6 +156,7 @@ class BatchDrafter:
         history_tokens: int = DEFAULT_HISTORY_TOKENS,
         min_match: int = DEFAULT_MIN_MATCH,
         policy: AdaptivePolicy | None = None,
+        costs: StepCosts | None = None,
         clock: Any = time.perf_counter,
     ) -> None:
         if max_draft < 1:
@@ -119,6 +166,7 @@ class BatchDrafter:
         self.min_match = min_match
         self.history = AnswerHistory(history_tokens)
         self.policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
+        self.costs = costs if costs is not None else StepCosts(prior_slope=self.policy.prior_cost_slope)
         self.clock = clock
         self.requests: dict[str, _Request] = {}
         self.requests_seen = 0
@@ -126,7 +174,7 @@ class BatchDrafter:
         self.drafted = 0
         self.accepted = 0
         self._last_ids: tuple[str, ...] = ()
-        self._last_tokens = 0  # tokens the last planned step carries (rows + drafted)
+        self._last_drafted = 0  # drafted tokens the last planned step carries
         self._last_time: float | None = None
 
     def step(
@@ -147,8 +195,8 @@ class BatchDrafter:
         self._finish_absent(set(ids))
         steady = ids == self._last_ids and all(sampled)
         if steady and self._last_time is not None and now > self._last_time:
-            # The step just verified what the last call planned: time it by its token count.
-            self.policy.record_cost(self._last_tokens - 1, now - self._last_time)
+            # The step just verified what the last call planned: time it by its size and drafts.
+            self.costs.record(rows, self._last_drafted, now - self._last_time)
         candidates: list[Draft | None] = []
         for i, (rid, new, n) in enumerate(zip(ids, sampled, num_tokens)):
             n = int(n)
@@ -158,7 +206,8 @@ class BatchDrafter:
             request = self._sync(rid, len(new), n, token_ids[i])
             room = 0 if i in seeded_rows else min(self.max_draft, self.max_model_len - n - 1)
             candidates.append(request.drafter.propose(request.tokens, room))
-        ks = plan_batch(self.policy, candidates)
+        ks = (plan_batch(self.policy, candidates, lambda d: self.costs.relative(rows, d))
+              if self.costs.measured(rows) else [0] * rows)
         drafts: list[list[int]] = []
         for rid, candidate, k in zip(ids, candidates, ks):
             draft = candidate.truncated(k) if candidate is not None and k else None
@@ -168,7 +217,7 @@ class BatchDrafter:
             self.drafted += k
         self.steps += 1
         self._last_ids = ids if all(sampled) else ()
-        self._last_tokens = rows + sum(ks)
+        self._last_drafted = sum(ks)
         self._last_time = self.clock()
         return drafts
 
@@ -204,9 +253,9 @@ class BatchDrafter:
             self.write_stats()
 
     def stats(self) -> dict[str, Any]:
-        """Counters and the measured cost table (``r[T-1]``: a step of T tokens in one-token steps)."""
-        costs = self.policy.measured_costs()
-        base = costs.get(0)
+        """Counters and the measured step costs: ``step_seconds[rows][d]``, a step of a batch of
+        ``rows`` requests carrying ``d`` drafted tokens; ``relative_cost``, the same over that
+        batch's plain step (``r(d)`` of a single request in ``relative_cost["1"]``)."""
         return {
             "live_requests": len(self.requests),
             "requests_seen": self.requests_seen,
@@ -215,8 +264,9 @@ class BatchDrafter:
             "steps": self.steps,
             "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted,
-            "step_seconds": {str(k): costs[k] for k in sorted(costs)},
-            "relative_cost": {str(k): costs[k] / base for k in sorted(costs)} if base else {},
+            "step_seconds": {str(r): {str(d): t[d] for d in sorted(t)} for r, t in sorted(self.costs.seconds.items())},
+            "relative_cost": {str(r): {str(d): t[d] / t[0] for d in sorted(t)} for r, t in sorted(self.costs.seconds.items())
+                              if 0 in t},
         }
 
     def write_stats(self) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ragspec.drafting import Draft, DraftSource
-from ragspec.engines.vllm import STATS_ENV, BatchDrafter, RagspecProposer, plan_batch
+from ragspec.engines.vllm import STATS_ENV, BatchDrafter, RagspecProposer, StepCosts, plan_batch
 from ragspec.policy import AdaptivePolicy
 
 PASSAGE = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112]
@@ -62,8 +62,17 @@ def cheap_drafts_policy(max_draft: int = 8) -> AdaptivePolicy:
     return policy
 
 
+def flat_costs(max_rows: int = 8) -> StepCosts:
+    """Steps of every batch size timed, their cost flat in the drafted tokens (a GPU at small batches)."""
+    costs = StepCosts()
+    for rows in range(1, max_rows + 1):
+        costs.record(rows, 0, 0.1)
+        costs.record(rows, 16, 0.1)
+    return costs
+
+
 def test_a_request_drafts_the_passage_that_its_prompt_holds() -> None:
-    drafter = BatchDrafter(6, max_model_len=MAX_LEN, policy=cheap_drafts_policy(), clock=Clock())
+    drafter = BatchDrafter(6, max_model_len=MAX_LEN, policy=cheap_drafts_policy(), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     batch.add("a", [1, 2, *PASSAGE, 3], 103)  # the answer starts copying the passage
     assert batch.call(drafter)["a"] == [104, 105, 106, 107, 108, 109]
@@ -74,7 +83,7 @@ def test_a_request_drafts_the_passage_that_its_prompt_holds() -> None:
 
 
 def test_state_follows_the_request_id_when_rows_move_and_acceptance_is_counted() -> None:
-    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), clock=Clock())
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     batch.add("a", [*PASSAGE, 7], 101)
     batch.add("b", [9, 8, 7, 6, 5, 9, 8], 7)
@@ -95,7 +104,7 @@ def test_state_follows_the_request_id_when_rows_move_and_acceptance_is_counted()
 
 
 def test_rows_still_prefilling_get_no_draft_and_no_state() -> None:
-    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), clock=Clock())
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[0, :3] = [5, 6, 5]
     drafts = drafter.step(["a", "b"], [[5], []], np.array([3, 40]), token_ids)
@@ -103,7 +112,7 @@ def test_rows_still_prefilling_get_no_draft_and_no_state() -> None:
 
 
 def test_seeded_rows_get_no_draft_but_stay_indexed() -> None:
-    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), clock=Clock())
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[:, :14] = [*PASSAGE, 7, 101]
     drafts = drafter.step(["a", "b"], [[101], [101]], np.array([14, 14]), token_ids, seeded_rows={0})
@@ -112,7 +121,7 @@ def test_seeded_rows_get_no_draft_but_stay_indexed() -> None:
 
 
 def test_ended_requests_are_freed_and_their_answers_draft_later_ones() -> None:
-    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=64, policy=cheap_drafts_policy(4), clock=Clock())
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=64, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     batch.add("a", [1, 2, 3], 50)
     batch.call(drafter)
@@ -128,7 +137,7 @@ def test_ended_requests_are_freed_and_their_answers_draft_later_ones() -> None:
 
 
 def test_state_stays_bounded_over_many_sequential_requests() -> None:
-    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=100, policy=cheap_drafts_policy(4), clock=Clock())
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=100, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     rng = np.random.default_rng(0)
     for n in range(200):
@@ -146,11 +155,11 @@ def test_state_stays_bounded_over_many_sequential_requests() -> None:
 
 
 def test_drafts_respect_the_longest_draft_and_the_model_length() -> None:
-    drafter = BatchDrafter(3, max_model_len=len(PASSAGE) + 4, policy=cheap_drafts_policy(3), clock=Clock())
+    drafter = BatchDrafter(3, max_model_len=len(PASSAGE) + 4, policy=cheap_drafts_policy(3), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     batch.add("a", PASSAGE[:], 101)
     assert batch.call(drafter)["a"] == [102, 103]  # 13 tokens of 16: two drafted, one the target's
-    drafter = BatchDrafter(3, max_model_len=MAX_LEN, policy=cheap_drafts_policy(8), clock=Clock())
+    drafter = BatchDrafter(3, max_model_len=MAX_LEN, policy=cheap_drafts_policy(8), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     batch.add("a", PASSAGE[:], 101)
     assert batch.call(drafter)["a"] == [102, 103, 104]
@@ -170,7 +179,7 @@ def test_expensive_verification_and_rejected_drafts_make_it_propose_nothing() ->
         batch.extend("a", [999])  # never what was drafted
     assert sum(proposed[:20]) > 0  # it tried, measured, and stopped
     assert sum(proposed[-30:]) == 0
-    assert drafter.policy.relative_cost(4) > 1.5
+    assert drafter.costs.relative(1, 4) > 1.5
 
 
 def test_plan_batch_for_one_request_is_the_policys_own_choice() -> None:
@@ -197,10 +206,41 @@ def test_a_full_batch_backs_off_where_a_single_request_drafts() -> None:
     assert expected / policy.relative_cost(3 + sum(ks)) >= 4 / policy.relative_cost(3)
 
 
+def test_step_costs_are_kept_per_batch_size_and_never_fall_with_more_drafted_tokens() -> None:
+    costs = StepCosts(prior_slope=0.1)
+    assert not costs.measured(4) and costs.relative(4, 3) == pytest.approx(1.3)  # untimed: the prior
+    costs.record(1, 0, 0.05)
+    costs.record(1, 4, 0.10)
+    costs.record(4, 0, 0.12)  # four rows cost more than one row with four drafted tokens ...
+    costs.record(4, 4, 0.13)  # ... but drafting into that batch adds little
+    costs.record(4, 6, 0.09)  # a cheaper timing with more tokens: noise, not a saving
+    assert costs.measured(1) and costs.measured(4) and not costs.measured(8)
+    assert costs.relative(1, 4) == pytest.approx(2.0) and costs.relative(4, 4) == pytest.approx(0.13 / 0.12)
+    assert costs.relative(4, 6) == pytest.approx(0.13 / 0.12) and costs.relative(4, 8) == pytest.approx(0.13 / 0.12 + 0.2)
+    for rows, drafted in itertools.product((1, 4), range(12)):  # brute force: monotone in d, never below a plain step
+        assert 1.0 <= costs.relative(rows, drafted) <= costs.relative(rows, drafted + 1)
+
+
+def test_a_batch_size_first_seen_is_timed_plain_before_it_gets_drafts() -> None:
+    clock = Clock()
+    drafter = BatchDrafter(4, max_model_len=4096, clock=clock)
+    batch = FakeBatch()
+    batch.add("a", PASSAGE * 3, 101)
+    assert batch.call(drafter)["a"] == [] and not drafter.costs.measured(1)  # no plain step of one row timed yet
+    batch.extend("a", [102])
+    assert batch.call(drafter)["a"][:2] == [103, 104] and drafter.costs.measured(1)  # the step just ended was plain
+    batch.add("b", PASSAGE * 2, 101)  # a second request: its prefill step is not timed
+    batch.extend("a", [103, 104, 105])
+    assert all(d == [] for d in batch.call(drafter).values()) and not drafter.costs.measured(2)
+    batch.extend("a", [106])
+    batch.extend("b", [102])
+    assert any(batch.call(drafter).values()) and drafter.costs.measured(2)
+
+
 def test_stats_file_reports_live_requests_and_costs(tmp_path, monkeypatch) -> None:
     path = tmp_path / "stats.json"
     monkeypatch.setenv(STATS_ENV, str(path))
-    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), clock=Clock())
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     batch = FakeBatch()
     batch.add("a", [*PASSAGE, 7], 101)
     batch.call(drafter)
@@ -212,7 +252,7 @@ def test_stats_file_reports_live_requests_and_costs(tmp_path, monkeypatch) -> No
     stats = json.loads(path.read_text())
     assert stats["live_requests"] == 1 and stats["requests_seen"] == 2
     assert stats["drafted_tokens"] >= 4 and stats["history_tokens"] == 2 + 1
-    assert "0" in stats["step_seconds"]
+    assert "0" in stats["step_seconds"]["1"] and stats["relative_cost"]["1"]["0"] == 1.0
 
 
 class FakeModelRunner:
@@ -232,6 +272,7 @@ def _config(k: int = 4) -> SimpleNamespace:
 def test_the_vllm_class_reads_request_ids_from_the_runner_that_built_it() -> None:
     runner = FakeModelRunner(_config())
     runner.drafter.load_model(object())
+    runner.drafter.drafter.costs = flat_costs()
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[:, :15] = [*PASSAGE, 7, 101, 102]
     drafts = runner.drafter.propose([[102], [102]], np.array([15, 15]), token_ids)
