@@ -102,40 +102,55 @@ class StepCosts:
 
     Kept per batch size because a row costs far more than a drafted token: each row reads its own
     context's keys and values, while a drafted token reuses its row's. ``relative(rows, d)`` is
-    then the step's cost in plain steps of a batch of that size. It never falls below the dearest
-    step timed with fewer drafted tokens (a step that carries more tokens does no less work, so a
-    cheaper timing is noise, e.g. a batch whose contexts were shorter); between timed lengths it is
-    interpolated, and beyond the longest it grows by ``prior_slope`` per token. A size whose plain step is untimed gets no
-    drafts (``measured``), and the plain step is timed again every ``replain_every`` steps of a
-    size, as its contexts grow.
+    then the step's cost in plain steps of a batch of that size. Each timing is averaged into its
+    (size, drafted) cell (a plain mean over the first ``1 / smoothing`` timings, then a moving
+    average). Step times are noisy (other requests' prefills, contexts of other lengths), and a
+    step that carries more tokens does no less work, so the cells of a size are fitted by the
+    closest non-decreasing curve (isotonic regression, weighted by how often each cell was timed):
+    one slow or fast outlier then moves its neighbours a little instead of ruling the choice.
+    Between timed lengths the curve is interpolated; beyond the longest it grows by ``prior_slope``
+    per token. A size whose plain step is untimed gets no drafts (``measured``), and the plain step
+    is timed again every ``replain_every`` steps of a size, as its contexts grow.
     """
 
     def __init__(self, prior_slope: float = 0.1, smoothing: float = 0.1, replain_every: int = 64) -> None:
         self.prior_slope, self.smoothing, self.replain_every = prior_slope, smoothing, replain_every
-        self.seconds: dict[int, dict[int, float]] = {}
+        self.cells: dict[int, dict[int, tuple[float, float]]] = {}  # rows -> drafted -> (mean s, weight)
         self._since_plain: dict[int, int] = {}
 
     def record(self, rows: int, drafted: int, seconds: float) -> None:
-        table = self.seconds.setdefault(rows, {})
-        old = table.get(drafted)
-        table[drafted] = seconds if old is None else old + self.smoothing * (seconds - old)
+        table = self.cells.setdefault(rows, {})
+        mean, weight = table.get(drafted, (0.0, 0.0))
+        weight = min(weight + 1.0, 1.0 / self.smoothing)
+        table[drafted] = (mean + (seconds - mean) / weight, weight)
         self._since_plain[rows] = 0 if drafted == 0 else self._since_plain.get(rows, 0) + 1
 
     def measured(self, rows: int) -> bool:
         """Whether drafts may be planned for this batch size (its plain step is timed and recent)."""
-        return 0 in self.seconds.get(rows, {}) and self._since_plain.get(rows, 0) < self.replain_every
+        return 0 in self.cells.get(rows, {}) and self._since_plain.get(rows, 0) < self.replain_every
+
+    def fitted(self, rows: int) -> dict[int, float]:
+        """Seconds by drafted tokens for this size: the weighted isotonic fit of its cells."""
+        blocks: list[list[Any]] = []  # [weighted sum, weight, drafted lengths], means non-decreasing
+        for drafted, (mean, weight) in sorted(self.cells.get(rows, {}).items()):
+            blocks.append([mean * weight, weight, [drafted]])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                total, weight, lengths = blocks.pop()
+                blocks[-1][0] += total
+                blocks[-1][1] += weight
+                blocks[-1][2] += lengths
+        return {d: total / weight for total, weight, lengths in blocks for d in lengths}
 
     def relative(self, rows: int, drafted: int) -> float:
-        table = self.seconds.get(rows, {})
-        base = table.get(0)
+        curve = self.fitted(rows)
+        base = curve.get(0)
         if base is None or drafted == 0:
             return 1.0 + self.prior_slope * drafted
-        below = max(d for d in table if d <= drafted)
-        low = max(t for d, t in table.items() if d <= drafted)  # the dearest step with no more drafted tokens
-        above = min((d for d in table if d > drafted), default=None)
+        below = max(d for d in curve if d <= drafted)
+        above = min((d for d in curve if d > drafted), default=None)
         if above is None:
-            return max(low / base + self.prior_slope * (drafted - below), 1.0)
-        high = max(low, table[above])
+            return max(curve[below] / base + self.prior_slope * (drafted - below), 1.0)
+        low, high = curve[below], curve[above]
         return max((low + (high - low) * (drafted - below) / (above - below)) / base, 1.0)
 
 
@@ -255,7 +270,8 @@ class BatchDrafter:
     def stats(self) -> dict[str, Any]:
         """Counters and the measured step costs: ``step_seconds[rows][d]``, a step of a batch of
         ``rows`` requests carrying ``d`` drafted tokens; ``relative_cost``, the same over that
-        batch's plain step (``r(d)`` of a single request in ``relative_cost["1"]``)."""
+        batch's plain step as fitted (``r(d)`` of a single request in ``relative_cost["1"]``);
+        ``timings``, how many timings each cell holds (capped at ``1 / smoothing``)."""
         return {
             "live_requests": len(self.requests),
             "requests_seen": self.requests_seen,
@@ -264,9 +280,10 @@ class BatchDrafter:
             "steps": self.steps,
             "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted,
-            "step_seconds": {str(r): {str(d): t[d] for d in sorted(t)} for r, t in sorted(self.costs.seconds.items())},
-            "relative_cost": {str(r): {str(d): t[d] / t[0] for d in sorted(t)} for r, t in sorted(self.costs.seconds.items())
-                              if 0 in t},
+            "step_seconds": {str(r): {str(d): t[d][0] for d in sorted(t)} for r, t in sorted(self.costs.cells.items())},
+            "timings": {str(r): {str(d): t[d][1] for d in sorted(t)} for r, t in sorted(self.costs.cells.items())},
+            "relative_cost": {str(r): {str(d): self.costs.relative(r, d) for d in sorted(t)}
+                              for r, t in sorted(self.costs.cells.items()) if 0 in t},
         }
 
     def write_stats(self) -> None:

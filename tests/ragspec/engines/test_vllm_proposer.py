@@ -206,19 +206,52 @@ def test_a_full_batch_backs_off_where_a_single_request_drafts() -> None:
     assert expected / policy.relative_cost(3 + sum(ks)) >= 4 / policy.relative_cost(3)
 
 
-def test_step_costs_are_kept_per_batch_size_and_never_fall_with_more_drafted_tokens() -> None:
+def _isotonic_brute_force(points: list[tuple[int, float, float]]) -> list[float]:
+    """The non-decreasing fit of (x, y, weight) points with the least weighted squared error,
+    searched over fits whose values are means of runs of consecutive points (where the optimum lies)."""
+    best, best_err = None, float("inf")
+    n = len(points)
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        runs, run = [], [points[0]]
+        for cut, p in zip(cuts, points[1:]):
+            if cut:
+                runs.append(run)
+                run = []
+            run.append(p)
+        runs.append(run)
+        fit = [sum(y * w for _, y, w in r) / sum(w for *_, w in r) for r in runs for _ in r]
+        if all(a <= b + 1e-12 for a, b in zip(fit, fit[1:])):
+            err = sum(w * (y - f) ** 2 for (_, y, w), f in zip(points, fit))
+            if err < best_err:
+                best, best_err = fit, err
+    assert best is not None
+    return best
+
+
+def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
     costs = StepCosts(prior_slope=0.1)
     assert not costs.measured(4) and costs.relative(4, 3) == pytest.approx(1.3)  # untimed: the prior
     costs.record(1, 0, 0.05)
     costs.record(1, 4, 0.10)
-    costs.record(4, 0, 0.12)  # four rows cost more than one row with four drafted tokens ...
-    costs.record(4, 4, 0.13)  # ... but drafting into that batch adds little
-    costs.record(4, 6, 0.09)  # a cheaper timing with more tokens: noise, not a saving
+    for _ in range(3):
+        costs.record(4, 0, 0.12)  # four rows cost more than one row with four drafted tokens ...
+        costs.record(4, 4, 0.13)  # ... but drafting into that batch adds little
+    costs.record(4, 2, 0.40)  # one slow outlier, timed once
     assert costs.measured(1) and costs.measured(4) and not costs.measured(8)
-    assert costs.relative(1, 4) == pytest.approx(2.0) and costs.relative(4, 4) == pytest.approx(0.13 / 0.12)
-    assert costs.relative(4, 6) == pytest.approx(0.13 / 0.12) and costs.relative(4, 8) == pytest.approx(0.13 / 0.12 + 0.2)
-    for rows, drafted in itertools.product((1, 4), range(12)):  # brute force: monotone in d, never below a plain step
-        assert 1.0 <= costs.relative(rows, drafted) <= costs.relative(rows, drafted + 1)
+    assert costs.relative(1, 4) == pytest.approx(2.0) and costs.relative(1, 2) == pytest.approx(1.5)
+    pooled = (0.40 + 3 * 0.13) / 4  # the outlier is pooled with the cell after it, by weight
+    assert costs.fitted(4) == pytest.approx({0: 0.12, 2: pooled, 4: pooled})
+    assert costs.relative(4, 8) == pytest.approx(pooled / 0.12 + 0.4)
+    rng = np.random.default_rng(1)
+    for trial in range(30):  # against a brute-force isotonic fit, on random timings
+        costs = StepCosts()
+        for _ in range(12):
+            costs.record(2, int(rng.integers(0, 6)), float(rng.uniform(0.05, 0.2)))
+        cells = sorted(costs.cells[2].items())
+        expected = _isotonic_brute_force([(d, m, w) for d, (m, w) in cells])
+        assert [costs.fitted(2)[d] for d, _ in cells] == pytest.approx(expected)
+        if 0 in costs.cells[2]:
+            assert all(1.0 <= costs.relative(2, d) <= costs.relative(2, d + 1) for d in range(10))
 
 
 def test_a_batch_size_first_seen_is_timed_plain_before_it_gets_drafts() -> None:
