@@ -1,7 +1,9 @@
 """vLLM side by side: no speculation, its n-gram (defaults and tuned), its suffix decoding, ragspec's
 proposer; and ragspec's own engine (plain and with its drafting, one client) on the same prompts.
 
-Each method is one vLLM server (started here on 127.0.0.1, one at a time, with the same flags),
+Each method is one vLLM server (started here on 127.0.0.1 with the same flags; on a CPU all of them
+at once, idle but for the one measured, and each cell runs the methods one after another, their
+order reversed from cell to cell, so that the machine's drift hits them alike),
 measured on the bundled RAG workload (a question and 3 retrieved passages) and the open workload
 (no passages) at 1, 4 and 8 concurrent streaming clients, each client count on prompts of its own
 (the same for every method). Per method, workload and client count: per-request decode tokens/s
@@ -193,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="vLLM n-gram settings of the tuned row (JSON)")
     p.add_argument("--vllm-arg", action="append", default=[], help="a flag passed to every vLLM server (repeatable)")
     p.add_argument("--out", default=str(ROOT / "bench-out" / "vllm_bench.json"))
+    p.add_argument("--together", action=argparse.BooleanOptionalAction, default=None,
+                   help="start every vLLM server at once and interleave the methods cell by cell (default on a CPU; "
+                        "on a GPU each server would need its share of memory: --vllm-arg=--gpu-memory-utilization=...)")
     p.add_argument("--keep", action="store_true",
                    help="keep the other methods' cells of an earlier run in --out (same settings) and add these")
     args = p.parse_args(argv)
@@ -231,50 +236,70 @@ def main(argv: list[str] | None = None) -> int:
         report["skipped"] = {m: why for m, why in earlier.get("skipped", {}).items() if m not in chosen}
         report["proposer"] = earlier.get("proposer")
 
-    def measure(method: str, clients_levels: list[int], run: Any) -> None:
-        """``run(prompts, clients)`` -> (requests, wall s, drafted, accepted), for every cell."""
+    servers: dict[str, VllmServer] = {}
+
+    def start(method: str) -> Any:
+        """The method's ``run(prompts, clients)`` -> (requests, wall s, drafted, accepted), or None."""
+        if method in OWN_ENGINE:
+            generator = own_generator(folder, args.device, args.draft_tokens)
+            return lambda prompts, _: own_cell(generator, prompts, args.max_tokens, args.repetition_stop, OWN_ENGINE[method])
+        server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
+                            env={STATS_ENV: str(out.parent / f"{method}-proposer.json")}, log=out.parent / f"{method}.log")
+        started = time.perf_counter()
+        try:
+            server.start()
+        except Exception as e:  # noqa: BLE001 - e.g. suffix decoding without arctic-inference: reported, not fatal
+            report["skipped"][method] = str(e)[:500]
+            print(f"{method}: not measured: {str(e)[:300]}", file=sys.stderr)
+            return None
+        servers[method] = server
+        print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
+        return lambda prompts, clients: run_cell(server.base_url, prompts, clients, args.max_tokens, args.repetition_stop)
+
+    def measure(runners: dict[str, Any]) -> None:
+        """Every cell, each cell's methods one after another, their order reversed from cell to cell."""
+        turn = 0
         for workload, every in workloads.items():
             per_cell = len(every) // len(levels)
             for level, clients in enumerate(levels):
-                if clients not in clients_levels:
-                    continue
-                runs, wall, drafted, accepted = run(every[level * per_cell : (level + 1) * per_cell], clients)
-                cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
-                if clients == 1:
-                    outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
-                cells.append(cell)
-                print(json.dumps(asdict(cell)), file=sys.stderr)
+                prompts = every[level * per_cell : (level + 1) * per_cell]
+                order = [m for m in runners if clients == 1 or m not in OWN_ENGINE]
+                for method in order if turn % 2 == 0 else order[::-1]:
+                    runs, wall, drafted, accepted = runners[method](prompts, clients)
+                    cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
+                    if clients == 1:
+                        outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
+                    cells.append(cell)
+                    print(json.dumps(asdict(cell)), file=sys.stderr)
+                turn += 1
+                save()
 
-    for method in chosen:
-        if method in OWN_ENGINE:
-            generator = own_generator(folder, args.device, args.draft_tokens)
-            speculative = OWN_ENGINE[method]
-            measure(method, [1], lambda prompts, _: own_cell(generator, prompts, args.max_tokens, args.repetition_stop,
-                                                              speculative))
-        else:
-            stats_file = out.parent / f"{method}-proposer.json"
-            server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
-                                env={STATS_ENV: str(stats_file)}, log=out.parent / f"{method}.log")
-            started = time.perf_counter()
-            try:
-                server.start()
-            except Exception as e:  # noqa: BLE001 - e.g. suffix decoding without arctic-inference: reported, not fatal
-                report["skipped"][method] = str(e)[:500]
-                print(f"{method}: not measured: {str(e)[:300]}", file=sys.stderr)
-                continue
-            print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-            try:
-                stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
-                measure(method, levels, lambda prompts, clients: run_cell(server.base_url, prompts, clients,
-                                                                          args.max_tokens, args.repetition_stop))
-                if method == "vllm_ragspec" and stats_file.is_file():
-                    report["proposer"] = json.loads(stats_file.read_text())
-            finally:
-                server.stop()
+    def save() -> None:
         mark_identical(cells, outputs)
+        stats = out.parent / "vllm_ragspec-proposer.json"
+        if "vllm_ragspec" in servers and stats.is_file():
+            report["proposer"] = json.loads(stats.read_text())
         report["cells"] = [asdict(c) for c in cells]
         report["outputs"] = outputs
         out.write_text(json.dumps(report, indent=2))
+
+    together = args.together if args.together is not None else args.device == "cpu"
+    try:
+        if together:  # all servers up at once, so that every cell compares the methods minutes apart
+            runners = {m: r for m in chosen if (r := start(m)) is not None}
+            measure(runners)
+        else:  # one server at a time (e.g. one GPU that one server fills)
+            for method in chosen:
+                runner = start(method)
+                if runner is not None:
+                    measure({method: runner})
+                if method in servers:
+                    servers.pop(method).stop()
+    finally:
+        save()
+        for server in servers.values():
+            server.stop()
     print(format_table(cells))
     return 0
 
