@@ -261,28 +261,41 @@ class Collection:
     def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Generator[Event, None, None]:
         """``Token`` events as the answer is generated, then the ``Answer``.
 
-        ``history`` holds earlier (question, answer) pairs of the conversation; the last
-        ``history_turns`` of them (fewer when the context budget says so) are the conversation the
-        pipeline retrieves with and asks the question after (``DocumentQA.ask(history=...)``), each
-        with the passages it was first shown with when this collection answered it. Closing the
-        iterator early stops the generation and frees the model for the next request.
+        ``history`` holds earlier (question, answer) pairs of the conversation (see ``answer_stream``).
+        Closing the iterator early stops the generation and frees the model for the next request.
         """
-        from ragspec.prompts import Turn
-
         question = question.strip()
         if not question:
             raise AppError("the question is empty")
-        qa = self.load()
         start = time.perf_counter()
-        earlier = history[-self.history_turns :] if self.history_turns else ()
-        turns = [Turn(q, a, self._shown.get((q.strip(), a), ())) for q, a in earlier]
-        stream = qa.stream(question, history=turns, **{**self.options, "max_tokens": self.max_tokens})
-        for event in _pipeline_events(stream, start):
+        for event in _pipeline_events(self.answer_stream(question, history), start):
             if not isinstance(event, Token):
-                self._remember(event)
+                self.remember(event)
             yield event
 
-    def _remember(self, answer: Answer) -> None:
+    def answer_stream(
+        self, question: str, history: Sequence[tuple[str, str]] = (), options: Mapping[str, Any] | None = None,
+        k: int | None = None,
+    ) -> AnswerStream:
+        """The pipeline's stream of the answer to ``question`` (retrieved now, generated as it is iterated).
+
+        The last ``history_turns`` (question, answer) pairs of ``history`` (fewer when the context
+        budget says so) are the conversation the pipeline retrieves with and asks the question after
+        (``DocumentQA.stream(history=...)``), each with the passages it was first shown with when this
+        collection answered it (``remember``), so that its prompt extends the previous turn's.
+        ``options`` (``GenerationConfig`` names) override the collection's for this answer, ``k`` its
+        number of passages.
+        """
+        from ragspec.prompts import Turn
+
+        qa = self.load()
+        earlier = history[-self.history_turns :] if self.history_turns else ()
+        turns = [Turn(q, a, self._shown.get((q.strip(), a), ())) for q, a in earlier]
+        options = {**self.options, "max_tokens": self.max_tokens, **(options or {})}
+        return qa.stream(question, history=turns, k=k, **options)
+
+    def remember(self, answer: Answer) -> None:
+        """Keep the passages ``answer`` was first shown with, for when a later history holds it."""
         with self._lock:
             self._shown[(answer.question.strip(), answer.text)] = answer.as_turn().passages
             while len(self._shown) > _REMEMBERED:

@@ -411,7 +411,7 @@ class DocumentQA:
 
         With ``index_dir`` the FAISS index is also saved there, for ``from_index`` later.
         """
-        from retrievers import FaissVectorStore, default_embeddings, load_documents, split_documents
+        from retrievers import DEFAULT_INCLUDE, FaissVectorStore, default_embeddings, load_documents, split_documents
 
         loaded = load_documents(paths, include=include, exclude=exclude)
         if not loaded.documents:
@@ -419,7 +419,8 @@ class DocumentQA:
             raise ValueError(
                 f"no readable documents under {paths!r}"
                 + (f" (skipped {skipped})" if skipped else "")
-                + ": pass files or directories holding .txt, .md, .html or .pdf files"
+                + ": pass files or directories holding documents ("
+                + " ".join(pattern.removeprefix("*") for pattern in DEFAULT_INCLUDE) + ")"
             )
         chunks = split_documents(loaded.documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         store = FaissVectorStore(embeddings or default_embeddings())

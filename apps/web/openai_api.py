@@ -13,7 +13,8 @@ talks to the served model through these routes; docs/serving.md is the reference
   list functions in the system turn and constrain the answer to well-formed calls with the same
   grammar as ``ChatRagSpec.bind_tools`` (``ragspec.tool_calls``); calls come back as OpenAI's
   ``tool_calls`` (whole, and in stream deltas as each call completes), and ``tool`` messages and
-  assistant ``tool_calls`` enter the conversation. A bad value is a 400 naming the parameter; so is
+  assistant ``tool_calls`` enter the conversation. ``retrieval`` (chat) answers the conversation over the
+  server's documents as ``DocumentQA`` does (``apps.web.retrieval_api``). A bad value is a 400 naming the parameter; so is
   anything ragspec does not do yet (``n`` > 1, logprobs, ``logit_bias``, legacy ``functions``) and any
   argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
@@ -47,6 +48,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError, Ticket
+from apps.web.retrieval_api import Documents, Retrieval, RetrievalError, Retrieved, parse_retrieval, retrieve
+from apps.web.retrieval_api import extension as retrieval_extension
 from apps.web.security import plain_error
 from apps.web.streaming import ClientGone, EventStream, unless_gone
 from ragspec.bridge import iterate_in_thread, next_before
@@ -156,6 +159,7 @@ _COMMON = {
 _CHAT_ONLY = {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
     "function_call", "parallel_tool_calls", "metadata", "store", "service_tier", "modalities",
+    "retrieval",  # ragspec's extension
 }  # fmt: skip
 _COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
 Prompt = Union[list[dict[str, str]], str, list[int]]
@@ -181,6 +185,8 @@ class ApiRequest:
     parallel_tool_calls: bool = True
     response_format: object = None
     """Checked in shape only; compiled, like the tools' grammar, once the request holds the model (``compile_constraint``)."""
+    retrieval: Retrieval | None = None
+    """Answer over the server's documents (chat only; ``apps.web.retrieval_api``)."""
 
 
 def parse_request(body: object, *, chat: bool) -> ApiRequest:
@@ -232,9 +238,14 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
         if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
             raise OpenAIError(400, 'stream_options must be like {"include_usage": true}', param="stream_options")
         include_usage = bool(stream_options.get("include_usage", False))
+    try:
+        retrieval = parse_retrieval(body.get("retrieval"), body.get("messages"), tools=bool(tools),
+                                    response_format=format_kind is not None) if chat else None  # fmt: skip
+    except RetrievalError as e:
+        raise OpenAIError(400, str(e), param=e.param) from e
     return ApiRequest(
         chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel,
-        response_format,
+        response_format, retrieval,
     )
 
 
@@ -459,10 +470,13 @@ class Job:
     request: ApiRequest
     prompt_ids: list[int]
     config: Any  # ragspec.config.GenerationConfig (imported lazily with the model)
+    retrieved: Retrieved | None = None
+    """A retrieval request's passages and answer stream (its prompt is the pipeline's: ``prompt_ids`` is empty)."""
 
 
-def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
+def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, documents: Documents | None = None) -> Job:
     """The prompt's token ids and the request's ``GenerationConfig``; 400 for what does not fit.
+    A retrieval request retrieves over ``documents`` here (``retrieval_api.retrieve``).
 
     Runs in a worker thread (tokenizing a long prompt takes a while).
     """
@@ -475,7 +489,9 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
     if any(not isinstance(ref, str) and any(t >= vocab for t in ref) for ref in request.references):
         raise OpenAIError(400, f"reference token ids must be in [0, {vocab})", param="references")
     options = dict(request.options)
-    if request.chat:
+    if request.retrieval is not None:
+        prompt_ids = []  # the pipeline lays out the prompt and fits the passages to the context
+    elif request.chat:
         prompt_ids = chat_prompt_ids(tokenizer, _chat_turns(request))  # as ChatRagSpec and the pipeline build it
     elif isinstance(request.prompt, str):
         prompt_ids = generator.encode(request.prompt, special_tokens=True)
@@ -508,6 +524,14 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings) -> Job:
             config = config.merged({name: value})
         except GenerationConfigError as e:
             raise OpenAIError(400, str(e).replace(name, param), param=param) from e
+    if request.retrieval is not None:
+        try:
+            retrieved = retrieve(documents, request.retrieval, request.prompt, request.options)  # type: ignore[arg-type]
+        except RetrievalError as e:
+            raise OpenAIError(400, str(e), param=e.param) from e
+        except ValueError as e:  # the question does not fit the context with max_tokens (DocumentQA's message says so)
+            raise OpenAIError(400, str(e), param="messages", code="context_length_exceeded") from e
+        return Job(request, prompt_ids, config, retrieved)
     return Job(request, prompt_ids, config)
 
 
@@ -598,14 +622,20 @@ _Event = Union[str, Any]
 
 def _events(generator: Any, job: Job) -> Generator[_Event, None, None]:
     """The live stats, the text deltas, then the result (for a worker thread)."""
+    if job.retrieved is not None:
+        yield from job.retrieved.events()
+        return
     with generator.stream(job.prompt_ids, job.config, references=job.request.references) as stream:
         yield ("stats", stream.stats)
         yield from stream
     yield stream.result
 
 
-def add_openai_routes(app: FastAPI, *, source: Source, queue: ModelQueue, settings: ApiSettings) -> None:
-    """Add the ``/v1`` routes to ``app``; they generate with ``source`` through ``queue``."""
+def add_openai_routes(
+    app: FastAPI, *, source: Source, queue: ModelQueue, settings: ApiSettings, documents: Documents | None = None
+) -> None:
+    """Add the ``/v1`` routes to ``app``; they generate with ``source`` through ``queue``, and retrieval
+    requests retrieve over ``documents`` (None: they are refused)."""
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -668,7 +698,7 @@ def add_openai_routes(app: FastAPI, *, source: Source, queue: ModelQueue, settin
     async def respond(request: Request, api_request: ApiRequest) -> Response:
         gen = await generator()
         check_model(api_request.model, gen.lm.name)
-        job = await asyncio.to_thread(prepare, gen, api_request, settings)
+        job = await asyncio.to_thread(prepare, gen, api_request, settings, documents)
         try:
             ticket = queue.ticket()
         except QueueFullError as e:
@@ -720,6 +750,8 @@ class Answer:
         self.id = ("chatcmpl-" if job.request.chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.stats: Any = None
+        self.result: Any = None
+        """The generation's result: a ``GenerationResult``, or a retrieval request's ``ragspec.pipeline.Answer``."""
         self.text = ""
 
     async def _next(self) -> _Event | None:
@@ -745,13 +777,16 @@ class Answer:
                 self.text += event
                 yield event
             else:
-                self.stats, self.finish_reason = event.stats, event.finish_reason
+                self.result, self.stats, self.finish_reason = event, event.stats, event.finish_reason
 
     def usage(self) -> dict[str, int]:
         return _usage(self.stats, len(self.job.prompt_ids))
 
     def extension(self) -> dict[str, Any]:
-        return _ragspec(self.stats, self.finish_reason, self.ticket, self.model_name)
+        out = _ragspec(self.stats, self.finish_reason, self.ticket, self.model_name)
+        if self.job.retrieved is not None and self.result is not None:
+            out["retrieval"] = retrieval_extension(self.result)
+        return out
 
     async def whole(self) -> dict[str, Any]:
         try:

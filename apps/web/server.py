@@ -64,6 +64,7 @@ from apps.engine import AppError, Collection, IndexSummary, Token, update_index
 from apps.web.embeddings_api import add_embeddings_route
 from apps.web.openai_api import ApiSettings, Source, add_openai_routes, openai_error_body
 from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError, Ticket
+from apps.web.retrieval_api import Documents
 from apps.web.security import (
     LOCAL_HOSTS,
     Guard,
@@ -269,6 +270,7 @@ def create_app(
             answer_timeout_s=config.answer_timeout_s,
             embedding_model=embeddings.model_id,
         ),
+        documents=preload if isinstance(preload, Documents) else None,  # "retrieval" requests answer over it
     )
     add_embeddings_route(app, embeddings, embeddings.model_id)
 
