@@ -104,7 +104,7 @@ class FakeQA:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[Turn]]] = []
 
-    def stream(self, question: str, *, history: list[Turn], max_tokens: int) -> FakeStream:
+    def stream(self, question: str, *, history: list[Turn], max_tokens: int, k: int | None = None) -> FakeStream:
         self.calls.append((question, list(history)))
         answer = make_answer(f"answer to {question}", [])
         answer = Answer(question, answer.text, [], answer.passages, "unsupported", "eos", answer.stats, earlier_passages=1)

@@ -113,7 +113,7 @@ def test_a_v1_conversation_is_retrieved_and_answered_as_the_python_api_does(clie
 def test_retrieval_requests_it_cannot_serve_are_400s_naming_the_parameter(client: httpx.Client, tmp_path: Path, generator: Any) -> None:
     user = {"role": "user", "content": FIRST}
     answer = {"role": "assistant", "content": "In 1871."}
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    tool = {"type": "function", "function": {"name": "f", "description": "Look it up.", "parameters": {"type": "object", "properties": {}}}}
     for extra, param in [
         ({"retrieval": "yes"}, "retrieval"),
         ({"retrieval": {"k": 0}}, "retrieval.k"),
