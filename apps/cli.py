@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ragspec.config import DEFAULT_MAX_TOKENS
+
 if TYPE_CHECKING:
     from apps.engine import Collection
     from ragspec.generator import GenerationStats
@@ -132,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def answer_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder made by 'ragspec ingest' (default: {DEFAULT_INDEX})")
-        p.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
+        p.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
+                       help=f"most tokens per answer (default: {DEFAULT_MAX_TOKENS})")
         p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
         g = p.add_argument_group("penalties (over the answer's own tokens: quoting the passages is not punished)")
         for flag, kind, help_ in PENALTY_FLAGS:
@@ -158,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
     serve.add_argument("-i", "--index", default=None, help="an index every session can ask before uploading its own")
-    serve.add_argument("--max-tokens", type=_positive, default=256, help="most tokens per answer (default: 256)")
+    serve.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
+                       help=f"most tokens per answer (default: {DEFAULT_MAX_TOKENS})")
     serve.add_argument("--max-upload-mb", type=_positive, default=10, help="largest uploaded file in MiB (default: 10)")
     serve.add_argument("--allow-folders", action=argparse.BooleanOptionalAction, default=None,
                        help="let the page index folders on the server (default: only when bound to loopback)")
@@ -371,7 +375,7 @@ def _penalties(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 GenerationConfig(**{name: options[name]})
             except GenerationConfigError as e:
-                raise CLIError(str(e).replace(name, flag)) from e
+                raise CLIError(e.named(flag)) from e
     return options
 
 
@@ -420,7 +424,7 @@ def _remote(args: argparse.Namespace) -> RemoteModel | None:
         tokenizer=args.generator_tokenizer,
         context_length=args.generator_context,
         prompt_format=args.generator_prompt,
-        config=GenerationConfig(max_new_tokens=args.max_tokens),
+        config=GenerationConfig(max_tokens=args.max_tokens),
     )
 
 
@@ -599,7 +603,7 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     try:
         threading.Thread(target=watch, name="vllm-watch", daemon=True).start()
         remote = RemoteModel(server.base_url, model=folder.name, tokenizer=str(folder),
-                             config=GenerationConfig(max_new_tokens=args.max_tokens))
+                             config=GenerationConfig(max_tokens=args.max_tokens))
         preload = None
         if args.index is not None:
             from apps.engine import Collection

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from ragspec.config import DEFAULT_MAX_TOKENS, GenerationConfig, request_max_tokens
+from ragspec.text import question_text
+
 if TYPE_CHECKING:
     from langchain_core.documents import Document
 
@@ -212,7 +215,7 @@ class Collection:
         self,
         index_dir: str | Path,
         *,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         k: int = 4,
         model: str = "default",
         history_turns: int = 8,
@@ -220,10 +223,7 @@ class Collection:
         backend: str = "auto",
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        from ragspec.config import GenerationConfig
-
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        request_max_tokens(max_tokens)
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if history_turns < 0:
@@ -264,9 +264,10 @@ class Collection:
         ``history`` holds earlier (question, answer) pairs of the conversation (see ``answer_stream``).
         Closing the iterator early stops the generation and frees the model for the next request.
         """
-        question = question.strip()
-        if not question:
-            raise AppError("the question is empty")
+        try:
+            question = question_text(question)  # before the model loads: a clear error, at once
+        except ValueError as e:
+            raise AppError(str(e)) from e
         start = time.perf_counter()
         for event in _pipeline_events(self.answer_stream(question, history), start):
             if not isinstance(event, Token):

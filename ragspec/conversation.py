@@ -154,7 +154,7 @@ def follow_up_query(
         return question, None
     if mode == "rewrite":
         ids = chat_prompt_ids(generator.lm.tokenizer, rewrite_messages(turns, question))
-        result = generator.generate(ids, GenerationConfig(max_new_tokens=REWRITE_MAX_TOKENS, stop=("\n",)))
+        result = generator.generate(ids, GenerationConfig(max_tokens=REWRITE_MAX_TOKENS, stop=("\n",)))
         rewritten = result.text.strip()
         if rewritten:
             return rewritten, result.stats

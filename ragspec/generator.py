@@ -123,7 +123,7 @@ class GenerationResult:
     """Generated ids, EOS excluded; with a stop string, up to the token that completed it."""
     finish_reason: str
     """``"stop"`` (a stop string), ``"eos"`` (the end of the output, or a constraint's grammar
-    completed), ``"length"`` (max_new_tokens or the context), or ``"repetition"`` (the answer began
+    completed), ``"length"`` (max_tokens or the context), or ``"repetition"`` (the answer began
     repeating itself: ``GenerationConfig.repetition_stop``)."""
     stats: GenerationStats
     model: str = ""
@@ -253,7 +253,7 @@ class SpeculativeGenerator:
         """Generate a completion of ``prompt``; ``references`` are passages to draft from.
 
         ``config`` (default: the generator's ``config``) is merged with ``options``
-        (``max_new_tokens=``, ``stop=``, ``temperature=``, ... see ``GenerationConfig``).
+        (``max_tokens=``, ``stop=``, ``temperature=``, ... see ``GenerationConfig``).
         Greedy output is the target's own greedy output; sampled output has the distribution of
         plain sampling (drafts are verified by rejection sampling).
         """
@@ -388,7 +388,7 @@ class SpeculativeGenerator:
     ) -> Generator[str, None, GenerationResult]:
         with self._hold(cancel):
             start = time.perf_counter()
-            budget = min(config.max_new_tokens, self.lm.context_length - len(prompt_ids))
+            budget = min(config.max_tokens, self.lm.context_length - len(prompt_ids))
             finish = "length"
             out: list[int] = []
             context = list(prompt_ids)  # prompt + out, kept as one list for the drafter

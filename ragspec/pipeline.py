@@ -48,11 +48,11 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from ragspec.bridge import iterate_in_thread
-from ragspec.config import CallOptions, GenerationConfig
+from ragspec.config import CallOptions, GenerationConfig, request_config
 from ragspec.conversation import FOLLOW_UP_MODES, History, follow_up_query, passage_key, to_turns
 from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
-from ragspec.text import clean_text
+from ragspec.text import question_text
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
@@ -521,23 +521,19 @@ class DocumentQA:
         return self._generate(self._prepare(question, k, options, history))
 
     def _prepare(self, question: str, k: int | None, options: dict[str, Any], history: History = ()) -> _Request:
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("the question must be a non-empty string")
+        question = question_text(question)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        question = clean_text(question)
         if self.external:
             return self._prepare_external(question, k, options, history)
         base = self.llm.call_options(None, {})
-        if "max_tokens" in options:
-            options["max_new_tokens"] = options.pop("max_tokens")
         unset = {k: v for k, v in self.generation.items() if getattr(base.config, k) == getattr(_PLAIN, k)}
-        call = dataclasses.replace(base, config=base.config.merged(unset).merged(options))
+        call = dataclasses.replace(base, config=request_config(base.config.merged(unset), options))
         turns = to_turns(history)
         generator = self.llm.load(call.model)
         query, query_stats = follow_up_query(self.follow_up, question, turns, generator, self.system_prompt)
         retrieved = list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
-        max_tokens = call.config.max_new_tokens
+        max_tokens = call.config.max_tokens
         tokenizer, context = generator.lm.tokenizer, generator.lm.context_length
         kept, dropped = self._fit_turns(tokenizer, question, retrieved, turns, max_tokens, context)
         shown = {passage_key(p) for t in kept for p in t.passages}

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ragspec.config import CallOptions, GenerationConfig, check_backend
+from ragspec.config import CallOptions, GenerationConfig, call_options, check_backend
 
 if TYPE_CHECKING:
     from ragspec.generator import SpeculativeGenerator
@@ -77,9 +77,4 @@ class LocalModel:
 
     def call_options(self, stop: Sequence[str] | None = None, options: Mapping[str, Any] | None = None) -> CallOptions:
         """This model's defaults with ``options`` (generation options, ``model=``) merged in; ``stop`` is added."""
-        options = dict(options or {})
-        model = options.pop("model", self.model)
-        config = self.config.merged(options)
-        if stop:
-            config = config.merged(stop=(*config.stop, *stop))
-        return CallOptions(model, config)
+        return call_options(self.model, self.config, stop, options)

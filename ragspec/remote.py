@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ragspec.config import CallOptions, GenerationConfig
+from ragspec.config import CallOptions, GenerationConfig, call_options
 from ragspec.generator import (
     GenerationResult,
     GenerationStats,
@@ -279,7 +279,7 @@ class RemoteGenerator:
                 f"the prompt has {len(prompt_ids)} tokens but {info.name} takes at most {info.context_length} "
                 "(prompt and answer together): shorten it or pass fewer passages"
             )
-        budget = min(config.max_new_tokens, info.context_length - len(prompt_ids))
+        budget = min(config.max_tokens, info.context_length - len(prompt_ids))
         body: dict[str, Any] = {
             "model": info.name,
             "prompt": prompt_ids if self.prompt_format == "tokens" else info.tokenizer.decode(prompt_ids),
@@ -518,12 +518,7 @@ class RemoteModel:
 
     def call_options(self, stop: Sequence[str] | None = None, options: Mapping[str, Any] | None = None) -> CallOptions:
         """These defaults with ``options`` (generation options, ``model=``) merged in; ``stop`` is added."""
-        options = dict(options or {})
-        model = options.pop("model", self.model)
-        config = self.config.merged(options)
-        if stop:
-            config = config.merged(stop=(*config.stop, *stop))
-        return CallOptions(model, config)
+        return call_options(self.model, self.config, stop, options)
 
 
 _generators: dict[RemoteModel, RemoteGenerator] = {}

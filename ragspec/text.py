@@ -27,6 +27,15 @@ def clean_text(text: str) -> str:
     return text
 
 
+def question_text(question: object) -> str:
+    """A question as the prompt takes it: white space around it gone, ``clean_text``; ``ValueError`` when
+    it is not a string or nothing is left. Every way a question comes in (``DocumentQA``, the web
+    app's ``/api/ask``) goes through this once."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("the question must be a non-empty string")
+    return clean_text(question.strip())
+
+
 class RepeatGuard:
     """Finds where an answer starts repeating ``n`` or more of its own tokens verbatim.
 

@@ -38,9 +38,9 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, Union
+from typing import Any, Protocol, TypeVar, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -53,6 +53,7 @@ from apps.web.retrieval_api import extension as retrieval_extension
 from apps.web.security import plain_error
 from apps.web.streaming import ClientGone, EventStream, unless_gone
 from ragspec.bridge import iterate_in_thread, next_before
+from ragspec.config import DEFAULT_MAX_TOKENS, GenerationConfig, GenerationConfigError, request_config, request_max_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class ApiSettings:
 
     model_id: str
     """The name clients send as ``model`` (and ``/v1/models`` lists)."""
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     """Most new tokens per request; also the default when a request sets none."""
     queue_timeout_s: float = 120.0
     compile_timeout_s: float = 30.0
@@ -163,6 +164,7 @@ _CHAT_ONLY = {
 }  # fmt: skip
 _COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
 Prompt = Union[list[dict[str, str]], str, list[int]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ class ApiRequest:
     prompt: Prompt
     """Chat: role/content turns. Completions: text or token ids."""
     options: dict[str, Any]
-    """``GenerationConfig`` fields the request sets (``max_new_tokens`` only when given)."""
+    """``GenerationConfig`` fields the request sets (``max_tokens`` only when given)."""
     references: tuple[str | list[int], ...]
     stream: bool
     include_usage: bool
@@ -203,23 +205,14 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
     _unsupported(body, chat)
     prompt = _messages(body.get("messages")) if chat else _prompt(body.get("prompt"))
     options: dict[str, Any] = {}
-    max_tokens = body.get("max_completion_tokens") if chat and body.get("max_completion_tokens") is not None else None
-    param = "max_completion_tokens"
-    if max_tokens is None:
-        max_tokens, param = body.get("max_tokens"), "max_tokens"
-    if max_tokens is not None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise OpenAIError(400, f"{param} must be a positive integer, got {max_tokens!r}", param=param)
-        options["max_new_tokens"] = max_tokens
-    temperature = body.get("temperature")
-    if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-            raise OpenAIError(400, f"temperature must be a number from 0 to 2, got {temperature!r}", param="temperature")
-        options["temperature"] = temperature
-    for name in ("top_p", "seed", "top_k", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n",
-                 "repetition_stop", "speculative"):  # fmt: skip
+    param = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get(param) is not None:
+        options["max_tokens"] = _checked(lambda: request_max_tokens(body[param], param))
+    for name in ("temperature", "top_p", "seed", "top_k", "frequency_penalty", "presence_penalty", "repeat_penalty",
+                 "repeat_last_n", "repetition_stop", "speculative"):  # fmt: skip
         if body.get(name) is not None:
             options[name] = body[name]
+    _checked(lambda: GenerationConfig().merged(options))  # 400 naming the first bad option, before the request queues
     if body.get("stop") is not None:
         options["stop"] = _stop(body["stop"])
     response_format = body.get("response_format")
@@ -247,6 +240,14 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
         chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel,
         response_format, retrieval,
     )
+
+
+def _checked(build: Callable[[], T]) -> T:
+    """``build()``, its ``GenerationConfigError`` answered as a 400 that names the parameter."""
+    try:
+        return build()
+    except GenerationConfigError as e:
+        raise OpenAIError(400, str(e), param=e.param) from e
 
 
 def _unsupported(body: Mapping[str, Any], chat: bool) -> None:
@@ -469,7 +470,7 @@ class Job:
 
     request: ApiRequest
     prompt_ids: list[int]
-    config: Any  # ragspec.config.GenerationConfig (imported lazily with the model)
+    config: GenerationConfig
     retrieved: Retrieved | None = None
     """A retrieval request's passages and answer stream (its prompt is the pipeline's: ``prompt_ids`` is empty)."""
 
@@ -480,7 +481,6 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
 
     Runs in a worker thread (tokenizing a long prompt takes a while).
     """
-    from ragspec.config import GenerationConfig, GenerationConfigError
     from ragspec.prompts import chat_prompt_ids
 
     lm = generator.lm
@@ -501,7 +501,7 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
         prompt_ids = list(request.prompt)
     context = lm.context_length
     room = context - len(prompt_ids)
-    asked = request.options.get("max_new_tokens")
+    asked = request.options.get("max_tokens")
     if room < 1 or (asked is not None and asked > room):
         wanted = f" and {asked} for the completion" if asked is not None else ""
         raise OpenAIError(
@@ -516,14 +516,9 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
         raise OpenAIError(
             400, f"max_tokens must be at most {settings.max_tokens} on this server (ragspec serve --max-tokens)", param=param
         )
-    options = {"max_new_tokens": min(settings.max_tokens, room), "temperature": 0.0, **options}
+    options = {"max_tokens": min(settings.max_tokens, room), "temperature": 0.0, **options}
     config = generator.config if isinstance(getattr(generator, "config", None), GenerationConfig) else GenerationConfig()
-    for name, value in options.items():  # one at a time, so an error names its parameter
-        param = "max_tokens" if name == "max_new_tokens" else name
-        try:
-            config = config.merged({name: value})
-        except GenerationConfigError as e:
-            raise OpenAIError(400, str(e).replace(name, param), param=param) from e
+    config = _checked(lambda: request_config(config, options))
     if request.retrieval is not None:
         try:
             retrieved = retrieve(documents, request.retrieval, request.prompt, request.options)  # type: ignore[arg-type]

@@ -128,10 +128,7 @@ def retrieve(
             "retrieval",
         )  # fmt: skip
     question, history = conversation(turns)
-    asked = dict(options)
-    if "max_new_tokens" in asked:
-        asked["max_tokens"] = asked.pop("max_new_tokens")
-    return Retrieved(documents, documents.answer_stream(question, history, asked, k=retrieval.k))
+    return Retrieved(documents, documents.answer_stream(question, history, dict(options), k=retrieval.k))
 
 
 def extension(answer: Answer) -> dict[str, Any]:

@@ -75,6 +75,8 @@ from apps.web.security import (
 )
 from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, SessionStore
 from apps.web.streaming import EventStream
+from ragspec.config import DEFAULT_MAX_TOKENS, request_max_tokens
+from ragspec.text import question_text
 
 if TYPE_CHECKING:
     from ragspec.pipeline import Answer
@@ -126,7 +128,7 @@ class AppConfig:
     """Answers generated at once: 1 for a local model; more only for a remote generator that batches."""
     answer_timeout_s: float = 300.0
     """Longest one answer may take; it is cut (and the model freed) after that."""
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     max_question_chars: int = 2000
     allow_folders: bool = True
     """Allow ``POST /api/folder`` (reads any folder the server process can read)."""
@@ -139,8 +141,9 @@ class AppConfig:
     def __post_init__(self) -> None:
         names = (
             "max_file_bytes", "max_request_bytes", "max_body_bytes", "max_session_bytes", "max_files", "max_sessions",
-            "max_tokens", "max_question_chars", "concurrency",
+            "max_question_chars", "concurrency",
         )  # fmt: skip
+        request_max_tokens(self.max_tokens)
         for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -168,7 +171,7 @@ class AppConfig:
 class DefaultBackend:
     """Indexes with ``apps.engine.update_index`` (incremental, into ``workdir/index``) and answers with the ragspec pipeline."""
 
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     k: int = 4
     model: str = "default"
     model_backend: str = "auto"
@@ -187,7 +190,7 @@ class DefaultBackend:
 
 
 class AskBody(BaseModel):
-    question: str = Field(min_length=1)
+    question: str
 
 
 class FolderBody(BaseModel):
@@ -429,9 +432,10 @@ def create_app(
 
     @app.post("/api/ask")
     async def ask(request: Request, body: AskBody) -> Response:
-        question = body.question.strip()
-        if not question:
-            raise HTTPException(422, "the question is empty")
+        try:
+            question = question_text(body.question)
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from e
         if len(question) > config.max_question_chars:
             raise HTTPException(413, f"the question is longer than {config.max_question_chars} characters")
         session = live_session(request)

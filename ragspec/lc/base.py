@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import difflib
 import re
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -38,7 +37,7 @@ from langchain_core.messages.ai import UsageMetadata
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
-from ragspec.config import CallOptions, GenerationConfig, GenerationConfigError, check_backend
+from ragspec.config import DEFAULT_MAX_TOKENS, CallOptions, GenerationConfig, call_options, check_backend
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -51,8 +50,6 @@ Reference = Union[str, Document, Sequence[int]]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-_RENAMED = {"max_tokens": "max_new_tokens"}
-"""LangChain's names of generation options that ``GenerationConfig`` names otherwise."""
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n", "repetition_stop")
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculative",
                 "response_format")  # fmt: skip
@@ -75,18 +72,6 @@ def load_options() -> dict[str, Any]:
     """
     paths = {(*LC_NAMESPACE, name): (*LC_NAMESPACE, name) for name in _LC_CLASSES}
     return {"valid_namespaces": LC_NAMESPACE[:1], "allowed_objects": "core", "additional_import_mappings": paths}
-
-
-@contextmanager
-def _langchain_names() -> Iterator[None]:
-    """Re-raise a ``GenerationConfigError`` with the parameter names a LangChain user passed."""
-    try:
-        yield
-    except GenerationConfigError as e:
-        message = str(e)
-        for ours, theirs in _RENAMED.items():
-            message = message.replace(theirs, ours)
-        raise GenerationConfigError(message) from e
 
 
 def to_reference(ref: object) -> str | list[int]:
@@ -126,8 +111,8 @@ class RagSpecParams(BaseModel):
     """Draft tokens from the references and verify them in one forward; ``False`` decodes one token per forward (same output, slower)."""
     max_draft: int = Field(default=16, ge=1, le=256)
     """Most tokens proposed per verify step (the adaptive policy often proposes fewer)."""
-    max_tokens: int = Field(default=256, ge=1)
-    """Most new tokens per answer."""
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    """Most new tokens per answer (at least 1)."""
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy decoding."""
     top_k: int = 0
@@ -191,7 +176,7 @@ class RagSpecParams(BaseModel):
 
     @model_validator(mode="after")
     def _v_generation(self) -> RagSpecParams:
-        self.generation_config()  # one set of rules, and messages that name the parameter
+        call_options(self.model, GenerationConfig(), None, self._generation_fields())  # GenerationConfig's rules, a request's
         return self
 
     @field_validator("device")
@@ -269,23 +254,13 @@ class RagSpecParams(BaseModel):
         return self.generator.lm.name if self.generator is not None else self.model
 
     # -- calls ----------------------------------------------------------------------------------
+    def _generation_fields(self) -> dict[str, Any]:
+        names = [name for name in _GENERATION_FIELDS if name != "max_draft"]
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
     def generation_config(self) -> GenerationConfig:
-        """The fields as a validated ``GenerationConfig`` (``max_tokens`` is its ``max_new_tokens``)."""
-        with _langchain_names():
-            return GenerationConfig(
-                max_new_tokens=self.max_tokens,
-                stop=tuple(self.stop or ()),
-                speculative=self.speculative,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                seed=self.seed,
-                frequency_penalty=self.frequency_penalty,
-                presence_penalty=self.presence_penalty,
-                repeat_penalty=self.repeat_penalty,
-                repeat_last_n=self.repeat_last_n,
-                repetition_stop=self.repetition_stop,
-            )
+        """The fields as a validated ``GenerationConfig``."""
+        return GenerationConfig(**self._generation_fields())
 
     def call_options(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> CallOptions:
         """Merge fields with call-time options; unknown options are an error, not ignored.
@@ -299,26 +274,18 @@ class RagSpecParams(BaseModel):
                 f"{type(self).__name__} got unsupported option(s) {', '.join(unknown)}; "
                 f"supported per call: stop, {', '.join(CALL_OPTIONS)}"
             )
-        overrides = {_RENAMED.get(k, k): v for k, v in kwargs.items() if k not in ("references", "model", "response_format")}
+        options = {k: v for k, v in kwargs.items() if k not in ("references", "response_format")}
         if kwargs.get("response_format") is not None:  # checked and compiled here, before any generation
             from ragspec.lc.tools import response_constraint
 
-            overrides["constraint"] = response_constraint(kwargs["response_format"])
-        if "max_new_tokens" in overrides and overrides["max_new_tokens"] == 0:
-            raise GenerationConfigError("max_tokens must be >= 1, got 0")
-        with _langchain_names():
-            config = self.generation_config().merged(overrides)
-            if stop is not None:
-                config = config.merged(stop=(*config.stop, *GenerationConfig(stop=stop).stop))
+            options["constraint"] = response_constraint(kwargs["response_format"])
+        call = call_options(self.model, self.generation_config(), stop, options)
         refs = kwargs.get("references") or ()
         if isinstance(refs, (str, Document)):
             refs = [refs]
         if not isinstance(refs, Sequence):
             raise ValueError(f"references must be a str, a Document or a list of them (or of token id lists), got {refs!r}")
-        model = kwargs.get("model", self.model)
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty string, got {model!r}")
-        return CallOptions(model=model, config=config, references=tuple(to_reference(r) for r in refs))
+        return CallOptions(call.model, call.config, tuple(to_reference(r) for r in refs))
 
     def events(
         self,
