@@ -7,7 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from apps.web.server import DEFAULT_SUFFIXES, AppConfig, create_app
+from apps.web.config import DEFAULT_SUFFIXES
+from apps.web.server import AppConfig, create_app
 from retrievers.converters import CONVERTED_TYPES
 from tests.apps.conftest import LiveServer, ScriptedBackend
 from tests.retrievers.office_files import write_docx, write_pptx, write_xlsx

@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from apps.web.server import AppConfig, _safe_name, create_app
+from apps.web.documents import _safe_name
+from apps.web.server import AppConfig, create_app
 from tests.apps.conftest import LiveServer, ScriptedBackend
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.web.server import AppConfig, _safe_name, create_app
+from apps.web.documents import _safe_name
+from apps.web.server import AppConfig, create_app
 from retrievers.loaders import load_documents, load_file
 from tests.apps.conftest import LiveServer, ScriptedBackend
 from tests.apps.fakes import GeneratorSource
