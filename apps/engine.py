@@ -1,12 +1,11 @@
 """What the CLI and the web app share: building an index from files, and answering over it.
 
-The apps never talk to the pipeline directly; they go through two small types here:
+The CLI and the web app go through the two pieces here (``apps.demo`` shows the pipeline,
+``ragspec.DocumentQA``, used directly):
 
 - ``update_index`` creates or incrementally updates a saved index from files and folders
   (``retrievers.ingest.sync_index``: only new and changed files are read and embedded, identical
   passages stored once, the index replaced atomically), with truthful progress;
-- ``build_index`` loads, chunks and embeds files into a new, unsaved ``FaissVectorStore`` (with a
-  progress callback) and reports what it skipped;
 - ``Collection`` answers questions over a saved index as a stream of ``Token`` events followed
   by the pipeline's ``Answer`` (its citations, whether a passage backs it, and its
   ``GenerationStats``).
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
     from langchain_core.documents import Document
 
     from ragspec.pipeline import Answer, AnswerStream, GenerationSource
-    from retrievers import FaissVectorStore
     from retrievers.ingest import SyncProgress, SyncReport
 
 
@@ -52,7 +50,7 @@ class Skipped:
 
 @dataclass
 class IndexSummary:
-    """What ``build_index`` or ``update_index`` did."""
+    """What ``update_index`` did."""
 
     files: list[str] = field(default_factory=list)
     """Sources that produced at least one chunk."""
@@ -61,76 +59,6 @@ class IndexSummary:
     skipped: list[Skipped] = field(default_factory=list)
     update: SyncReport | None = None
     """``update_index``'s report: new, changed, unchanged and removed files, passages embedded..."""
-
-
-Progress = Callable[[str, int, int], None]
-"""``progress(stage, done, total)``; ``stage`` is ``"load"`` or ``"embed"``."""
-
-
-def build_index(
-    paths: Sequence[str | Path],
-    *,
-    include: Sequence[str] | None = None,
-    exclude: Sequence[str] | None = None,
-    chunk_size: int = 256,
-    chunk_overlap: int = 32,
-    batch_size: int = 32,
-    progress: Progress | None = None,
-    max_file_bytes: int | None = None,
-) -> tuple[FaissVectorStore, IndexSummary]:
-    """Load ``paths`` (files or folders), chunk and embed them into a new vector store.
-
-    ``max_file_bytes`` caps the size of one file (default: the loader's, 100 MiB); larger
-    files are skipped with a reason. Raises ``AppError`` when a path does not exist or
-    nothing could be indexed; the message then gives each skipped file's reason.
-    """
-    if not paths:
-        raise AppError("no files or folders given")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    missing = [str(p) for p in paths if not Path(p).exists()]
-    if missing:
-        raise AppError(f"no such file or folder: {', '.join(missing)}")
-
-    import warnings
-
-    from retrievers import (
-        DEFAULT_MAX_FILE_BYTES,
-        FaissVectorStore,
-        SkippedFileWarning,
-        default_embeddings,
-        load_documents,
-        split_documents,
-    )
-
-    summary = IndexSummary()
-    if progress is not None:
-        progress("load", 0, len(paths))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SkippedFileWarning)  # reported in the summary instead
-        limit = DEFAULT_MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
-        loaded = load_documents(list(paths), include=include, exclude=exclude, max_file_bytes=limit)
-    summary.skipped.extend(Skipped(s.path, s.reason) for s in loaded.skipped)
-    documents = loaded.documents
-    if progress is not None:
-        progress("load", len(paths), len(paths))
-    chunks = [c for c in split_documents(documents, chunk_size=chunk_size, chunk_overlap=chunk_overlap) if c.page_content.strip()]
-    if not chunks:
-        shown = 10  # one line, for the CLI's one-line errors and the web page alike
-        reasons = "; ".join(f"{s.path}: {s.reason}" for s in summary.skipped[:shown])
-        more = f"; and {len(summary.skipped) - shown} more" if len(summary.skipped) > shown else ""
-        hint = f"; {len(summary.skipped)} file(s) skipped: {reasons}{more}" if summary.skipped else ""
-        raise AppError(f"found no text to index in {', '.join(map(str, paths))}{hint}")
-    if progress is not None:
-        progress("embed", 0, len(chunks))
-    store = FaissVectorStore(default_embeddings())
-    for start in range(0, len(chunks), batch_size):
-        store.add_documents(chunks[start : start + batch_size])
-        if progress is not None:
-            progress("embed", min(start + batch_size, len(chunks)), len(chunks))
-    summary.files = list(dict.fromkeys(str(c.metadata.get("source", "")) for c in chunks))
-    summary.chunks = len(chunks)
-    return store, summary
 
 
 def update_index(

@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # torch and transformers are imported when a grammar is compi
 
     from ragspec.drafting import Draft
 
-ENGINE = f"llguidance {llguidance.__version__}"
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """How constrained JSON is laid out (see the module docstring)."""
 

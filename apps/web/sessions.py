@@ -55,7 +55,8 @@ class Session:
     history: list[tuple[str, str]] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the session's documents change, so two uploads never interleave."""
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = 0.0
+    """When a request last used it, by its store's clock."""
 
     @property
     def uploads(self) -> Path:
@@ -82,9 +83,16 @@ class SessionLimitError(RuntimeError):
 
 
 class SessionStore:
-    """Sessions by id, bounded in number and idle time."""
+    """Sessions by id, bounded in number and idle time (measured by ``clock``, in seconds)."""
 
-    def __init__(self, root: Path | None = None, *, max_sessions: int = 32, ttl_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        max_sessions: int = 32,
+        ttl_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         if ttl_s <= 0:
@@ -94,6 +102,7 @@ class SessionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
+        self.clock = clock
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -106,7 +115,7 @@ class SessionStore:
             self._expire()
             session = self._sessions.get(session_id or "")
             if session is not None:
-                session.last_used = time.monotonic()
+                session.last_used = self.clock()
             return session
 
     def create(self) -> Session:
@@ -115,11 +124,11 @@ class SessionStore:
             self._expire()
             if len(self._sessions) >= self.max_sessions:
                 oldest = min(s.last_used for s in self._sessions.values())
-                raise SessionLimitError(self.max_sessions, max(1, math.ceil(self.ttl_s - (time.monotonic() - oldest))))
+                raise SessionLimitError(self.max_sessions, max(1, math.ceil(self.ttl_s - (self.clock() - oldest))))
             session_id = secrets.token_urlsafe(24)
             root = self.root / session_id
             root.mkdir()
-            session = self._sessions[session_id] = Session(session_id, root)
+            session = self._sessions[session_id] = Session(session_id, root, last_used=self.clock())
             return session
 
     def discard(self, session: Session) -> None:
@@ -130,7 +139,7 @@ class SessionStore:
         shutil.rmtree(session.root, ignore_errors=True)
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for session_id in [s.id for s in self._sessions.values() if now - s.last_used > self.ttl_s]:
             shutil.rmtree(self._sessions.pop(session_id).root, ignore_errors=True)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-from apps.engine import AppError, Collection, Token, _pipeline_events, build_index
+from apps.engine import AppError, Collection, Token, _pipeline_events, update_index
 from ragspec.generator import GenerationStats
 from ragspec.pipeline import Answer, Citation
 from ragspec.prompts import Turn
@@ -133,9 +133,9 @@ def test_bad_settings_and_paths_fail_early(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="repeat_penalty must be > 0"):
         Collection(tmp_path, options={"repeat_penalty": -1.0})
     with pytest.raises(AppError, match="no files"):
-        build_index([])
+        update_index([], tmp_path / "index")
     with pytest.raises(AppError, match="no such file"):
-        build_index([tmp_path / "nope"])
+        update_index([tmp_path / "nope"], tmp_path / "index")
     with pytest.raises(AppError, match="empty"):
         next(Collection(tmp_path).stream("   "))
 

@@ -13,7 +13,6 @@ import re
 import secrets
 import select
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,9 +199,16 @@ def test_uploads_are_bounded_per_session_and_a_refused_upload_leaves_no_session(
 
 @pytest.mark.timeout(180)
 def test_an_expired_session_is_reported_as_expired(backend: ScriptedBackend, tmp_path: Path) -> None:
-    with live(AppConfig(session_ttl_s=0.5), backend, tmp_path) as server, client(server) as c:
+    app = create_app(AppConfig(session_ttl_s=0.5), backend=backend, sessions_root=tmp_path)
+    now = [0.0]
+    app.state.sessions.clock = lambda: now[0]  # the sessions' clock, moved on by hand instead of sleeping
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with LiveServer(app) as server, client(server) as c:
         assert upload(c, "notes.md").status_code == 200
-        time.sleep(0.8)
+        sleep(0.8)
         r = c.post("/api/ask", json={"question": "q?"})
         assert r.status_code == 410 and r.json()["code"] == "session_expired" and "expired" in r.json()["error"]
         assert "ragspec_session=" in r.headers.get("set-cookie", "")  # the dead cookie is cleared
@@ -212,11 +218,11 @@ def test_an_expired_session_is_reported_as_expired(backend: ScriptedBackend, tmp
         # a page reloaded with the dead cookie is told, too
         with client(server) as reloaded:
             assert upload(reloaded, "x.md").status_code == 200
-            time.sleep(0.8)
+            sleep(0.8)
             info = reloaded.get("/api/session").json()
             assert info["expired"] is True and "upload them again" in info["message"]
             assert upload(reloaded, "y.md").status_code == 200
-            time.sleep(0.8)
+            sleep(0.8)
             r = upload(reloaded, "z.md")  # straight to an upload with the dead cookie: a new session, and it says so
             assert r.status_code == 200 and r.json()["documents"] == ["z.md"]
             assert "expired" in r.json()["notices"][0]
