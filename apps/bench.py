@@ -37,16 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers.generation.streamers import BaseStreamer
 
+from apps.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
 from ragspec.backends import TargetModel
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import SpeculativeGenerator
-from ragspec.models import LoadedModel, load_model
+from ragspec.backends import load_model
+from ragspec.models import LoadedModel
 from ragspec.ngram import NgramDrafter
 from ragspec.policy import FixedPolicy
 
-DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 
 # Open-ended requests with no passages: nothing to copy, so drafting must stay out of the way.
 OPEN_ENDED = [
@@ -128,15 +128,10 @@ def family(method: str) -> str:
 # -- workload ---------------------------------------------------------------------------------
 def rag_prompts(lm: TargetModel, n: int, k: int = 3) -> list[Prompt]:
     """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
-    from retrievers import FaissVectorStore, HybridRetriever, default_embeddings, load_documents, split_documents
-
     from ragspec.prompts import qa_prompt_ids
 
-    questions = json.loads((DATA / "questions.json").read_text())["questions"][:n]
-    chunks = split_documents(load_documents(DATA / "corpus").documents)
-    store = FaissVectorStore(default_embeddings())
-    store.add_documents(chunks)
-    retriever = HybridRetriever(vectorstore=store, documents=chunks, k=k)
+    questions = bundled_questions(n)
+    retriever = bundled_retriever(k)
     prompts = []
     for q in questions:
         passages = retriever.invoke(q["question"])
@@ -172,21 +167,6 @@ class OracleDrafter:
     def finish(self, output: Sequence[int]) -> None: ...
 
 
-class _FirstTokenTimer(BaseStreamer):
-    """Notes when ``generate`` emits its first new token (the first ``put`` is the prompt)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.first: float | None = None
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.first = time.perf_counter()
-
-    def end(self) -> None: ...
-
-
 class _PeakRss:
     """Samples the process's resident memory in a thread while a method runs."""
 
@@ -219,7 +199,7 @@ def hf_method(lm: LoadedModel, **kwargs: object) -> Callable[[Prompt, int], Run]
     @torch.inference_mode()
     def run(prompt: Prompt, max_new_tokens: int) -> Run:
         ids = torch.tensor([prompt.ids], device=lm.device)
-        timer = _FirstTokenTimer()
+        timer = FirstTokenTimer()
         start = time.perf_counter()
         out = lm.model.generate(
             ids, max_new_tokens=max_new_tokens, do_sample=False, streamer=timer,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from apps.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
 from ragspec.constraints import Constraint, engine_tokenizer
 from ragspec.generator import SpeculativeGenerator
 from ragspec.models import LoadedModel
@@ -89,16 +90,10 @@ class Summary:
 
 def extraction_items(lm: LoadedModel, n: int, k: int = 3) -> list[Item]:
     """The first ``n`` bundled questions, each with its top ``k`` passages, as chat prompts."""
-    from retrievers import FaissVectorStore, HybridRetriever, default_embeddings, load_documents, split_documents
-
-    from apps.bench import DATA
     from ragspec.prompts import format_passages
 
-    questions = json.loads((DATA / "questions.json").read_text())["questions"][:n]
-    chunks = split_documents(load_documents(DATA / "corpus").documents)
-    store = FaissVectorStore(default_embeddings())
-    store.add_documents(chunks)
-    retriever = HybridRetriever(vectorstore=store, documents=chunks, k=k)
+    questions = bundled_questions(n)
+    retriever = bundled_retriever(k)
     items = []
     for q in questions:
         passages = retriever.invoke(q["question"])
@@ -135,15 +130,13 @@ class LLGuidanceProcessor(LogitsProcessor):
 
 
 def hf_method(lm: LoadedModel, constraint: Constraint) -> Callable[[Item, int], Run]:
-    from apps.bench import _FirstTokenTimer
-
     eos = lm.tokenizer.eos_token_id
 
     @torch.inference_mode()
     def run(item: Item, max_new_tokens: int) -> Run:
         ids = torch.tensor([item.ids], device=lm.device)
         processor = LLGuidanceProcessor(lm, constraint, len(item.ids))
-        timer = _FirstTokenTimer()
+        timer = FirstTokenTimer()
         start = time.perf_counter()
         out = lm.model.generate(
             ids, max_new_tokens=max_new_tokens, do_sample=False, streamer=timer, pad_token_id=eos,

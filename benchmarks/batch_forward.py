@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragspec.forward import LlamaForward  # noqa: E402
-from ragspec.models import load_model  # noqa: E402
+from ragspec.backends.pytorch.forward import LlamaForward  # noqa: E402
+from ragspec.backends import load_model  # noqa: E402
 
 
 def _torch_backend() -> dict[str, str]:

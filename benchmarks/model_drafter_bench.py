@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apps.bench import open_prompts, rag_prompts  # noqa: E402
 from ragspec.generator import SpeculativeGenerator  # noqa: E402
-from ragspec.models import LoadedModel, load_model  # noqa: E402
+from ragspec.backends import load_model  # noqa: E402
+from ragspec.models import LoadedModel  # noqa: E402
 from ragspec.ngram import NgramDrafter  # noqa: E402
 from ragspec.policy import FixedPolicy  # noqa: E402
 

@@ -16,7 +16,7 @@ _LAZY = {
     "ChatRagSpec": "ragspec.lc",
     "SpeculativeGenerator": "ragspec.generator",
     "GenerationResult": "ragspec.generator",
-    "load_model": "ragspec.models",
+    "load_model": "ragspec.backends",
     "DocumentQA": "ragspec.pipeline",
     "Answer": "ragspec.pipeline",
     "Citation": "ragspec.pipeline",
@@ -30,7 +30,7 @@ __all__ = sorted(_LAZY)
 if TYPE_CHECKING:
     from ragspec.generator import GenerationResult, SpeculativeGenerator
     from ragspec.lc import ChatRagSpec, RagSpecLLM
-    from ragspec.models import load_model
+    from ragspec.backends import load_model
     from ragspec.conversation import Conversation
     from ragspec.pipeline import Answer, AnswerStream, Citation, DocumentQA
     from ragspec.prompts import Turn

@@ -14,9 +14,8 @@ from typing import Sequence
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from ragspec.backends import TargetModel, make_backend
 from ragspec.drafting import Draft, DraftSource
-from ragspec.forward import make_forward
-from ragspec.models import LoadedModel
 
 
 class VocabularyMismatchError(ValueError):
@@ -35,12 +34,15 @@ def check_same_vocabulary(target: PreTrainedTokenizerBase, draft: PreTrainedToke
 
 
 class ModelDrafter:
-    """Greedy drafts from a small model with its own, rolled-back KV cache."""
+    """Greedy drafts from a small model with its own, rolled-back KV cache.
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel) -> None:
+    The draft model runs behind the same back-end seam as the target (``ragspec.backends``), so
+    it may be transformers weights or a GGUF file in llama.cpp."""
+
+    def __init__(self, draft: TargetModel, target: TargetModel) -> None:
         check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
         self.lm = draft
-        self._forward = make_forward(draft.model, draft.device, draft.dtype)
+        self.backend = make_backend(draft)
         self.clear_cache()
 
     def begin(self, prompt: Sequence[int], references: Sequence[Sequence[int]]) -> None:
@@ -49,13 +51,13 @@ class ModelDrafter:
 
     def clear_cache(self) -> None:
         """Forget every cached position."""
-        self._cache = self._forward.new_cache(1024)  # grows by doubling when needed
+        self._cache = self.backend.new_cache(1024)  # grows by doubling when needed
         self._seen: list[int] = []  # tokens whose keys/values are in the cache
 
     @torch.inference_mode()
     def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
         try:
-            out = self._forward(list(tokens), self._cache, last_only=True)[0]  # [vocab]
+            out = self.backend.forward(list(tokens), self._cache, last_only=True)[0]  # [vocab]
         except BaseException:
             self.clear_cache()  # the forward may have written some layers: start the next draft cold
             raise

@@ -19,14 +19,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-if TYPE_CHECKING:
-    from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings
+from ragspec.results import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +38,6 @@ CACHE_ENV = "RAGSPEC_CACHE_DIR"
 # 2: config.json names its architecture (vLLM loads the folder as it is; format 1 wrote null).
 _CACHE_FORMAT = 2
 _COMPLETE_MARKER = "ragspec-complete.json"
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be found or loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -120,34 +115,12 @@ def default_gguf_path() -> Path:
     )
 
 
-def load_model(
-    name: str = DEFAULT_MODEL,
-    *,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "auto",
-    backend: str = "auto",
-    llamacpp: LlamaCppSettings | None = None,
-) -> LoadedModel | LlamaCppModel:
-    """Load a causal LM and its tokenizer.
-
-    ``name`` is ``"default"`` (the embedded SmolLM2-135M-Instruct), a path to a ``.gguf`` file, a
-    local model directory, or a Hugging Face model id (which transformers may fetch if it is not
-    in the local hub cache; set ``HF_HUB_OFFLINE=1`` to forbid that).
-
-    ``backend`` picks what runs it (``ragspec.backends.choose_backend``): ``"torch"`` returns a
-    ``LoadedModel`` (transformers weights; a GGUF file is de-quantized once into the cache),
-    ``"llamacpp"`` a ``LlamaCppModel`` (the GGUF file itself, with ``llamacpp`` settings), and
-    ``"auto"`` llama.cpp for GGUF files of a billion parameters or more on a CPU when
-    llama-cpp-python is installed, PyTorch otherwise (the default model included).
-    """
-    from ragspec.backends import choose_backend
-
-    if choose_backend(name, backend, device, dtype) == "llamacpp":
-        from ragspec.backends.llamacpp import load_llamacpp
-
-        if name == DEFAULT_MODEL:
-            return load_llamacpp(default_gguf_path(), DEFAULT_MODEL_NAME, llamacpp)
-        return load_llamacpp(name, None, llamacpp)
+def load_torch_model(
+    name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+) -> LoadedModel:
+    """``name`` as transformers weights (the PyTorch back end's model; ``ragspec.backends.load_model``
+    picks the back end): the default model and ``.gguf`` files de-quantized once into the cache, a
+    local directory, or a Hugging Face id from the local hub cache."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if name == DEFAULT_MODEL:

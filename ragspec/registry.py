@@ -31,7 +31,7 @@ def get_generator(
     """The shared generator for these settings, loading the model on first use."""
     from ragspec.backends import choose_backend
     from ragspec.generator import SpeculativeGenerator
-    from ragspec.models import load_model
+    from ragspec.backends import load_model
 
     key = (model, device, dtype, choose_backend(model, backend, device, dtype))
     generator = _generators.get((*key, max_draft))

@@ -43,15 +43,17 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ragspec.cancel import check as check_cancelled
 from ragspec.config import CallOptions, GenerationConfig, call_options
-from ragspec.generator import (
+from ragspec.results import (
     GenerationResult,
     GenerationStats,
+    GenerationStream,
     GeneratorBusyError,
+    ModelLoadError,
     PromptTooLongError,
     SourceStats,
 )
-from ragspec.models import ModelLoadError
 from ragspec.text import StopTextAssembler, clean_text
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ PROMPT_FORMATS = ("tokens", "text")
 FALLBACK_CONTEXT = 2048
 """Context window assumed when neither the caller nor the server says (see ``RemoteGenerator``)."""
 
-__all__ = ["API_KEY_ENV", "RemoteGenerationError", "RemoteGenerator", "RemoteInfo", "RemoteModel", "RemoteStream"]
+__all__ = ["API_KEY_ENV", "RemoteGenerationError", "RemoteGenerator", "RemoteInfo", "RemoteModel"]
 
 
 class RemoteGenerationError(RuntimeError):
@@ -263,8 +265,8 @@ class RemoteGenerator:
         *,
         references: Sequence[str | Sequence[int]] = (),
         **options: Any,
-    ) -> RemoteStream:
-        """Like ``generate`` but yields text deltas as the server sends them; see ``RemoteStream``.
+    ) -> GenerationStream:
+        """Like ``generate`` but yields text deltas as the server sends them (a ``GenerationStream``).
 
         Arguments are checked here; the request is sent on the first ``next``.
         """
@@ -312,7 +314,8 @@ class RemoteGenerator:
             if config.repetition_stop:
                 body["repetition_stop"] = config.repetition_stop
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        return RemoteStream(self._run(body, config, stats), stats)
+        cancel = threading.Event()
+        return GenerationStream(self._run(body, config, stats, cancel), stats, cancel)
 
     def _cuts_repeats(self, config: GenerationConfig) -> bool:
         """Whether ``config.repetition_stop`` is applied here: a ragspec server applies it itself,
@@ -322,7 +325,10 @@ class RemoteGenerator:
         return bool(config.repetition_stop) and self.lm.server == "vllm"
 
     # -- HTTP -------------------------------------------------------------------------------------
-    def _run(self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats) -> Generator[str, None, GenerationResult]:
+    def _run(
+        self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats, cancel: threading.Event
+    ) -> Generator[str, None, GenerationResult]:
+        """The request's deltas; ``cancel`` (``GenerationStream.cancel``) is checked at each event."""
         start = time.perf_counter()
         text, finish, remote_finish = "", None, None
         server_ids: list[int] = []  # vLLM's own ids of the answer, when it sends them
@@ -332,6 +338,7 @@ class RemoteGenerator:
         if body["max_tokens"] > 0:
             with self._open_stream(body) as response:
                 for event in _sse_events(response):
+                    check_cancelled(cancel)
                     if "error" in event:
                         raise RemoteGenerationError(f"{self.base_url} stopped the answer: {_error_message(event)}")
                     for choice in event.get("choices") or ():
@@ -438,35 +445,6 @@ class RemoteGenerator:
     def close(self) -> None:
         """Close the HTTP connections (a later call opens new ones)."""
         self._client.close()
-
-
-class RemoteStream:
-    """Iterates over text deltas as the server sends them; ``result`` is set once it is exhausted.
-
-    The HTTP request is sent on the first ``next``. Use it as a context manager: leaving early
-    closes the connection, and a ragspec server then stops generating at once (other servers
-    stop when they notice the closed connection).
-    """
-
-    def __init__(self, steps: Generator[str, None, GenerationResult], stats: GenerationStats) -> None:
-        self._steps = steps
-        self.stats = stats
-        self.result: GenerationResult | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        result = yield from self._steps
-        if self.result is None:  # iterating an exhausted stream again yields nothing and keeps the result
-            self.result = result
-
-    def __enter__(self) -> RemoteStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop: closes the connection, so the server can free the model."""
-        self._steps.close()
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ _SEPARATORS = ["\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ", ""]
 def _default_tokenizer():  # -> tokenizers.Tokenizer
     from tokenizers import Tokenizer
 
-    from retrievers.embeddings import default_model_path
+    from retrievers.default_model import default_model_path
 
     tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
     tokenizer.no_padding()  # the bundled tokenizer.json pads every input to 128 tokens
@@ -63,7 +63,7 @@ def _default_special_tokens() -> int:
 @lru_cache(maxsize=1)
 def default_max_tokens() -> int:
     """The default embedding model's ``max_seq_length``: the most word pieces it reads, special tokens included."""
-    from retrievers.embeddings import default_model_path
+    from retrievers.default_model import default_model_path
 
     config = json.loads((default_model_path() / "sentence_bert_config.json").read_text(encoding="utf-8"))
     return int(config["max_seq_length"])

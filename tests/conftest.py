@@ -15,7 +15,8 @@ def lc_tokenizer():
     """The default model's tokenizer (with its chat template), read from the converted-model cache."""
     from transformers import AutoTokenizer
 
-    from ragspec.models import cache_root, load_model
+    from ragspec.backends import load_model
+    from ragspec.models import cache_root
 
     found = sorted(cache_root().glob("models/SmolLM2-135M-Instruct*/tokenizer.json"))
     if found:

@@ -1,13 +1,15 @@
-"""Layers point one way: retrievers -> ragspec core -> ragspec.lc -> apps.
+"""Layers point one way: retrievers -> ragspec core -> ragspec.lc -> apps; and no modules import each other.
 
 Every import statement counts, also the lazy ones inside functions and under ``TYPE_CHECKING``
 (a lazy import still makes a cycle between packages). A module may import its own layer and
-the layers below it, never one above.
+the layers below it, never one above; within a layer, no chain of imports leads back to the
+module it started from.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,80 @@ def test_the_check_sees_upward_imports(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     found = violations(core / "probe.py")
     assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found)), found
+
+
+KNOWN_CYCLES = {frozenset({"ragspec.conversation", "ragspec.pipeline"})}
+"""``DocumentQA.conversation()`` builds a ``Conversation``, which drives ``DocumentQA``'s own steps
+(``_prepare``/``_generate``); splitting them needs the answer types in a module of their own."""
+
+
+def import_graph(paths: Iterable[Path]) -> dict[str, set[str]]:
+    """Each module's imports of other modules of ours (``from package import module`` names the module)."""
+    modules = {module_name(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        statements: dict[int, list[str]] = {}
+        for line, imported in imported_modules(ast.parse(path.read_text(encoding="utf-8")), package):
+            statements.setdefault(line, []).append(imported)
+        targets = set()
+        for names in statements.values():
+            base, rest = names[0], names[1:]
+            if rest and all(n.startswith(base + ".") and n in modules for n in rest):
+                names = rest  # `from a import b, c` of modules b and c: not a's own code
+            for imported in names:
+                while imported and imported not in modules:  # `from a.b import name`: the module a.b
+                    imported = imported.rpartition(".")[0]
+                if imported and imported != module:
+                    targets.add(imported)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other() -> None:
+    graph = import_graph(p for p in sources() if p.relative_to(ROOT) != FACADE)
+    found = [c for c in cycles(graph) if frozenset(c) not in KNOWN_CYCLES]
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_check_sees_cycles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    core = tmp_path / "ragspec"
+    core.mkdir()
+    (core / "a.py").write_text("def f():\n    from ragspec.b import g\n")
+    (core / "b.py").write_text("from ragspec import c\n")
+    (core / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ragspec.a import f\n")
+    (core / "d.py").write_text("from ragspec.a import f\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert cycles(import_graph(sorted(core.glob("*.py")))) == [["ragspec.a", "ragspec.b", "ragspec.c"]]

@@ -14,10 +14,18 @@ import torch
 
 from ragspec.backends.base import Backend, BackendUnavailableError, KVCache
 from ragspec.config import BACKENDS, check_backend
-from ragspec.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, resolve_device
+from ragspec.models import (
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_NAME,
+    LoadedModel,
+    ModelLoadError,
+    default_gguf_path,
+    load_torch_model,
+    resolve_device,
+)
 
 if TYPE_CHECKING:
-    from ragspec.backends.llamacpp import LlamaCppModel
+    from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings
 
 
 AUTO_LLAMACPP_MIN_PARAMETERS = 1_000_000_000
@@ -31,7 +39,7 @@ TargetModel = Union[LoadedModel, "LlamaCppModel"]
 """A loaded target model: transformers weights (``LoadedModel``) or a GGUF file in llama.cpp."""
 
 __all__ = ["AUTO_LLAMACPP_MIN_PARAMETERS", "BACKENDS", "Backend", "BackendUnavailableError", "KVCache", "TargetModel",
-           "choose_backend", "make_backend"]
+           "choose_backend", "load_model", "make_backend"]
 
 
 def is_gguf_name(model: str) -> bool:
@@ -77,7 +85,6 @@ def choose_backend(model: str, backend: str = "auto", device: str | torch.device
 
 def gguf_parameters(model: str) -> int:
     """Parameters of a GGUF model (``"default"`` or a path), from its tensor table; 0 when unreadable."""
-    from ragspec.models import default_gguf_path
 
     try:
         path = default_gguf_path() if model == DEFAULT_MODEL else Path(model).expanduser()
@@ -138,3 +145,32 @@ def make_backend(lm: TargetModel) -> Backend:
     if isinstance(lm, LlamaCppModel):
         return LlamaCppBackend(lm)
     raise TypeError(f"expected a LoadedModel or a LlamaCppModel, got {type(lm).__name__}")
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    backend: str = "auto",
+    llamacpp: LlamaCppSettings | None = None,
+) -> LoadedModel | LlamaCppModel:
+    """Load a causal LM and its tokenizer.
+
+    ``name`` is ``"default"`` (the embedded SmolLM2-135M-Instruct), a path to a ``.gguf`` file, a
+    local model directory, or a Hugging Face model id (which transformers may fetch if it is not
+    in the local hub cache; set ``HF_HUB_OFFLINE=1`` to forbid that).
+
+    ``backend`` picks what runs it (``ragspec.backends.choose_backend``): ``"torch"`` returns a
+    ``LoadedModel`` (transformers weights; a GGUF file is de-quantized once into the cache),
+    ``"llamacpp"`` a ``LlamaCppModel`` (the GGUF file itself, with ``llamacpp`` settings), and
+    ``"auto"`` llama.cpp for GGUF files of a billion parameters or more on a CPU when
+    llama-cpp-python is installed, PyTorch otherwise (the default model included).
+    """
+    if choose_backend(name, backend, device, dtype) == "llamacpp":
+        from ragspec.backends.llamacpp import load_llamacpp
+
+        if name == DEFAULT_MODEL:
+            return load_llamacpp(default_gguf_path(), DEFAULT_MODEL_NAME, llamacpp)
+        return load_llamacpp(name, None, llamacpp)
+    return load_torch_model(name, device=device, dtype=dtype)

@@ -23,7 +23,8 @@ from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings, load_llam
 from ragspec.config import GenerationConfig
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import SpeculativeGenerator
-from ragspec.models import CACHE_ENV, ModelLoadError, load_model
+from ragspec.backends import load_model
+from ragspec.models import CACHE_ENV, ModelLoadError
 from ragspec.policy import FixedPolicy
 from ragspec.sampling import GreedyAcceptor, warp
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragspec.forward import LlamaForward
+from ragspec.backends.pytorch.forward import LlamaForward
 from ragspec.generator import PromptTooLongError, SpeculativeGenerator
-from ragspec.models import load_model
+from ragspec.backends import load_model
 from ragspec.prompts import qa_messages
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from ragspec.forward import HFForward, LlamaForward, make_forward, pick_linear
+from ragspec.backends.pytorch.forward import HFForward, LlamaForward, make_forward, pick_linear
 
 CPU, FP32 = torch.device("cpu"), torch.float32
 

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import GeneratorBusyError, PromptTooLongError, SpeculativeGenerator
-from ragspec.kv_cache import make_cache
+from ragspec.backends.pytorch.kv_cache import make_cache
 from ragspec.models import LoadedModel
 from ragspec.policy import AdaptivePolicy, FixedPolicy
 from ragspec.sampling import GreedyAcceptor

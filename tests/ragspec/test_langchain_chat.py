@@ -141,7 +141,7 @@ def test_ls_params(chat):
 # -- the shared model cache --------------------------------------------------------------------
 @pytest.fixture
 def counting_loader(monkeypatch, lc_tiny_model):
-    import ragspec.models
+    import ragspec.backends
 
     calls: list[tuple[str, str, str]] = []
     gate = threading.Event()
@@ -152,7 +152,7 @@ def counting_loader(monkeypatch, lc_tiny_model):
         return lc_tiny_model
 
     gate.set()
-    monkeypatch.setattr(ragspec.models, "load_model", fake_load)
+    monkeypatch.setattr(ragspec.backends, "load_model", fake_load)
     return calls, gate
 
 

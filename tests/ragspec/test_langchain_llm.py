@@ -237,12 +237,12 @@ def test_invalid_call_options(llm):
 
 
 def test_construction_does_not_load_a_model(monkeypatch):
-    import ragspec.models
+    import ragspec.backends
 
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("loaded at construction")
 
-    monkeypatch.setattr(ragspec.models, "load_model", fail)
+    monkeypatch.setattr(ragspec.backends, "load_model", fail)
     llm = RagSpecLLM(model="some/model", max_tokens=5)
     assert llm.model == "some/model"
     assert llm._get_ls_params()["ls_model_name"] == "some/model"

@@ -10,7 +10,7 @@ import torch
 
 from ragspec.backends.pytorch import TorchBackend
 from ragspec.generator import SpeculativeGenerator
-from ragspec.kv_cache import BufferLayer, cache_nbytes, copy_prefix
+from ragspec.backends.pytorch.kv_cache import BufferLayer, cache_nbytes, copy_prefix
 from ragspec.policy import FixedPolicy
 from ragspec.prefix_cache import PrefixCache, shared_prefix
 

@@ -1,5 +1,5 @@
-"""The PyTorch back end: transformers' weights, the lean Llama forward (``ragspec.forward``) on a
-preallocated KV cache (``ragspec.kv_cache``), transformers' own forward for other architectures."""
+"""The PyTorch back end: transformers' weights, the lean Llama forward (``ragspec.backends.pytorch.forward``) on a
+preallocated KV cache (``ragspec.backends.pytorch.kv_cache``), transformers' own forward for other architectures."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.cancel import check as check_cancelled
-from ragspec.forward import make_forward
-from ragspec.kv_cache import cache_nbytes, copy_prefix
+from ragspec.backends.pytorch.forward import make_forward
+from ragspec.backends.pytorch.kv_cache import cache_nbytes, copy_prefix
 from ragspec.models import LoadedModel
 
 

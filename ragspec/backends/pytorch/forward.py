@@ -13,8 +13,8 @@ product and gate/up another (7 weight streams per layer become 4). Logits agree 
 transformers' to float rounding (tests compare them, and greedy outputs against transformers'
 ``generate``); ragspec's plain and speculative decoding both use this pass, so the lossless
 guarantee is unaffected. Other architectures use ``HFForward`` (transformers' forward with a
-preallocated cache). ``Forward`` is the seam the generator calls (docs/design.md, "The back-end
-seam").
+preallocated cache). ``Forward`` is what the PyTorch back end (``ragspec.backends.pytorch``)
+runs; the generator and the draft model call that back end through ``ragspec.backends.base.Backend``.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from ragspec.kv_cache import make_cache
+from ragspec.backends.pytorch.kv_cache import make_cache
 
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 

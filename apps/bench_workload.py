@@ -1,0 +1,49 @@
+"""What both benchmarks (``apps.bench``, ``apps.bench_structured``) run on: the bundled questions,
+the bundled corpus behind a hybrid retriever, and a timer for transformers' first new token."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+if TYPE_CHECKING:
+    from retrievers import HybridRetriever
+
+DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
+"""The bundled questions (``questions.json``) and corpus (``corpus/``)."""
+
+
+def bundled_questions(n: int) -> list[dict[str, Any]]:
+    """The first ``n`` bundled questions (``question``, ``kind``, ...)."""
+    questions: list[dict[str, Any]] = json.loads((DATA / "questions.json").read_text())["questions"]
+    return questions[:n]
+
+
+def bundled_retriever(k: int) -> HybridRetriever:
+    """The bundled corpus loaded, chunked and embedded, behind a hybrid retriever of top ``k``."""
+    from retrievers import FaissVectorStore, HybridRetriever, default_embeddings, load_documents, split_documents
+
+    chunks = split_documents(load_documents(DATA / "corpus").documents)
+    store = FaissVectorStore(default_embeddings())
+    store.add_documents(chunks)
+    return HybridRetriever(vectorstore=store, documents=chunks, k=k)
+
+
+class FirstTokenTimer(BaseStreamer):
+    """Notes when ``generate`` emits its first new token (the first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None: ...
