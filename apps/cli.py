@@ -550,7 +550,7 @@ def _serve(args: argparse.Namespace) -> int:
     if remote is not None:
         from dataclasses import replace
 
-        name = remote.load().lm.name  # reaches the server now, not at the first question
+        name = remote.load().model_name  # reaches the server now, not at the first question
         remote = replace(remote, model=name)
         print(f"generating on {remote.base_url} (model {name!r})", file=sys.stderr)
     print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)

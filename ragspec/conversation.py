@@ -153,7 +153,7 @@ def follow_up_query(
     if not turns or mode == "question":
         return question, None
     if mode == "rewrite":
-        ids = chat_prompt_ids(generator.lm.tokenizer, rewrite_messages(turns, question))
+        ids = chat_prompt_ids(generator.tokenizer, rewrite_messages(turns, question))
         result = generator.generate(ids, GenerationConfig(max_tokens=REWRITE_MAX_TOKENS, stop=("\n",)))
         rewritten = result.text.strip()
         if rewritten:

@@ -42,12 +42,13 @@ from ragspec.results import (
     GeneratorBusyError,
     PromptTooLongError,
     SourceStats,
+    StreamingGenerator,
 )
 from ragspec.sampling import Acceptor, MaskedAcceptor, make_acceptor
 from ragspec.text import StopTextAssembler, clean_text
 
 
-class SpeculativeGenerator:
+class SpeculativeGenerator(StreamingGenerator):
     """Decoding of a target model, sped up by drafts the target verifies in one forward.
 
     With ``prefix_cache`` the keys and values of recent prompts are kept (``ragspec.prefix_cache``,
@@ -116,27 +117,6 @@ class SpeculativeGenerator:
         self._owner: int | None = None  # thread id of the request holding ``_lock``
 
     # -- public API ---------------------------------------------------------------------------
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        *,
-        references: Sequence[str | Sequence[int]] = (),
-        **options: Any,
-    ) -> GenerationResult:
-        """Generate a completion of ``prompt``; ``references`` are passages to draft from.
-
-        ``config`` (default: the generator's ``config``) is merged with ``options``
-        (``max_tokens=``, ``stop=``, ``temperature=``, ... see ``GenerationConfig``).
-        Greedy output is the target's own greedy output; sampled output has the distribution of
-        plain sampling (drafts are verified by rejection sampling).
-        """
-        with self.stream(prompt, config, references=references, **options) as stream:
-            for _ in stream:
-                pass
-        assert stream.result is not None
-        return stream.result
-
     def stream(
         self,
         prompt: str | Sequence[int],

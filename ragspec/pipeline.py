@@ -534,7 +534,7 @@ class DocumentQA:
         query, query_stats = follow_up_query(self.follow_up, question, turns, generator, self.system_prompt)
         retrieved = list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
         max_tokens = call.config.max_tokens
-        tokenizer, context = generator.lm.tokenizer, generator.lm.context_length
+        tokenizer, context = generator.tokenizer, generator.context_length
         kept, dropped = self._fit_turns(tokenizer, question, retrieved, turns, max_tokens, context)
         shown = {passage_key(p) for t in kept for p in t.passages}
         new, prompt_ids = self._fit(tokenizer, question, [p for p in retrieved if passage_key(p) not in shown], max_tokens,

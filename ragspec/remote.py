@@ -53,6 +53,7 @@ from ragspec.results import (
     ModelLoadError,
     PromptTooLongError,
     SourceStats,
+    StreamingGenerator,
 )
 from ragspec.text import StopTextAssembler, clean_text
 
@@ -146,7 +147,7 @@ def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return gguf_tokenizer(path)
 
 
-class RemoteGenerator:
+class RemoteGenerator(StreamingGenerator):
     """Decoding on an OpenAI-compatible server, called like a local ``SpeculativeGenerator``.
 
     ``model`` is the name the server knows the model by ("": the first it lists at
@@ -243,21 +244,6 @@ class RemoteGenerator:
         return [int(t) for t in text]
 
     # -- calls ------------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        *,
-        references: Sequence[str | Sequence[int]] = (),
-        **options: Any,
-    ) -> GenerationResult:
-        """Generate a completion of ``prompt`` on the server (see ``SpeculativeGenerator.generate``)."""
-        with self.stream(prompt, config, references=references, **options) as stream:
-            for _ in stream:
-                pass
-        assert stream.result is not None
-        return stream.result
-
     def stream(
         self,
         prompt: str | Sequence[int],

@@ -9,8 +9,12 @@ transformers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ragspec.config import GenerationConfig
 
 
 class ModelLoadError(RuntimeError):
@@ -152,3 +156,60 @@ class GenerationStream:
         ``GenerationCancelled`` at its next check (in the prefill, between steps, or while it
         waits for the generator), and the generator is free again."""
         self._cancel.set()
+
+
+class StreamingGenerator:
+    """What ``SpeculativeGenerator`` and ``RemoteGenerator`` share, and what ``DocumentQA``, the
+    LangChain classes and the apps call: the model's ``model_name``, ``tokenizer`` (text <-> ids,
+    chat template) and ``context_length``; ``encode``; ``stream``; and ``generate``, which is
+    ``stream`` run to its end.
+
+    A subclass implements ``stream(prompt, config=None, *, references=(), **options)``, returning a
+    ``GenerationStream``, and the three facts (its ``lm``: the loaded model, or the served model's
+    description).
+    """
+
+    lm: Any
+
+    @property
+    def model_name(self) -> str:
+        return str(self.lm.name)
+
+    @property
+    def tokenizer(self) -> Any:  # a Hugging Face tokenizer (not imported here: this module stays torch-free)
+        return self.lm.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return int(self.lm.context_length)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        references: Sequence[str | Sequence[int]] = (),
+        **options: Any,
+    ) -> GenerationStream:
+        raise NotImplementedError
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        references: Sequence[str | Sequence[int]] = (),
+        **options: Any,
+    ) -> GenerationResult:
+        """Generate a completion of ``prompt``; ``references`` are passages to draft from.
+
+        ``config`` (default: the generator's ``config``) is merged with ``options``
+        (``max_tokens=``, ``stop=``, ``temperature=``, ... see ``GenerationConfig``).
+        Greedy output is the target's own greedy output; sampled output has the distribution of
+        plain sampling (drafts are verified by rejection sampling).
+        """
+        with self.stream(prompt, config, references=references, **options) as stream:
+            for _ in stream:
+                pass
+        assert stream.result is not None
+        return stream.result

@@ -483,8 +483,7 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
     """
     from ragspec.prompts import chat_prompt_ids
 
-    lm = generator.lm
-    tokenizer = lm.tokenizer
+    tokenizer = generator.tokenizer
     vocab = len(tokenizer)
     if any(not isinstance(ref, str) and any(t >= vocab for t in ref) for ref in request.references):
         raise OpenAIError(400, f"reference token ids must be in [0, {vocab})", param="references")
@@ -499,7 +498,7 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
         if any(not 0 <= t < vocab for t in request.prompt):
             raise OpenAIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
         prompt_ids = list(request.prompt)
-    context = lm.context_length
+    context = generator.context_length
     room = context - len(prompt_ids)
     asked = request.options.get("max_tokens")
     if room < 1 or (asked is not None and asked > room):
@@ -657,29 +656,29 @@ def add_openai_routes(
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        lm = (await generator()).lm
-        return {"object": "list", "data": [model_entry(lm), *([embedding_entry()] if settings.embedding_model else [])]}
+        gen = await generator()
+        return {"object": "list", "data": [model_entry(gen), *([embedding_entry()] if settings.embedding_model else [])]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str) -> dict[str, Any]:
         if settings.embedding_model and model == settings.embedding_model:
             return embedding_entry()
-        lm = (await generator()).lm
-        check_model(model, lm.name)
-        return model_entry(lm)
+        gen = await generator()
+        check_model(model, gen.model_name)
+        return model_entry(gen)
 
     def embedding_entry() -> dict[str, Any]:
         return {"id": settings.embedding_model, "object": "model", "created": 0, "owned_by": "ragspec",
                 "ragspec": {"kind": "embeddings"}}  # fmt: skip
 
-    def model_entry(lm: Any) -> dict[str, Any]:
+    def model_entry(gen: Any) -> dict[str, Any]:
         return {
             "id": settings.model_id,
             "object": "model",
             "created": 0,
             "owned_by": "ragspec",
-            "max_model_len": lm.context_length,
-            "ragspec": {"name": lm.name, "max_tokens": settings.max_tokens},
+            "max_model_len": gen.context_length,
+            "ragspec": {"name": gen.model_name, "max_tokens": settings.max_tokens},
         }
 
     @app.post("/v1/chat/completions")
@@ -692,7 +691,7 @@ def add_openai_routes(
 
     async def respond(request: Request, api_request: ApiRequest) -> Response:
         gen = await generator()
-        check_model(api_request.model, gen.lm.name)
+        check_model(api_request.model, gen.model_name)
         job = await asyncio.to_thread(prepare, gen, api_request, settings, documents)
         try:
             ticket = queue.ticket()
@@ -716,7 +715,7 @@ def add_openai_routes(
             ticket.release()
             raise
         events = iterate_in_thread(lambda: _events(gen, job))
-        answer = Answer(job, ticket, events, gen.lm.name, time.monotonic() + settings.answer_timeout_s)
+        answer = Answer(job, ticket, events, gen.model_name, time.monotonic() + settings.answer_timeout_s)
         if api_request.stream:
             return EventStream(
                 answer.chunks(),

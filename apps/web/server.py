@@ -172,7 +172,7 @@ def create_app(
         source=generation,
         queue=queue,
         settings=ApiSettings(
-            model_id=getattr(generation, "model", "") or generation.load().lm.name,
+            model_id=getattr(generation, "model", "") or generation.load().model_name,
             max_tokens=config.max_tokens,
             queue_timeout_s=config.queue_timeout_s,
             answer_timeout_s=config.answer_timeout_s,

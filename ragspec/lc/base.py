@@ -251,7 +251,7 @@ class RagSpecParams(BaseModel):
     @property
     def model_name(self) -> str:
         """Name reported in metadata: the injected generator's model name, else ``model``."""
-        return self.generator.lm.name if self.generator is not None else self.model
+        return self.generator.model_name if self.generator is not None else self.model
 
     # -- calls ----------------------------------------------------------------------------------
     def _generation_fields(self) -> dict[str, Any]:

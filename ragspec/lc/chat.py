@@ -67,7 +67,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
         """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model
         gets them (with ``tools``, their listing in the system turn too)."""
         prompt = tool_calls.system_prompt([to_tool(t) for t in tools]) if tools else ""
-        return len(messages_prompt_ids(self.load().lm.tokenizer, messages, prompt))
+        return len(messages_prompt_ids(self.load().tokenizer, messages, prompt))
 
     # -- tools and structured output (ragspec.lc.tools) -----------------------------------------------
     def bind_tools(
@@ -124,7 +124,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
             constraint = tool_calls.tool_call_constraint(*tools)
             options = dataclasses.replace(options, config=options.config.merged(constraint=constraint))
             prompt = tool_calls.system_prompt(*tools[:2])
-        events = self.events(options, lambda g: messages_prompt_ids(g.lm.tokenizer, messages, prompt))
+        events = self.events(options, lambda g: messages_prompt_ids(g.tokenizer, messages, prompt))
         return events, tools is not None
 
     @staticmethod
