@@ -9,7 +9,7 @@ transformers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +170,7 @@ class StreamingGenerator:
     """
 
     lm: Any
+    stream: Callable[..., GenerationStream]
 
     @property
     def model_name(self) -> str:
@@ -182,16 +183,6 @@ class StreamingGenerator:
     @property
     def context_length(self) -> int:
         return int(self.lm.context_length)
-
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        *,
-        references: Sequence[str | Sequence[int]] = (),
-        **options: Any,
-    ) -> GenerationStream:
-        raise NotImplementedError
 
     def generate(
         self,
