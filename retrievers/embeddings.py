@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -37,6 +36,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from retrievers.cache import cache_root, publish_folder
 from retrievers.chunking import contextual_text
 from retrievers.default_model import default_model_path
 from retrievers.errors import EmbeddingModelError
@@ -76,7 +76,6 @@ BACKENDS: dict[str, str] = {
 BACKEND_ENV = "RAGSPEC_EMBEDDINGS_BACKEND"
 #: CPU flags (as Linux's /proc/cpuinfo names them) of native bf16 arithmetic, which OpenVINO's bf16 uses.
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-_CACHE_ENV = "RAGSPEC_CACHE_DIR"  # the same variable and root as ragspec.models' GGUF conversion
 # Bump when the layout or the content of an export changes; older entries are then ignored.
 _EXPORT_FORMAT = 1
 _SPEC_FILE = "ragspec-embedding.json"  # written last: its presence marks a complete entry
@@ -246,11 +245,6 @@ def _model_digest(model_dir: Path) -> str:
 # --- the export cache ----------------------------------------------------------------------
 
 
-def _cache_root() -> Path:
-    env = os.environ.get(_CACHE_ENV)
-    return (Path(env) if env else Path.home() / ".cache" / "ragspec") / "embeddings"
-
-
 def _artefact(backend: str) -> str:
     """Which exported file a back end runs: the fp32 ONNX graph, or one of its int8 quantizations."""
     return {"onnx-int8": "onnx-int8", "openvino-int8": "onnx-qdq"}.get(backend, "onnx")
@@ -272,15 +266,13 @@ def export_dir(name_or_path: str = "default", backend: str = "auto") -> Path:
     artefact = _artefact(backend)
     key = hashlib.sha256(f"{_model_digest(model_dir)}|{artefact}|{_EXPORT_FORMAT}".encode()).hexdigest()[:16]
     label = model_id.rsplit("/", 1)[-1].split("@")[0]
-    target = _cache_root() / f"{label}-{artefact}-{key}"
+    target = cache_root() / "embeddings" / f"{label}-{artefact}-{key}"
     if (target / _SPEC_FILE).is_file():
         return target
     source = export_dir(name_or_path, "onnx") if artefact != "onnx" else None
     logger.warning("exporting embedding model %s for %s once (seconds); cached in %s", label, backend, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    tmp.chmod(0o755)
-    try:
+
+    def build(tmp: Path) -> None:
         if source is None:
             _export_onnx(spec, tmp)
         elif artefact == "onnx-int8":
@@ -290,18 +282,8 @@ def export_dir(name_or_path: str = "default", backend: str = "auto") -> Path:
         (tmp / _SPEC_FILE).write_text(json.dumps({
             **asdict(spec), "source": str(model_dir), "artefact": artefact, "format": _EXPORT_FORMAT,
         }, indent=2))
-        if (target / _SPEC_FILE).is_file():  # another process finished the same export meanwhile
-            return target
-        if target.exists():  # a stale, incomplete entry from an older crash
-            shutil.rmtree(target)
-        try:
-            tmp.rename(target)
-        except OSError:
-            # Another process finished the same export first; its entry is equally good.
-            if not (target / _SPEC_FILE).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    publish_folder(target, _SPEC_FILE, build)
     return target
 
 

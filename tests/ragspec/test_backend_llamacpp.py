@@ -24,7 +24,8 @@ from ragspec.config import GenerationConfig
 from ragspec.drafting import Draft, DraftSource
 from ragspec.generator import SpeculativeGenerator
 from ragspec.backends import load_model
-from ragspec.models import CACHE_ENV, ModelLoadError
+from ragspec.models import ModelLoadError
+from retrievers.cache import CACHE_ENV
 from ragspec.policy import FixedPolicy
 from ragspec.sampling import GreedyAcceptor, warp
 
