@@ -191,7 +191,10 @@ class GenerationConfig:
         return repeat or self.frequency_penalty != 0 or self.presence_penalty != 0
 
     def merged(self, overrides: Mapping[str, Any] | None = None, /, **kwargs: Any) -> GenerationConfig:
-        """A copy with ``overrides`` (and ``kwargs``) applied; names not in the config are an error."""
+        """A copy with ``overrides`` (and ``kwargs``) applied; names not in the config are an error.
+
+        The way to change a config (``dataclasses.replace`` would hand the old ``max_tokens`` on as
+        ``max_new_tokens``)."""
         changes = {**(overrides or {}), **kwargs}
         unknown = sorted(set(changes) - FIELDS - {"max_new_tokens"})
         if unknown:
@@ -200,6 +203,8 @@ class GenerationConfig:
             )
         if "max_new_tokens" in changes and "max_tokens" in changes:
             raise GenerationConfigError("max_tokens", "or max_new_tokens (the same option): set one, not both")
+        if "max_tokens" in changes:  # else ``replace`` passes the old value on as the alias, which would win
+            changes["max_new_tokens"] = None
         return replace(self, **changes) if changes else self
 
 
