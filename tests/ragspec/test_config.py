@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ragspec.config import MIN_TEMPERATURE, GenerationConfig, GenerationConfigError
+from ragspec.config import (
+    DEFAULT_MAX_TOKENS,
+    MIN_TEMPERATURE,
+    GenerationConfig,
+    GenerationConfigError,
+    call_options,
+    request_config,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,3 +61,26 @@ def test_merge_returns_a_new_validated_config_and_rejects_unknown_names() -> Non
         base.merged(max_token=3)
     with pytest.raises(GenerationConfigError, match="top_p"):
         base.merged(top_p=2)
+
+
+def test_max_tokens_and_its_transformers_name_are_one_field() -> None:
+    assert GenerationConfig().max_tokens == DEFAULT_MAX_TOKENS
+    config = GenerationConfig(max_new_tokens=5)
+    assert (config.max_tokens, config.max_new_tokens) == (5, 5) and config == GenerationConfig(max_tokens=5)
+    assert config.merged(max_tokens=3).max_tokens == 3  # the new value wins over the old one's alias
+    assert config.merged(temperature=0.5).max_tokens == 5
+    with pytest.raises(GenerationConfigError, match="set one, not both"):
+        config.merged(max_tokens=3, max_new_tokens=4)
+
+
+def test_a_request_is_checked_once_with_the_parameter_named() -> None:
+    assert GenerationConfig(max_tokens=0).max_tokens == 0  # a program may prefill only
+    for options, param in (({"max_tokens": 0}, "max_tokens"), ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p")):
+        with pytest.raises(GenerationConfigError) as e:
+            request_config(GenerationConfig(), options)
+        assert e.value.param == param and str(e.value).startswith(param)
+        assert e.value.named("--flag").startswith("--flag must")
+    call = call_options("m", GenerationConfig(stop=("a",)), ["b"], {"model": "other", "max_tokens": 7})
+    assert (call.model, call.config.max_tokens, call.config.stop) == ("other", 7, ("a", "b"))
+    with pytest.raises(ValueError, match="model must be a non-empty string"):
+        call_options("m", GenerationConfig(), None, {"model": ""})
