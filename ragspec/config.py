@@ -244,7 +244,8 @@ def call_options(
     """One request for ``model`` with ``defaults``: ``options`` may name another ``model`` and set
     generation options (``request_config``); ``stop`` is added."""
     options = dict(options or {})
-    model = options.pop("model", model)
-    if not isinstance(model, str) or not model:
-        raise ValueError(f"model must be a non-empty string, got {model!r}")
+    if "model" in options:
+        model = options.pop("model")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
     return CallOptions(model, request_config(defaults, options, stop))
