@@ -386,7 +386,7 @@ def test_another_thread_waits_a_bounded_time_then_gets_a_busy_error() -> None:
         ({"temperature": 1e-45}, "temperature"),
         ({"temperature": float("inf")}, "temperature"),
         ({"top_p": float("nan")}, "top_p"),
-        ({"max_tokens": 3}, "unknown generation option"),
+        ({"max_token": 3}, "unknown generation option"),  # max_tokens is the option itself (GenerationConfig.max_tokens)
     ],
 )
 def test_bad_options_are_rejected_before_any_work(options: dict, name: str) -> None:
