@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from apps.engine import AppError, Token
 from apps.web.queue import QueueFullError, QueueTimeoutError, Ticket
@@ -29,7 +29,8 @@ router = APIRouter()
 
 
 class AskBody(BaseModel):
-    question: str
+    question: str = Field(min_length=1)
+    """(The length check also makes pydantic refuse a lone surrogate: a 400, ``apps.web.server._invalid_request``.)"""
 
 
 def sse(event: str, data: Any) -> str:
