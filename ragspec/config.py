@@ -127,8 +127,9 @@ class GenerationConfig:
     repeat_last_n: int = 64
     """How many of the answer's latest tokens ``repeat_penalty`` looks at; -1: the whole answer, 0: off."""
     repetition_stop: int = 0
-    """Once the answer repeats this many of its own tokens verbatim it ends where the repeat begins
-    (``finish_reason`` ``"repetition"``); 0 is off. Exact: it only cuts the same answer short."""
+    """Once the answer repeats this many of its own tokens verbatim, or a whole sentence of its own (of
+    at least 4 tokens), it ends where the repeat begins (``finish_reason`` ``"repetition"``); 0 is off.
+    Exact: it only cuts the same answer short."""
     constraint: Constraint | None = None
     """Output must match this grammar (``ragspec.constraints``): JSON Schema, JSON, regex, tool calls."""
     max_new_tokens: InitVar[int | None] = None

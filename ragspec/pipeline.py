@@ -11,9 +11,20 @@ tokens. The answer comes with citations, chosen by this rule:
    such as "the" or "is") that the passage also holds, in rank order;
 3. otherwise the passage that holds the most of the answer's content words (words that are not
    stop words), when it holds at least two thirds of them and at least two: a short answer
-   ("It had five arches.") rarely copies six words but uses the passage's own;
+   ("It had five arches.") rarely copies six words but uses the passage's own; failing that, the
+   same over the words the answer adds to the question's (an answer that restates the question,
+   "The trial period at Kestrel Lane Bakery Cooperative is six months.", is judged on "cooperative
+   six months");
 4. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
    passage is shown to back it. A passage is never cited just for being retrieved.
+
+A passage chosen by 1-3 is kept only if the answer is about the question: at least half of the
+question's content words (not stop words or question words such as "how"), compared without a plural
+or verb ending, occur both in the answer and in that passage. A small model that cannot answer often
+copies a passage that is beside the point ("Where can visitors park?" answered with the archive's
+opening hours). The next rule is tried when none of a rule's passages is on topic; when no rule's is,
+the answer cites nothing and its rule is ``"off_topic"`` (``benchmarks/qa_defaults.py`` measures the
+rules against hand labels).
 
 Passages that do not fit the model's context window together with the answer budget are
 dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
@@ -56,8 +67,8 @@ from ragspec.text import question_text
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
-repeating 12 of its own tokens ends there (README, "Answers that end"; ``benchmarks/qa_defaults.py``
-measures other lengths and penalties on the bundled questions)."""
+repeating 12 of its own tokens, or a sentence of its own, ends there (README, "Answers that end";
+``benchmarks/qa_defaults.py`` measures other lengths and penalties on the bundled questions)."""
 _PLAIN = GenerationConfig()
 
 if TYPE_CHECKING:
@@ -132,7 +143,8 @@ class Answer:
     passages: list[Document]
     """The passages in the prompt, in order: ``passages[0]`` is ``[1]``."""
     citation_rule: str
-    """Which rule chose the citations: ``"cited"``, ``"copied"``, ``"overlap"``, or ``"unsupported"`` (no citations)."""
+    """Which rule chose the citations: ``"cited"``, ``"copied"``, ``"overlap"``; with no citations ``"unsupported"``
+    (no passage holds the answer) or ``"off_topic"`` (passages hold it, but it is not about the question)."""
     finish_reason: str
     stats: GenerationStats | None
     """How ragspec generated it (tokens per forward, acceptance, ...); None when another LangChain
@@ -595,7 +607,7 @@ class DocumentQA:
         yield self._answer(request, stream.result.text, stream.result.finish_reason, stream.result.stats)
 
     def _answer(self, request: _Request, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
-        numbers, rule = choose_citations(text, request.passages)
+        numbers, rule = choose_citations(text, request.passages, request.question)
         citations = [self._citation(n, request.passages[n - 1]) for n in numbers]
         return Answer(
             question=request.question,
@@ -747,10 +759,12 @@ def copied_numbers(
     return found
 
 
-def overlap_numbers(text: str, passages: Sequence[Document], min_share: float = 2 / 3, min_words: int = 2) -> list[int]:
-    """The passages holding the most of ``text``'s content words, when that is at least ``min_share``
-    of them and at least ``min_words`` (ties: all of them, in rank order)."""
-    wanted = {w.lower() for w in _WORD.findall(text)} - _STOP_WORDS
+def overlap_numbers(
+    text: str, passages: Sequence[Document], min_share: float = 2 / 3, min_words: int = 2, ignore: str = ""
+) -> list[int]:
+    """The passages holding the most of ``text``'s content words (leaving out the words of ``ignore``),
+    when that is at least ``min_share`` of them and at least ``min_words`` (ties: all of them, in rank order)."""
+    wanted = {w.lower() for w in _WORD.findall(text)} - _STOP_WORDS - {w.lower() for w in _WORD.findall(ignore)}
     if len(wanted) < min_words:
         return []
     held = [len(wanted & {w.lower() for w in _WORD.findall(p.page_content)}) for p in passages]
@@ -760,13 +774,44 @@ def overlap_numbers(text: str, passages: Sequence[Document], min_share: float = 
     return [number for number, n in enumerate(held, start=1) if n == best]
 
 
-def choose_citations(text: str, passages: Sequence[Document]) -> tuple[list[int], str]:
-    """Passage numbers to cite and the rule that chose them (see the module docstring);
-    ``([], "unsupported")`` when no passage backs the answer."""
-    if numbers := cited_numbers(text, len(passages)):
-        return numbers, "cited"
-    if numbers := copied_numbers(text, passages):
-        return numbers, "copied"
-    if numbers := overlap_numbers(text, passages):
-        return numbers, "overlap"
-    return [], "unsupported"
+_QUESTION_WORDS = _STOP_WORDS | frozenset("how why where whom whose can could should would did many much".split())
+
+
+def _stem(word: str) -> str:
+    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching a question's words."""
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
+        word = word[:-1]
+    for ending in ("ing", "ed"):
+        if word.endswith(ending) and len(word) - len(ending) >= 4:
+            return word[: -len(ending)]
+    return word
+
+
+def _stems(text: str, stop_words: frozenset[str]) -> set[str]:
+    return {_stem(w) for w in (w.lower() for w in _WORD.findall(text)) if w not in stop_words}
+
+
+def on_topic_numbers(text: str, question: str, passages: Sequence[Document], numbers: Sequence[int], min_share: float = 0.5) -> list[int]:
+    """Those of ``numbers`` whose passage holds, together with ``text``, at least ``min_share`` of the
+    question's content words (all of ``numbers`` when the question has none)."""
+    wanted = _stems(question, _QUESTION_WORDS)
+    if not wanted:
+        return list(numbers)
+    about = wanted & _stems(text, _QUESTION_WORDS)
+    return [n for n in numbers if len(about & _stems(passages[n - 1].page_content, _QUESTION_WORDS)) >= min_share * len(wanted)]
+
+
+def choose_citations(text: str, passages: Sequence[Document], question: str = "") -> tuple[list[int], str]:
+    """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
+    whose passages are on topic (checked when ``question`` is given); ``([], "off_topic")`` when rules
+    found passages but none on topic, ``([], "unsupported")`` when no rule found any."""
+    evidence = (
+        ("cited", cited_numbers(text, len(passages))),
+        ("copied", copied_numbers(text, passages)),
+        ("overlap", overlap_numbers(text, passages)),
+        ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
+    )
+    for rule, numbers in evidence:
+        if kept := on_topic_numbers(text, question, passages, numbers) if question else numbers:
+            return kept, rule
+    return [], "off_topic" if any(numbers for _, numbers in evidence) else "unsupported"

@@ -3,14 +3,14 @@
 Streaming must never emit text it later takes back. Three things could force that: a token that
 ends in the middle of a UTF-8 character (decoded as U+FFFD until the next token completes it),
 the start of a stop string, which is only known to be a stop once it is complete, and the start
-of a repeat of the answer's own tokens (see ``RepeatGuard``). So the tail that could still be
+of a repeat of the answer's own tokens or sentences (see ``RepeatGuard``). So the tail that could still be
 any of them is held back until the next tokens settle it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
@@ -36,25 +36,39 @@ def question_text(question: object) -> str:
     return clean_text(question.strip())
 
 
+MIN_SENTENCE = 4
+"""The fewest tokens a sentence has for its repeat to end the answer (not "Yes." or a list's "2.")."""
+
+
 class RepeatGuard:
-    """Finds where an answer starts repeating ``n`` or more of its own tokens verbatim.
+    """Finds where an answer starts repeating ``n`` or more of its own tokens verbatim, or a whole
+    sentence of its own.
 
     The answer then ends where the repeat begins: the first occurrence stays, the copy goes (when
-    the two overlap, as in a loop of a short phrase, the loop's first turns stay). ``tail`` is how
-    many of the latest tokens repeat earlier ones (fewer than ``n``): they could still become a
-    repeat, so their text is held back. Every ``L``-gram (``L <= n``) is indexed once, as added.
+    the two overlap, as in a loop of a short phrase, the loop's first turns stay). A sentence is the
+    tokens after the previous sentence end up to a token in ``sentence_ends`` (one whose text ends
+    with ".", "!", "?" or a line break), at least ``MIN_SENTENCE`` of them: a loop of a short sentence
+    in a numbered list ("1. The pool is locked. 2. The pool is locked. ...") never repeats ``n``
+    tokens, since its numbers differ. ``tail`` is how many of the latest tokens could still become a
+    repeat (a suffix that occurred before, fewer than ``n``, or the sentence so far when it begins an
+    earlier one): their text is held back. Every ``L``-gram (``L <= n``) and every prefix of a
+    finished sentence is indexed once.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, sentence_ends: Callable[[int], bool] | None = None) -> None:
         if n < 2:
             raise ValueError(f"a repeat is at least 2 tokens, got {n}")
         self.n = n
         self.ids: list[int] = []
         self._seen: set[tuple[int, ...]] = set()
+        self._sentence_ends = sentence_ends
+        self._sentences: set[tuple[int, ...]] = set()
+        self._sentence_prefixes: set[tuple[int, ...]] = set()
+        self._sentence_start = 0
         self.tail = 0
 
     def add(self, tokens: Sequence[int]) -> int | None:
-        """Take tokens; the index in the answer where a repeat of ``n`` tokens begins, or None."""
+        """Take tokens; the index in the answer where a repeat begins, or None."""
         for token in tokens:
             self.ids.append(token)
             end, tail = len(self.ids), 0
@@ -66,8 +80,31 @@ class RepeatGuard:
                     tail = length
                 else:
                     self._seen.add(gram)
+            if self._sentence_ends is not None:
+                sentence = tuple(self.ids[self._sentence_start :])
+                if self._sentence_ends(token):
+                    if len(sentence) >= MIN_SENTENCE:
+                        if sentence in self._sentences:
+                            return self._sentence_start
+                        self._sentences.add(sentence)
+                        self._sentence_prefixes.update(sentence[:k] for k in range(1, len(sentence) + 1))
+                    self._sentence_start = end
+                elif sentence in self._sentence_prefixes:
+                    tail = max(tail, len(sentence))
             self.tail = tail
         return None
+
+
+def sentence_end_tokens(tokenizer: PreTrainedTokenizerBase) -> Callable[[int], bool]:
+    """Whether a token's text ends a sentence (ends with ".", "!", "?" or a line break), cached per id."""
+    ends: dict[int, bool] = {}
+
+    def ends_sentence(token: int) -> bool:
+        if token not in ends:
+            ends[token] = tokenizer.decode([token]).rstrip(" ").endswith((".", "!", "?", "\n"))
+        return ends[token]
+
+    return ends_sentence
 
 
 @dataclass
@@ -93,7 +130,7 @@ class StopTextAssembler:
             raise ValueError("stop strings must be non-empty")
         self._tokenizer = tokenizer
         self._stop = tuple(stop)
-        self._guard = RepeatGuard(repetition_stop) if repetition_stop else None
+        self._guard = RepeatGuard(repetition_stop, sentence_end_tokens(tokenizer)) if repetition_stop else None
         self._ids: list[int] = []
         self._emitted = ""
         self.text = ""

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from apps.engine import AppError, Token
+from apps.web.markdown import render_answer
 from apps.web.queue import QueueFullError, QueueTimeoutError, Ticket
 from apps.web.sessions import Answerer, Session
 from apps.web.state import COOKIE, ApiError, WebState, display, web_state
@@ -118,10 +119,11 @@ async def new_conversation(request: Request, web: WebState = Depends(web_state))
 
 
 def _done(answer: Answer, session: Session) -> dict[str, Any]:
-    """The ``done`` event: the text, whether a passage backs it, the citations (each with its whole
-    passage, for the page's passage panel) and the generation's stats."""
+    """The ``done`` event: the text, as sanitized HTML of its Markdown too, whether a passage backs it,
+    the citations (each with its whole passage, for the page's passage panel) and the generation's stats."""
     return {
         "text": answer.text,
+        "html": render_answer(answer.text),
         "supported": answer.supported,
         "citations": [
             _shown({**c.as_dict(), "text": answer.passages[c.number - 1].page_content.strip()}, session)

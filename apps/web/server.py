@@ -19,8 +19,9 @@ Endpoints (all JSON unless said otherwise; the session is the ``ragspec_session`
   the page makes (16 to 64 letters, digits, ``-`` or ``_``); only counts are reported.
 - ``DELETE /api/documents``: forget this session's documents and conversation.
 - ``POST /api/ask``: ``{"question": "..."}`` answers as ``text/event-stream`` with events
-  ``queued``, ``token``, ``done`` (citations, ``supported``: false when no passage backs the
-  answer, and stats) and ``error``.
+  ``queued``, ``token``, ``done`` (the text and its Markdown as sanitized ``html``, citations,
+  ``supported``: false when no passage backs the answer, and stats) and ``error``. A client that
+  leaves (the page's Stop button) stops the generation.
 - ``GET /api/health``.
 - ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``: the OpenAI-compatible API
   (``apps.web.openai_api``, docs/serving.md), over the same model and the same queue.

@@ -8,6 +8,7 @@ nothing downloads a browser. The server and the page talk over 127.0.0.1 only. S
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import time
@@ -66,13 +67,13 @@ def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Pat
         page.click("#ask-btn")
         # streamed: text is on the page while the answer is still marked as streaming
         page.wait_for_function(
-            "() => { const a = document.querySelector('.answer.streaming'); return a && a.textContent.length > 0 }",
+            "() => { const a = document.querySelector('.answer.streaming'); return a && /[a-z]{3}/i.test(a.textContent) }",
             timeout=180_000,
         )
         partial = page.inner_text(".answer")
         page.wait_for_selector(".citation", timeout=180_000)
-        final = page.inner_text(".answer")
-        assert partial and len(final) >= len(partial) and final.startswith(partial[:5])
+        final = page.inner_text(".answer")  # rendered from Markdown: list numbers and ** are markup now
+        assert re.findall(r"[A-Za-z]{3,}", partial)[0] in final
         assert "six months" in final.lower()  # the handbook's answer, not the question's words echoed
         stats = page.inner_text(".stats")
         assert "tokens/s" in stats and "acceptance" in stats and "tokens/forward" in stats
@@ -124,18 +125,71 @@ def test_the_page_works_under_its_content_security_policy_and_asks_for_the_api_k
         page.close()
 
 
+def upload_and_ask(page: object, url: str, name: str, body: bytes, question: str) -> None:
+    """Open the page, upload one text file, wait until it is indexed, and ask ``question``."""
+    page.goto(url + "/")  # type: ignore[attr-defined]
+    page.set_input_files("#files", [{"name": name, "mimeType": "text/plain", "buffer": body}])  # type: ignore[attr-defined]
+    page.click("#upload-btn")  # type: ignore[attr-defined]
+    page.wait_for_selector("#doc-list li")  # type: ignore[attr-defined]
+    page.fill("#question", question)  # type: ignore[attr-defined]
+    page.click("#ask-btn")  # type: ignore[attr-defined]
+
+
 @pytest.mark.timeout(120)
 def test_an_unsupported_answer_is_marked_on_the_page(browser: object, tmp_path: Path) -> None:
     backend = ScriptedBackend(words=["The capital of Peru", " is Lima."], supported=False)
     with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
-        page.goto(server.url + "/")
-        page.set_input_files("#files", [{"name": "timetable.txt", "mimeType": "text/plain", "buffer": b"Ferry at 7:15."}])
-        page.click("#upload-btn")
-        page.wait_for_selector("#doc-list li")
-        page.fill("#question", "What is the capital of Peru?")
-        page.click("#ask-btn")
+        upload_and_ask(page, server.url, "timetable.txt", b"Ferry at 7:15.", "What is the capital of Peru?")
         page.wait_for_selector(".citations .unsupported")
         assert "I don't know: no passage backs this answer" in page.inner_text(".citations")
         assert page.query_selector(".citation") is None
+        page.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_answer_s_markdown_is_rendered_and_hostile_html_in_it_does_not_run(browser: object, tmp_path: Path) -> None:
+    words = ["- **Early bake**: 3:30 to 11:30 [1]", "\n- <img src=x onerror=\"window.pwned = 1\">",
+             "\n- [click](javascript:window.pwned=2) <script>window.pwned = 3</script>",
+             '\n- <a href="javascript:window.pwned=4" onclick="window.pwned=5">x</a>']  # fmt: skip
+    backend = ScriptedBackend(words=words)
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        upload_and_ask(page, server.url, "shifts.txt", b"Early bake 3:30.", "What are the shift hours?")
+        page.wait_for_selector(".citation")
+        assert page.inner_text(".answer li strong") == "Early bake"  # Markdown, not "**Early bake**"
+        assert len(page.query_selector_all(".answer li")) == 4
+        page.click(".answer .cite-ref")  # the [1] marker is still a button that opens the passage
+        page.wait_for_selector("#passage:not([hidden])")
+        for a in page.query_selector_all(".answer a"):
+            a.click()
+        page.wait_for_timeout(300)
+        assert page.evaluate("window.pwned") is None
+        assert page.query_selector_all(".answer img, .answer script, .answer [onclick], .answer [onerror]") == []
+        assert page.evaluate("[...document.querySelectorAll('.answer a')].map(a => a.href)") == []
+        assert "<script>" in page.inner_text(".answer")  # shown as text, not run
+        page.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_stop_button_ends_the_answer_on_the_page_and_on_the_server(browser: object, tmp_path: Path) -> None:
+    backend = ScriptedBackend(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
+    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        upload_and_ask(page, server.url, "a.txt", b"Words.", "Say many words")
+        page.wait_for_function("() => document.querySelector('.answer.streaming')?.textContent.length > 0")
+        t0 = time.monotonic()
+        page.click("#stop-btn")
+        assert backend.answerers[0].ended.wait(5), "the server kept generating after Stop"
+        assert time.monotonic() - t0 < 5
+        assert backend.answerers[0].closed == 1 and backend.answerers[0].finished == 0
+        page.wait_for_selector(".stats .stopped")
+        assert page.inner_text(".stats").startswith("stopped after ")
+        assert page.query_selector(".answer.streaming") is None and page.inner_text(".answer").startswith("word")
+        assert not page.is_visible("#stop-btn") and page.is_enabled("#ask-btn")
+        page.fill("#question", "again")  # the page and the model are free for the next question
+        backend.answerers[0].words = ["short"]
+        page.click("#ask-btn")
+        page.wait_for_function("() => document.querySelectorAll('.turn')[1]?.querySelector('.stats b')")
+        assert page.inner_text(".turn:nth-child(2) .answer") == "short"
         page.close()

@@ -23,6 +23,7 @@ from ragspec.pipeline import (
     choose_citations,
     cited_numbers,
     copied_numbers,
+    on_topic_numbers,
 )
 from ragspec.prompts import QA_CHAT_PROMPT, format_passages, qa_messages
 
@@ -138,12 +139,53 @@ def test_an_answer_that_copies_a_span_cites_that_passage():
     assert choose_citations("The crossing takes forty minutes in calm weather.", TIMETABLE) == ([2], "copied")
 
 
+def test_an_answer_beside_the_question_cites_nothing():
+    # The answer copies the timetable, but the question asks about parking: not what the passage is cited for.
+    copied = "Tickets are sold on board, with departures at 7:15, 9:40 and 13:05 on weekdays."
+    assert choose_citations(copied, TIMETABLE) == ([1], "copied")
+    assert choose_citations(copied, TIMETABLE, "Where can visitors park their cars?") == ([], "off_topic")
+    # On topic: the question's words ("departures", "weekdays"; "When" is a question word) in the answer and passage.
+    assert choose_citations(copied, TIMETABLE, "When are the departures on weekdays?") == ([1], "copied")
+    # Plural and verb endings do not matter: "crossings" and "take" match "crossing" and "takes".
+    assert choose_citations("The crossing takes forty minutes.", TIMETABLE, "How long do crossings take?") == ([2], "overlap")
+    # A question of stop words only leaves the evidence rules as they are.
+    assert choose_citations(copied, TIMETABLE, "What is it?") == ([1], "copied")
+    # Unsupported stays unsupported, whatever the question.
+    assert choose_citations("The capital of Peru is Lima.", TIMETABLE, "What is the capital of Peru?") == ([], "unsupported")
+
+
+def test_on_topic_numbers_keeps_the_passages_holding_half_the_question_s_words():
+    passages = [doc("The ferry leaves at noon.", "a"), doc("Ferry tickets cost five pounds at noon.", "b")]
+    question = "When does the ferry leave with tickets?"  # content words: ferry, leave, tickets
+    assert on_topic_numbers("The ferry leaves at noon.", question, passages, [1, 2]) == [1]  # passage 2 lacks "leave"
+    assert on_topic_numbers("The ferry tickets leave at noon.", question, passages, [1, 2]) == [1, 2]  # 2 of 3 in each
+    assert on_topic_numbers("At noon.", question, passages, [1, 2]) == []  # the answer holds none of them
+    assert on_topic_numbers("The ferry tickets.", question, passages, [1, 2]) == [2]  # passage 1 lacks "tickets"
+    assert on_topic_numbers("The ferry leaves at noon.", question, passages, [1], min_share=1.0) == []
+
+
+def test_an_answer_that_restates_the_question_is_judged_on_the_words_it_adds():
+    passages = [doc("Dunmore harbour has a lifeboat station and a fish market.", "a"),
+                doc("New bakery staff join as trial workers. The trial period lasts six months.", "b")]  # fmt: skip
+    question = "How long is the trial period at the Kestrel Lane bakery?"
+    answer = "The trial period at Kestrel Lane Bakery Cooperative is six months."  # 5 of its 8 content words in passage 2
+    assert choose_citations(answer, passages) == ([], "unsupported")
+    assert choose_citations(answer, passages, question) == ([2], "overlap")  # "six months" of "cooperative six months"
+    assert choose_citations(answer.replace("six months", "ten weeks"), passages, question) == ([], "unsupported")
+
+
+def test_a_cited_marker_on_an_off_topic_passage_falls_through_to_the_next_rule():
+    answer = "The crossing takes forty minutes in calm weather [1]."
+    assert choose_citations(answer, TIMETABLE) == ([1], "cited")
+    assert choose_citations(answer, TIMETABLE, "How long does the crossing take?") == ([2], "copied")
+
+
 def test_answer_supported_follows_its_citations(qa, monkeypatch):
     import ragspec.pipeline as pipeline
 
     unsupported = qa.ask("What is the capital of Peru?")  # the random model's nonsense backs nothing
     assert (unsupported.supported, unsupported.citations, unsupported.citation_rule) == (False, [], "unsupported")
-    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages: ([2], "copied"))
+    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages, question="": ([2], "copied"))
     supported = qa.ask("What is the capital of Peru?")
     assert supported.supported and [c.number for c in supported.citations] == [2]
 
@@ -166,7 +208,7 @@ def test_ask_answers_from_the_numbered_prompt(qa, lc_tiny_generator):
 def test_citations_describe_their_passage(lc_tiny_generator, monkeypatch):
     import ragspec.pipeline as pipeline
 
-    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages: ([1], "cited"))
+    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages, question="": ([1], "cited"))
     qa = DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=4))
     [c] = qa.ask("When does it leave?").citations
     assert (c.number, c.source, c.start_index, c.page, c.title, c.chunk_id) == (1, "/docs/ferry.txt", 0, None, None, "c-ferry")
@@ -176,7 +218,7 @@ def test_citations_describe_their_passage(lc_tiny_generator, monkeypatch):
 def test_citation_fields_and_snippet(lc_tiny_generator, monkeypatch):
     import ragspec.pipeline as pipeline
 
-    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages: ([3, 2], "cited"))
+    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages, question="": ([3, 2], "cited"))
     qa = DocumentQA(
         FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=4), snippet_chars=40
     )

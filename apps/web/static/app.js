@@ -186,15 +186,25 @@ function openPassage(citation, button) {
 }
 $("passage-close").addEventListener("click", () => { $("passage").hidden = true; });
 
-function renderAnswer(node, text, citations) {
-  // Plain text, with [n] markers that name a citation turned into buttons that open it.
+function renderAnswer(node, html, citations) {
+  // The answer's Markdown as the server rendered and sanitized it (apps/web/markdown.py), with the
+  // [n] markers that name a citation turned into buttons that open it.
   const byNumber = new Map(citations.map((c) => [c.number, c]));
-  const parts = text.split(/(\[\d+\])/);
-  node.replaceChildren(...parts.map((part) => {
-    const m = /^\[(\d+)\]$/.exec(part);
-    const c = m && byNumber.get(Number(m[1]));
-    return c ? el("button", { class: "cite-ref", type: "button", onclick: () => openPassage(c) }, part) : part;
-  }));
+  node.innerHTML = html;
+  node.classList.add("markdown");
+  const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  while (walker.nextNode()) texts.push(walker.currentNode);
+  for (const textNode of texts) {
+    if (textNode.parentElement.closest("code, pre")) continue;
+    const parts = textNode.data.split(/(\[\d+\])/);
+    if (parts.length === 1) continue;
+    textNode.replaceWith(...parts.map((part) => {
+      const m = /^\[(\d+)\]$/.exec(part);
+      const c = m && byNumber.get(Number(m[1]));
+      return c ? el("button", { class: "cite-ref", type: "button", onclick: () => openPassage(c) }, part) : part;
+    }));
+  }
 }
 
 // -- asking -----------------------------------------------------------------------------------
@@ -228,8 +238,30 @@ async function ask(question) {
   $("conversation").append(turn);
   turn.scrollIntoView({ block: "end" });
 
+  // Stop: the page drops the connection; the server sees the client leave and stops generating.
+  const controller = new AbortController();
+  const stop = $("stop-btn");
+  const onStop = () => controller.abort();
+  stop.addEventListener("click", onStop);
+  stop.hidden = false;
+  let text = "", tokens = 0;
+  try {
+    await readAnswer(question, answer, stats, citeList, controller.signal, (delta) => { text += delta; tokens += 1; });
+  } catch (e) {
+    if (e.name !== "AbortError") throw e;
+    if (!answer.classList.contains("streaming")) return;  // stopped after the answer was complete: keep it
+    answer.classList.remove("streaming");
+    answer.textContent = text;
+    stats.replaceChildren(el("span", { class: "stopped" }, `stopped after ${tokens} token(s)`));
+  } finally {
+    stop.removeEventListener("click", onStop);
+    stop.hidden = true;
+  }
+}
+
+async function readAnswer(question, answer, stats, citeList, signal, onToken) {
   const response = await api("/api/ask", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ question }),
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ question }), signal,
   });
   if (!response.ok) {
     const error = await errorBody(response);
@@ -254,6 +286,7 @@ async function ask(question) {
       if (event === "queued") stats.textContent = `queued: ${data.position} answer(s) ahead`;
       else if (event === "token") {
         text += data.text;
+        onToken(data.text);
         answer.textContent = text;
         const perForward = data.tokens_per_forward === undefined
           ? `≈ ${data.tokens_per_step.toFixed(2)}` : data.tokens_per_forward.toFixed(2);
@@ -262,7 +295,7 @@ async function ask(question) {
           `${data.tokens} tokens · ${perForward} tokens/forward`;
       } else if (event === "done") {
         answer.classList.remove("streaming");
-        renderAnswer(answer, data.text || text, data.citations);
+        renderAnswer(answer, data.html, data.citations);
         citeList.replaceChildren(...data.citations.map((c) => {
           const label = [c.title || c.source.split("/").pop(), c.location].filter(Boolean).join(" · ");
           const b = el("button", { class: "citation", type: "button" }, el("b", {}, `[${c.number}]`), label);
@@ -271,7 +304,7 @@ async function ask(question) {
         }));
         if (data.supported === false) {
           citeList.append(el("li", { class: "unsupported" },
-            "I don't know: no passage backs this answer (it cites none, copies from none and uses few of any passage's words), so it may be a guess. Check it against your documents."));
+            "I don't know: no passage backs this answer (none holds it as an answer to your question), so it may be a guess. Check it against your documents."));
         }
         stats.innerHTML = statsLine(data.stats);
       } else if (event === "error") {
