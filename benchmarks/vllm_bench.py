@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -50,7 +50,7 @@ from ragspec.models import model_folder  # noqa: E402
 from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 from ragspec.prompts import chat_prompt_ids  # noqa: E402
 from ragspec.remote import load_tokenizer  # noqa: E402
-from ragspec.text import RepeatGuard  # noqa: E402
+from ragspec.text import RepeatGuard, sentence_end_tokens  # noqa: E402
 
 
 def methods(draft_tokens: int, ngram_best: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
@@ -88,15 +88,14 @@ class Cell:
     identical: int | None = None
 
 
-def stream(base_url: str, index: int, ids: list[int], max_tokens: int, repetition_stop: int) -> Request:
+def stream(base_url: str, index: int, ids: list[int], max_tokens: int, guard: RepeatGuard | None) -> Request:
     """One streamed greedy answer, cut as ragspec in front of vLLM cuts it: where it starts
-    repeating ``repetition_stop`` of its own tokens (``RemoteGenerator``), the stream is closed, which
+    repeating itself (``guard``, as ``RemoteGenerator`` builds it), the stream is closed, which
     ends the request in vLLM; the tokens kept are those before the repeat, timed to the token that
     showed it. So a loop, which every method drafts well from the answer itself, is not measured."""
     body = {"model": "bench", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "return_token_ids": True}
     request = Request(index)
-    guard = RepeatGuard(repetition_stop) if repetition_stop else None
     start = time.perf_counter()
     arrived: list[float] = []  # when each token came
     with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=900) as response:
@@ -133,7 +132,7 @@ def counters(base_url: str) -> tuple[int, int]:
 
 
 def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: int,
-             repetition_stop: int) -> tuple[list[Request], float, int, int]:
+             new_guard: Callable[[], RepeatGuard | None]) -> tuple[list[Request], float, int, int]:
     todo: queue.Queue[int] = queue.Queue()
     for i in range(len(prompts)):
         todo.put(i)
@@ -146,7 +145,7 @@ def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: 
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            result = stream(base_url, i, prompts[i], max_tokens, repetition_stop)
+            result = stream(base_url, i, prompts[i], max_tokens, new_guard())
             with lock:
                 done.append(result)
 
@@ -215,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{'questions' if name == 'rag' else 'open-ended'} {count} at {len(levels)} client counts needs "
                     f"{count * len(levels)} {name} prompts; there are {len(workloads[name])}")
     warm_up = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Say hello."}])
+    ends = sentence_end_tokens(tokenizer)
+
+    def new_guard() -> RepeatGuard | None:  # the repetition stop as ragspec applies it (12 tokens or a sentence)
+        return RepeatGuard(args.repetition_stop, ends) if args.repetition_stop else None
     flags = ["--max-model-len", "2048", "--max-num-seqs", str(max(levels)), "--seed", "0", *args.vllm_arg]
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16"]
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         """The method's ``run(prompts, clients)`` -> (requests, wall s, drafted, accepted), or None."""
         if method in OWN_ENGINE:
             generator = own_generator(folder, args.device, args.draft_tokens)
-            return lambda prompts, _: own_cell(generator, prompts, args.max_tokens, args.repetition_stop, OWN_ENGINE[method])
+            return lambda prompts, _: own_cell(generator, prompts, args.max_tokens, new_guard, OWN_ENGINE[method])
         server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
                             env={STATS_ENV: str(out.parent / f"{method}-proposer.json")}, log=out.parent / f"{method}.log")
         started = time.perf_counter()
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         servers[method] = server
         print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
-        return lambda prompts, clients: run_cell(server.base_url, prompts, clients, args.max_tokens, args.repetition_stop)
+        return lambda prompts, clients: run_cell(server.base_url, prompts, clients, args.max_tokens, new_guard)
 
     def measure(runners: dict[str, Any]) -> None:
         """Every cell, each cell's methods one after another, their order reversed from cell to cell."""
@@ -324,7 +327,7 @@ def own_generator(folder: Path, device: str, max_draft: int) -> Any:
                          max_draft=max_draft, backend="torch")
 
 
-def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, repetition_stop: int,
+def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, new_guard: Callable[[], RepeatGuard | None],
              speculative: bool) -> tuple[list[Request], float, int, int]:
     """The prompts one after another on ragspec's own engine, cut and timed as ``stream`` cuts vLLM's."""
     runs: list[Request] = []
@@ -338,7 +341,8 @@ def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, repetiti
         result = deltas.result
         request.tokens = list(result.token_ids)
         request.finish = result.finish_reason
-        cut = RepeatGuard(repetition_stop).add(request.tokens) if repetition_stop else None
+        guard = new_guard()
+        cut = guard.add(request.tokens) if guard is not None else None
         if cut is not None:
             del request.tokens[cut:]
             request.finish = "repetition"
