@@ -21,6 +21,13 @@ drafting time per step, peak resident memory of the process, and how many output
 back end's own greedy decoding (transformers for PyTorch methods, llama.cpp for llama.cpp
 methods) token for token. The report also holds each back end's verify cost r(k).
 
+Answers end by themselves: a small model often loops until ``max_new_tokens``, and drafting its
+own loop back out of its output would pass for speed. So before the methods run a prompt, an
+untimed generator of each back end answers it with ragspec's repetition stop (``QA_DEFAULTS``,
+as ``DocumentQA`` answers), and every method of that back end then decodes exactly the tokens
+that answer keeps (outputs are identical, so each stops at the same token, or at EOS). The
+report counts how each back end's answers ended (``endings``).
+
 Run ``ragspec bench --help`` (or ``python -m apps.bench --help``) for the options.
 """
 
@@ -45,6 +52,7 @@ from ragspec.generator import SpeculativeGenerator
 from ragspec.backends import load_model
 from ragspec.models import LoadedModel
 from ragspec.ngram import NgramDrafter
+from ragspec.pipeline import QA_DEFAULTS
 from ragspec.policy import FixedPolicy
 
 
@@ -294,6 +302,16 @@ def verify_costs(gen: SpeculativeGenerator, context: Sequence[int], lengths: Seq
     return {k: round(statistics.median(times[k]) / step, 2) for k in lengths}
 
 
+def kept_length(gen: SpeculativeGenerator, prompt: Prompt, max_new_tokens: int, repetition_stop: int) -> tuple[int, str]:
+    """The tokens an answer keeps when ragspec's repetition stop ends it, and how it ended
+    (``"eos"``, ``"repetition"``, ``"length"``); ``max_new_tokens`` when the stop is off."""
+    if not repetition_stop:
+        return max_new_tokens, "unchecked"
+    r = gen.generate(prompt.ids, references=prompt.passages, max_new_tokens=max_new_tokens,
+                     repetition_stop=repetition_stop)
+    return (len(r.token_ids) if r.finish_reason == "repetition" else max_new_tokens), r.finish_reason
+
+
 # -- driver -----------------------------------------------------------------------------------
 def run_benchmark(
     *,
@@ -306,6 +324,7 @@ def run_benchmark(
     max_new_tokens: int = 96,
     oracle_k: int = 8,
     structured: int = 0,
+    repetition_stop: int = QA_DEFAULTS["repetition_stop"],
     backends: Sequence[str] = ("torch", "llamacpp"),
     llamacpp: object | None = None,
     progress: Callable[[str], None] = print,
@@ -313,7 +332,8 @@ def run_benchmark(
     """Run every method on the RAG workload and the open-ended one; returns the report as a dict.
 
     ``backends`` picks the method families (``"torch"``, ``"llamacpp"``); llama.cpp runs only
-    GGUF models, with ``llamacpp`` (a ``LlamaCppSettings``) or its defaults.
+    GGUF models, with ``llamacpp`` (a ``LlamaCppSettings``) or its defaults. Each answer is cut
+    where ``repetition_stop`` (tokens; 0: off) ends it (see the module's docstring).
     """
     from ragspec.backends import is_gguf_name
     from ragspec.backends import llamacpp as llamacpp_backend
@@ -334,7 +354,8 @@ def run_benchmark(
     methods: dict[str, Callable[[Prompt, int], Run]] = {}
     generators: list[SpeculativeGenerator] = []
     oracles: dict[str, tuple[OracleDrafter, str]] = {}  # oracle method -> its drafter and the plain run it replays
-    report: dict[str, object] = {"max_new_tokens": max_new_tokens, "workloads": {}, "verify_cost": {}}
+    report: dict[str, object] = {"max_new_tokens": max_new_tokens, "repetition_stop": repetition_stop,
+                                 "workloads": {}, "endings": {}, "verify_cost": {}}
     if lm is not None:
         plain, ngram = SpeculativeGenerator(lm), SpeculativeGenerator(lm)
         methods |= {
@@ -372,6 +393,8 @@ def run_benchmark(
             generators.append(gen)
             oracles[name] = (drafter, source)
 
+    # Untimed, one per back end (their outputs differ): where each answer ends by itself.
+    cutters = {fam: SpeculativeGenerator(t) for fam, t in (("torch", lm), ("llamacpp", cpp)) if t is not None}
     tokenizer_lm = lm if lm is not None else cpp
     workloads = {"rag": rag_prompts(tokenizer_lm, questions)}
     if open_ended:
@@ -387,7 +410,12 @@ def run_benchmark(
             gen.drafter = NgramDrafter(history_tokens=gen.drafter.history_tokens)
     for name, prompts in workloads.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
+        endings: dict[str, dict[str, int]] = {fam: {} for fam in cutters}
         for i, prompt in enumerate(prompts):
+            budget = {}
+            for fam, cutter in cutters.items():
+                budget[fam], ending = kept_length(cutter, prompt, max_new_tokens, repetition_stop)
+                endings[fam][ending] = endings[fam].get(ending, 0) + 1
             for gen in generators:  # every method prefills the whole prompt, as transformers and Llama do here
                 gen.clear_cache()
             # Rotate the order; the oracles go last because they replay a plain run's output.
@@ -398,12 +426,13 @@ def run_benchmark(
                     drafter, source = oracles[m]
                     drafter.truth = runs[source][-1].token_ids
                 with _PeakRss() as rss:
-                    run = methods[m](prompt, max_new_tokens)
+                    run = methods[m](prompt, budget[family(m)])
                 run.peak_rss_mb = rss.peak
                 runs[m].append(run)
             progress(f"[{name} {i + 1}/{len(prompts)}] " + "  ".join(
                 f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
         report["workloads"][name] = [asdict(s) for s in summarize(runs)]  # type: ignore[index]
+        report["endings"][name] = endings  # type: ignore[index]
     # r(k) of each back end, timed after the first RAG prompt (the workload's context length).
     context = workloads["rag"][0].ids
     if lm is not None:
@@ -534,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-ended", type=int, default=10, help="open-ended prompts with nothing to copy (max 10)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--oracle-k", type=int, default=8, help="tokens the oracle drafter proposes per step")
+    parser.add_argument("--repetition-stop", type=int, default=QA_DEFAULTS["repetition_stop"],
+                        help="cut each answer where ragspec's repetition stop ends it (tokens; 0: let answers loop "
+                             "to --max-new-tokens)")
     parser.add_argument("--structured", type=int, default=20,
                         help="questions of the structured-extraction workload (JSON Schema, constrained decoding); 0 skips it")
     parser.add_argument("--backends", default="torch,llamacpp",
@@ -554,26 +586,29 @@ def main(argv: list[str] | None = None) -> int:
                                     n_batch=max(512, args.llamacpp_ubatch))
     except ValueError as e:
         parser.error(str(e))
-    for name in ("questions", "open_ended", "max_new_tokens", "oracle_k", "structured"):
-        if getattr(args, name) < (0 if name in ("open_ended", "structured") else 1):
+    for name in ("questions", "open_ended", "max_new_tokens", "oracle_k", "structured", "repetition_stop"):
+        if getattr(args, name) < (0 if name in ("open_ended", "structured", "repetition_stop") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive")
     report = run_benchmark(
         model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
         questions=args.questions, open_ended=args.open_ended, max_new_tokens=args.max_new_tokens,
-        oracle_k=args.oracle_k, structured=args.structured, backends=backends, llamacpp=settings,
+        oracle_k=args.oracle_k, structured=args.structured, repetition_stop=args.repetition_stop,
+        backends=backends, llamacpp=settings,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "speedup.png")
     print(f"\n{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads), "
-          f"max_new_tokens={report['max_new_tokens']}")
+          f"max_new_tokens={report['max_new_tokens']}, repetition_stop={report['repetition_stop']}")
     for label, key in (("ragspec on PyTorch", "ragspec_forward"), ("ragspec on llama.cpp", "llamacpp")):
         if key in report:
             print(f"{label}: {report[key]}")
     for name, rows in report["workloads"].items():  # type: ignore[union-attr]
         lines = [headline(rows, m) for m in ("ragspec_ngram", "ragspec_llamacpp_ngram")]
         print(f"\n{name} workload\n{format_table(rows)}\n" + "\n".join(line for line in lines if line))
+        for fam, ended in report["endings"][name].items():  # type: ignore[index]
+            print(f"{fam} answers ended by: " + ", ".join(f"{k} {v}" for k, v in sorted(ended.items())))
     for backend, costs in report["verify_cost"].items():  # type: ignore[union-attr]
         print(f"r(k) on {backend} (verify of k drafted tokens, in plain steps): "
               + ", ".join(f"r({k})={v}" for k, v in costs.items()))

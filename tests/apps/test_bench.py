@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.bench import Run, format_table, headline, main, summarize
+from apps.bench import Prompt, Run, format_table, headline, kept_length, main, summarize
+from ragspec.results import GenerationResult, GenerationStats
 
 
 def test_summary_ratios_and_identity_count() -> None:
@@ -25,6 +26,28 @@ def test_summary_ratios_and_identity_count() -> None:
     assert rows["hf_greedy"].tokens_per_forward is None
     table = format_table([vars(s) for s in rows.values()])
     assert "| ragspec_ngram | 14.0 | 2.0 |" in table and "1/2" in table
+
+
+class Answers:
+    """A generator whose answer to every prompt is ``ids``, ending as ``finish``; records the calls."""
+
+    def __init__(self, ids: list[int], finish: str) -> None:
+        self.ids, self.finish, self.calls = ids, finish, []
+
+    def generate(self, prompt, **options):
+        self.calls.append(options)
+        return GenerationResult("", self.ids, self.finish, GenerationStats())
+
+
+@pytest.mark.parametrize(("finish", "kept"), [("repetition", 5), ("eos", 40), ("length", 40)])
+def test_every_method_decodes_the_tokens_the_repetition_stop_keeps(finish: str, kept: int) -> None:
+    """Cut by the stop: exactly the kept tokens; ended by EOS or the limit: the limit (EOS ends them all alike)."""
+    gen = Answers([7, 8, 9, 7, 8], finish)
+    prompt = Prompt([1, 2], ["a passage"], "extractive")
+    assert kept_length(gen, prompt, 40, 12) == (kept, finish)  # type: ignore[arg-type]
+    assert gen.calls == [{"references": ["a passage"], "max_new_tokens": 40, "repetition_stop": 12}]
+    assert kept_length(gen, prompt, 40, 0) == (40, "unchecked")  # type: ignore[arg-type]
+    assert len(gen.calls) == 1  # no answer is needed when the stop is off
 
 
 def test_bad_options_are_usage_errors() -> None:
@@ -58,6 +81,8 @@ def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
     for method in ("llama_prompt_lookup", "ragspec_llamacpp_plain", "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"):
         assert rows[method]["identical"] == 1, method  # equal to llama.cpp's own greedy output
     assert rows["llama_greedy"]["ratio_vs_llama_greedy"] == 1.0 and rows["llama_greedy"]["ratio_vs_hf_greedy"] is None
+    assert sum(report["endings"]["rag"]["llamacpp"].values()) == 1  # type: ignore[index]
+    assert report["repetition_stop"] == 12
     costs = report["verify_cost"]["llamacpp"]  # type: ignore[index]
     assert costs and all(v > 0 for v in costs.values())
 
