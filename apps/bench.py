@@ -47,13 +47,13 @@ import torch
 
 from apps.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
 from ragspec.backends import TargetModel
-from ragspec.drafting import Draft, DraftSource
-from ragspec.generator import SpeculativeGenerator
+from ragspec.engine.drafting import Draft, DraftSource
+from ragspec.engine.generator import SpeculativeGenerator
 from ragspec.backends import load_model
-from ragspec.models import LoadedModel
-from ragspec.ngram import NgramDrafter
+from ragspec.backends.pytorch.loading import LoadedModel
+from ragspec.engine.ngram import NgramDrafter
+from ragspec.engine.policy import FixedPolicy
 from ragspec.pipeline import QA_DEFAULTS
-from ragspec.policy import FixedPolicy
 
 
 # Open-ended requests with no passages: nothing to copy, so drafting must stay out of the way.

@@ -30,9 +30,9 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from apps.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
-from ragspec.constraints import Constraint, engine_tokenizer
-from ragspec.generator import SpeculativeGenerator
-from ragspec.models import LoadedModel
+from ragspec.engine.constraints import Constraint, engine_tokenizer
+from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.backends.pytorch.loading import LoadedModel
 
 EXTRACTION_SCHEMA = {
     "title": "Extraction",

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ragspec.config import DEFAULT_MAX_TOKENS
+from ragspec.engine.config import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
     from apps.engine import Collection
-    from ragspec.generator import GenerationStats
-    from ragspec.pipeline import Answer
+    from ragspec.engine.results import GenerationStats
+    from ragspec.answers import Answer
     from ragspec.remote import RemoteModel
     from retrievers.ingest import SyncProgress
 
@@ -365,7 +365,7 @@ PENALTY_FLAGS = (
 
 def _penalties(args: argparse.Namespace) -> dict[str, Any]:
     """The penalty flags given, as ``GenerationConfig`` options; a bad value is a ``CLIError`` naming its flag."""
-    from ragspec.config import GenerationConfig, GenerationConfigError
+    from ragspec.engine.config import GenerationConfig, GenerationConfigError
 
     options = {}
     for flag, _, _ in PENALTY_FLAGS:
@@ -392,7 +392,7 @@ def _collection(args: argparse.Namespace) -> Collection:
 
 
 def _local_model_options(p: argparse.ArgumentParser) -> None:
-    from ragspec.config import BACKENDS
+    from ragspec.engine.config import BACKENDS
 
     p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -414,7 +414,7 @@ def _remote(args: argparse.Namespace) -> RemoteModel | None:
         raise CLIError("--model picks a local generator; with --generator-url name the served model with --generator-model")
     if getattr(args, "backend", "auto") != "auto":
         raise CLIError("--backend picks what runs a local generator; with --generator-url the server runs the model")
-    from ragspec.config import GenerationConfig
+    from ragspec.engine.config import GenerationConfig
     from ragspec.remote import RemoteModel
 
     return RemoteModel(
@@ -571,9 +571,9 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     import _thread
 
     from apps.web.server import serve
-    from ragspec.config import GenerationConfig
-    from ragspec.engines.vllm_server import DEFAULT_DRAFT_TOKENS, VllmServer, speculative_config
-    from ragspec.models import model_folder
+    from ragspec.engine.config import GenerationConfig
+    from ragspec.backends.vllm.server import DEFAULT_DRAFT_TOKENS, VllmServer, speculative_config
+    from ragspec.backends.pytorch.loading import model_folder
     from ragspec.remote import RemoteModel
 
     if args.generator_url:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from ragspec.lc import ChatRagSpec
-from ragspec.pipeline import Answer, DocumentQA
+from ragspec.answers import Answer
+from ragspec.pipeline import DocumentQA
 
 CORPUS = Path(__file__).resolve().parents[1] / "retrievers" / "data" / "corpus"
 QUESTIONS = [

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from ragspec.config import DEFAULT_MAX_TOKENS, GenerationConfig, request_max_tokens
-from ragspec.text import question_text
+from ragspec.engine.config import DEFAULT_MAX_TOKENS, GenerationConfig, request_max_tokens
+from ragspec.engine.text import question_text
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
 
-    from ragspec.pipeline import Answer, AnswerStream, GenerationSource
+    from ragspec.answers import Answer, AnswerStream
+    from ragspec.pipeline import GenerationSource
     from retrievers.ingest import SyncProgress, SyncReport
 
 

@@ -27,16 +27,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragspec.drafting import Draft  # noqa: E402
-from ragspec.ngram import NgramDrafter, SuffixAutomaton  # noqa: E402
-from ragspec.policy import AdaptivePolicy, choose_draft  # noqa: E402
+from ragspec.engine.drafting import Draft  # noqa: E402
+from ragspec.engine.ngram import NgramDrafter, SuffixAutomaton  # noqa: E402
+from ragspec.engine.policy import AdaptivePolicy, choose_draft  # noqa: E402
 
 MAX_COST_K = 32  # verify costs are recorded up to this many drafted tokens
 
 
 def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]:
     from apps.bench import rag_prompts
-    from ragspec.generator import SpeculativeGenerator
+    from ragspec.engine.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator("default", device="cpu", dtype="float32")
     # Verify costs at this workload's context length (prompts of ~600 tokens), not the 128-token

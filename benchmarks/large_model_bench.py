@@ -42,7 +42,9 @@ from ragspec.backends import Backend, make_backend  # noqa: E402
 from ragspec.backends.gguf_export import quantize, write_llama_gguf  # noqa: E402
 from ragspec.backends.llamacpp import LlamaCppSettings, load_llamacpp, physical_cores  # noqa: E402
 from ragspec.backends import load_model  # noqa: E402
-from ragspec.models import LoadedModel, cache_root, default_gguf_path  # noqa: E402
+from ragspec.backends.models import default_gguf_path  # noqa: E402
+from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
+from retrievers.cache import cache_root  # noqa: E402
 
 
 def random_llama(layers: int, seed: int = 0) -> LoadedModel:

@@ -21,11 +21,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apps.bench import open_prompts, rag_prompts  # noqa: E402
-from ragspec.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.backends import load_model  # noqa: E402
-from ragspec.models import LoadedModel  # noqa: E402
-from ragspec.ngram import NgramDrafter  # noqa: E402
-from ragspec.policy import FixedPolicy  # noqa: E402
+from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
+from ragspec.engine.ngram import NgramDrafter  # noqa: E402
+from ragspec.engine.policy import FixedPolicy  # noqa: E402
 
 
 class NoNgram(NgramDrafter):

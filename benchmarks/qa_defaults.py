@@ -34,7 +34,7 @@ from langchain_core.documents import Document
 from ragspec.lc import ChatRagSpec
 from ragspec.pipeline import QA_DEFAULTS, DocumentQA, choose_citations
 from ragspec.remote import load_tokenizer
-from ragspec.text import RepeatGuard, sentence_end_tokens
+from ragspec.engine.text import RepeatGuard, sentence_end_tokens
 
 DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 STOP_WORDS = frozenset(
@@ -147,7 +147,7 @@ def main() -> None:
         return
     # No QA defaults: the repetition stop is applied afterwards, for every N, to the same answers.
     qa = DocumentQA.from_paths(DATA / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3, generation={})
-    tokenizer = qa.llm.load().lm.tokenizer
+    tokenizer = qa.llm.load().tokenizer
     qa.ask("Warm-up: what is Kestrel Lane?", max_tokens=8)
     report: dict[str, object] = {"max_tokens": args.max_tokens, "questions": len(questions), "settings": {}}
     runs: dict[str, list[dict[str, object]]] = {name: [] for name in SETTINGS}

@@ -44,13 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from apps.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
-from ragspec.engines.vllm import STATS_ENV  # noqa: E402
-from ragspec.engines.vllm_server import VllmServer, speculative_config  # noqa: E402
-from ragspec.models import model_folder  # noqa: E402
+from ragspec.backends.vllm.proposer import STATS_ENV  # noqa: E402
+from ragspec.backends.vllm.server import VllmServer, speculative_config  # noqa: E402
+from ragspec.backends.pytorch.loading import model_folder  # noqa: E402
 from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 from ragspec.prompts import chat_prompt_ids  # noqa: E402
 from ragspec.remote import load_tokenizer  # noqa: E402
-from ragspec.text import RepeatGuard, sentence_end_tokens  # noqa: E402
+from ragspec.engine.text import RepeatGuard, sentence_end_tokens  # noqa: E402
 
 
 def methods(draft_tokens: int, ngram_best: dict[str, Any]) -> dict[str, dict[str, Any] | None]:

@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 _LAZY = {
     "RagSpecLLM": "ragspec.lc",
     "ChatRagSpec": "ragspec.lc",
-    "SpeculativeGenerator": "ragspec.generator",
-    "GenerationResult": "ragspec.generator",
+    "SpeculativeGenerator": "ragspec.engine.generator",
+    "GenerationResult": "ragspec.engine.results",
     "load_model": "ragspec.backends",
     "DocumentQA": "ragspec.pipeline",
-    "Answer": "ragspec.pipeline",
-    "Citation": "ragspec.pipeline",
-    "AnswerStream": "ragspec.pipeline",
+    "Answer": "ragspec.answers",
+    "Citation": "ragspec.answers",
+    "AnswerStream": "ragspec.answers",
     "Conversation": "ragspec.conversation",
     "Turn": "ragspec.prompts",
 }
@@ -28,11 +28,13 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
-    from ragspec.generator import GenerationResult, SpeculativeGenerator
-    from ragspec.lc import ChatRagSpec, RagSpecLLM
+    from ragspec.answers import Answer, AnswerStream, Citation
     from ragspec.backends import load_model
     from ragspec.conversation import Conversation
-    from ragspec.pipeline import Answer, AnswerStream, Citation, DocumentQA
+    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.engine.results import GenerationResult
+    from ragspec.lc import ChatRagSpec, RagSpecLLM
+    from ragspec.pipeline import DocumentQA
     from ragspec.prompts import Turn
 
 

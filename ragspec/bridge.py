@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ragspec.cancel import cancel_scope
+from ragspec.engine.cancel import cancel_scope
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ async def iterate_in_thread(make: Callable[[], Generator[T, Any, Any]]) -> Async
     through an ``asyncio.Queue``.
 
     If the consumer stops early (break, ``aclose``, cancellation, a time limit), the worker's
-    cancel event is set (``ragspec.cancel``): a generation inside stops at its next check — in the
+    cancel event is set (``ragspec.engine.cancel``): a generation inside stops at its next check — in the
     prefill, between steps, or while it waits for the model — and the generator is closed. This
     iterator's own clean-up returns only once the worker thread has ended (shielded from further
     cancellation), so whoever holds a place in a queue for it gives the place back when the

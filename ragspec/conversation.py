@@ -19,20 +19,20 @@ passages in ``response_metadata``, so a history store that keeps messages keeps 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.config import GenerationConfig
+from ragspec.answers import Answer, AnswerStream
+from ragspec.engine.config import GenerationConfig
 from ragspec.prompts import Turn, chat_prompt_ids
 
 if TYPE_CHECKING:
-    from ragspec.generator import GenerationStats, SpeculativeGenerator
-    from ragspec.pipeline import Answer, AnswerStream, DocumentQA
-    from ragspec.remote import RemoteGenerator
+    from ragspec.engine.results import GenerationStats
+    from ragspec.engine.results import Generator as AnyGenerator  # local or remote (collections.abc.Generator is imported)
 
 History = Sequence[Union[BaseMessage, tuple[str, str], Turn]]
 """The conversation before a question: LangChain messages (``HumanMessage`` / ``AIMessage``),
@@ -146,7 +146,7 @@ def rewrite_messages(turns: Sequence[Turn], question: str) -> list[dict[str, str
 
 
 def follow_up_query(
-    mode: str, question: str, turns: Sequence[Turn], generator: SpeculativeGenerator | RemoteGenerator, system_prompt: str
+    mode: str, question: str, turns: Sequence[Turn], generator: AnyGenerator, system_prompt: str
 ) -> tuple[str, GenerationStats | None]:
     """The retrieval query for ``question`` after ``turns`` (see the module docstring) and, for
     ``"rewrite"``, the stats of the generation that made it (an empty rewrite falls back to ``"combine"``)."""
@@ -161,6 +161,14 @@ def follow_up_query(
     return " ".join([*(t.question.strip() for t in turns[-COMBINE_TURNS:]), question]), None
 
 
+class Answerer(Protocol):
+    """What a conversation and the chat runnable ask: ``DocumentQA``'s ``ask`` and ``stream``."""
+
+    def ask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer: ...
+
+    def stream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AnswerStream: ...
+
+
 class Conversation:
     """Questions over one ``DocumentQA`` that remember the earlier turns (``DocumentQA.conversation()``).
 
@@ -169,7 +177,7 @@ class Conversation:
     the same as LangChain messages; ``reset()`` starts over. Not for several threads at once.
     """
 
-    def __init__(self, qa: DocumentQA, history: History = ()) -> None:
+    def __init__(self, qa: Answerer, history: History = ()) -> None:
         self.qa = qa
         self.turns: list[Turn] = to_turns(history)
 
@@ -181,16 +189,25 @@ class Conversation:
         return stream.answer
 
     def stream(self, question: str, *, k: int | None = None, **options: Any) -> AnswerStream:
-        from ragspec.pipeline import AnswerStream
+        inner = self.qa.stream(question, history=self.turns, k=k, **options)  # retrieves now, as DocumentQA.stream
+        return AnswerStream(lambda on_start: self._record(inner, on_start), inner.passages)
 
-        request = self.qa._prepare(question, k, options, self.turns)
-        return AnswerStream(lambda on_start: self._record(self.qa._generate(request, on_start)), request.passages)
-
-    def _record(self, events: Generator[str | Answer, None, None]) -> Iterator[str | Answer]:
-        for event in events:
-            if not isinstance(event, str):
-                self.turns.append(event.as_turn())
-            yield event
+    def _record(
+        self, inner: AnswerStream, on_start: Callable[[GenerationStats], None]
+    ) -> Generator[str | Answer, None, None]:
+        """``inner``'s deltas (its live stats handed on as it starts), then its answer, recorded as a turn."""
+        started = False
+        with inner:
+            for delta in inner:
+                if not started and inner.stats is not None:  # set as the generation starts, before its first delta
+                    on_start(inner.stats)
+                    started = True
+                yield delta
+        if not started and inner.stats is not None:  # an empty answer
+            on_start(inner.stats)
+        assert inner.answer is not None
+        self.turns.append(inner.answer.as_turn())
+        yield inner.answer
 
     @property
     def messages(self) -> list[BaseMessage]:
@@ -252,7 +269,7 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
 
     name = "DocumentQAChat"
 
-    def __init__(self, qa: DocumentQA, question_key: str = "question", history_key: str = "history") -> None:
+    def __init__(self, qa: Answerer, question_key: str = "question", history_key: str = "history") -> None:
         self.qa, self.question_key, self.history_key = qa, question_key, history_key
 
     @property

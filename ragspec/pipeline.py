@@ -58,12 +58,21 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
+from ragspec.answers import Answer, AnswerStream, Citation
 from ragspec.bridge import iterate_in_thread
-from ragspec.config import CallOptions, GenerationConfig, request_config
-from ragspec.conversation import FOLLOW_UP_MODES, History, follow_up_query, passage_key, to_turns
+from ragspec.conversation import (
+    FOLLOW_UP_MODES,
+    ChatQARunnable,
+    Conversation,
+    History,
+    follow_up_query,
+    passage_key,
+    to_turns,
+)
+from ragspec.engine.config import CallOptions, GenerationConfig, request_config
 from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
-from ragspec.text import question_text
+from ragspec.engine.text import question_text
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
@@ -75,9 +84,8 @@ if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-    from ragspec.conversation import ChatQARunnable, Conversation
-    from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
-    from ragspec.remote import RemoteGenerator
+    from ragspec.engine.results import GenerationStats
+    from ragspec.engine.results import Generator as AnyGenerator  # local or remote (collections.abc.Generator is imported)
     from retrievers import FaissVectorStore
 
 
@@ -89,130 +97,15 @@ class GenerationSource(Protocol):
     so is ``ragspec.remote.RemoteModel`` (generation on an OpenAI-compatible server).
     """
 
-    def load(self, model: str | None = None) -> SpeculativeGenerator | RemoteGenerator: ...
+    def load(self, model: str | None = None) -> AnyGenerator: ...
 
     def call_options(self, stop: Sequence[str] | None, options: Any) -> CallOptions: ...
 
-__all__ = [
-    "Answer", "AnswerStream", "AsyncAnswerStream", "Citation", "ContextBudgetWarning", "DocumentQA", "DocumentQARunnable",
-]  # fmt: skip
+__all__ = ["AsyncAnswerStream", "ContextBudgetWarning", "DocumentQA", "DocumentQARunnable"]
 
 
 class ContextBudgetWarning(UserWarning):
     """Passages were dropped or truncated to fit the model's context window."""
-
-
-@dataclass(frozen=True)
-class Citation:
-    """A passage the answer relies on, with where it comes from."""
-
-    number: int
-    """The passage's number in the prompt (``[number]``), 1-based."""
-    source: str
-    start_index: int | None
-    """Character offset of the passage in its document, when the chunker recorded it."""
-    page: int | None
-    title: str | None
-    text: str
-    """The start of the passage, for display."""
-    chunk_id: str | None
-    section: str | None = None
-    """The slide, sheet or section of a converted file (``"slide 3 (Outlook)"``, ``"sheet Budget"``), when the loader recorded one."""
-
-    @property
-    def location(self) -> str:
-        """Where in its source the passage is, for people: ``"page 3"``, ``"slide 2 (Outlook)"``, ``"char 1520"`` or ``""``."""
-        if self.page is not None:
-            return f"page {self.page}"  # 1-based, as the PDF loader records it
-        if self.section:
-            return self.section
-        return f"char {self.start_index}" if self.start_index is not None else ""
-
-    def as_dict(self) -> dict[str, object]:
-        """The fields and ``location``, for JSON."""
-        return {**dataclasses.asdict(self), "location": self.location}
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An answer with its citations, the passages it was given and how it was generated."""
-
-    question: str
-    text: str
-    citations: list[Citation]
-    passages: list[Document]
-    """The passages in the prompt, in order: ``passages[0]`` is ``[1]``."""
-    citation_rule: str
-    """Which rule chose the citations: ``"cited"``, ``"copied"``, ``"overlap"``; with no citations ``"unsupported"``
-    (no passage holds the answer) or ``"off_topic"`` (passages hold it, but it is not about the question)."""
-    finish_reason: str
-    stats: GenerationStats | None
-    """How ragspec generated it (tokens per forward, acceptance, ...); None when another LangChain
-    model answered (``DocumentQA(llm=ChatOpenAI(...))``): ragspec did not generate it."""
-    earlier_passages: int = 0
-    """Passages of the prompt shown with earlier turns of the conversation: ``passages[earlier_passages:]``
-    were first shown with this question."""
-    history_turns: int = 0
-    """Earlier turns of the conversation in the prompt."""
-    dropped_turns: int = 0
-    """Earlier turns left out (the oldest) because they did not fit the context budget."""
-    retrieval_query: str = ""
-    """What the passages were retrieved with: the question, or for a follow-up the query made from the conversation."""
-    query_stats: GenerationStats | None = None
-    """The generation that rewrote a follow-up into ``retrieval_query`` (``follow_up="rewrite"``)."""
-
-    @property
-    def supported(self) -> bool:
-        """Whether a passage backs the answer: it cites one by number, copies a substantial span of one,
-        or uses mostly one passage's words (see the module docstring)."""
-        return bool(self.citations)
-
-    def as_turn(self) -> Turn:
-        """This exchange as an earlier turn of the conversation (with the passages first shown with it)."""
-        return Turn(self.question, self.text, tuple(self.passages[self.earlier_passages :]))
-
-
-class AnswerStream:
-    """Iterate for the answer's text deltas; ``answer`` (with citations) is set once it is exhausted.
-
-    ``passages`` are known before the first delta, so sources can be shown up front; ``stats``
-    (the generation's ``GenerationStats``) is updated live from the first delta on. Use it as a
-    context manager (``with qa.stream(q) as s:``) so that stopping early frees the model.
-    """
-
-    def __init__(
-        self,
-        events: Callable[[Callable[[GenerationStats], None]], Generator[str | Answer, None, None]],
-        passages: list[Document],
-    ) -> None:
-        """``events(on_start)`` makes the generation's events; it calls ``on_start`` with the live stats."""
-        self.passages = passages
-        self.answer: Answer | None = None
-        self.stats: GenerationStats | None = None
-        self._events = events(self._started)
-
-    def _started(self, stats: GenerationStats) -> None:
-        self.stats = stats
-
-    def __iter__(self) -> Iterator[str]:
-        try:
-            for event in self._events:
-                if isinstance(event, Answer):
-                    self.answer = event
-                else:
-                    yield event
-        finally:
-            self.close()  # stopping early ends the generation and frees the model
-
-    def __enter__(self) -> AnswerStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop generating; frees the model for the next request."""
-        self._events.close()
 
 
 class AsyncAnswerStream:
@@ -510,15 +403,11 @@ class DocumentQA:
 
     def conversation(self, history: History = ()) -> Conversation:
         """A conversation over these documents that keeps its own history (see ``ragspec.conversation``)."""
-        from ragspec.conversation import Conversation
-
         return Conversation(self, history)
 
     def as_chat_runnable(self, question_key: str = "question", history_key: str = "history") -> ChatQARunnable:
         """This pipeline over chat messages, an ``AIMessage`` out (for ``RunnableWithMessageHistory``;
         see ``ragspec.conversation.ChatQARunnable``)."""
-        from ragspec.conversation import ChatQARunnable
-
         return ChatQARunnable(self, question_key, history_key)
 
     def as_runnable(self) -> DocumentQARunnable:

@@ -10,7 +10,7 @@ asks the model to answer from them only and to cite them by number. ``QA_CHAT_PR
 prompt as a LangChain ``ChatPromptTemplate`` (variables ``context`` and ``question``) for LCEL chains.
 
 A conversation (``conversation_messages``) is laid out so that each turn's prompt extends the
-previous one token for token, which the prefix cache (``ragspec.prefix_cache``) turns into a
+previous one token for token, which the prefix cache (``ragspec.engine.prefix_cache``) turns into a
 prefill of the new part only: the earlier turns stay as they were asked, each user turn with the
 passages first shown with it (numbered on from the turn before), each followed by its answer; the
 new question comes last with the passages not shown yet. The first turn is ``qa_messages``.
@@ -134,7 +134,7 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, turns: Sequence[Mapping[
     the tokenizer's special tokens (a BOS where the model expects one), and a
     ``NoChatTemplateWarning``. Lone surrogates in the text become U+FFFD.
     """
-    from ragspec.text import clean_text
+    from ragspec.engine.text import clean_text
 
     if not turns:
         raise ValueError("a conversation needs at least one turn")

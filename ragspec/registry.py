@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ragspec.config import CallOptions, GenerationConfig, call_options, check_backend
+from ragspec.engine.config import CallOptions, GenerationConfig, call_options, check_backend
 
 if TYPE_CHECKING:
-    from ragspec.generator import SpeculativeGenerator
+    from ragspec.engine.generator import SpeculativeGenerator
     from ragspec.backends import TargetModel
 
 _lock = threading.Lock()
@@ -30,7 +30,7 @@ def get_generator(
 ) -> SpeculativeGenerator:
     """The shared generator for these settings, loading the model on first use."""
     from ragspec.backends import choose_backend
-    from ragspec.generator import SpeculativeGenerator
+    from ragspec.engine.generator import SpeculativeGenerator
     from ragspec.backends import load_model
 
     key = (model, device, dtype, choose_backend(model, backend, device, dtype))

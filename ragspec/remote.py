@@ -1,6 +1,6 @@
 """Generation on an OpenAI-compatible server: vLLM, llama.cpp's server, Ollama, another ``ragspec serve``.
 
-``RemoteGenerator`` has the local generator's calling convention (``generate`` / ``stream`` with
+``RemoteGenerator`` is a ``ragspec.engine.results.Generator`` like the local one (``generate`` / ``stream`` with
 a ``GenerationConfig``, ``references=``, a stream that is a context manager with live ``stats``
 and a ``result``), so ``DocumentQA``, ``ChatRagSpec`` and the apps use it where they would use a
 ``SpeculativeGenerator``. ``RemoteModel`` is the matching ``GenerationSource`` (a settings object
@@ -35,7 +35,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator as StepGenerator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,9 +44,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ragspec.cancel import check as check_cancelled
-from ragspec.config import CallOptions, GenerationConfig, call_options
-from ragspec.results import (
+from ragspec.engine.cancel import check as check_cancelled
+from ragspec.engine.config import CallOptions, GenerationConfig, call_options
+from ragspec.engine.results import (
     GenerationResult,
     GenerationStats,
     GenerationStream,
@@ -53,9 +54,9 @@ from ragspec.results import (
     ModelLoadError,
     PromptTooLongError,
     SourceStats,
-    StreamingGenerator,
+    Generator,
 )
-from ragspec.text import StopTextAssembler, clean_text
+from ragspec.engine.text import StopTextAssembler, clean_text
 
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -66,7 +67,7 @@ PROMPT_FORMATS = ("tokens", "text")
 FALLBACK_CONTEXT = 2048
 """Context window assumed when neither the caller nor the server says (see ``RemoteGenerator``)."""
 
-__all__ = ["API_KEY_ENV", "RemoteGenerationError", "RemoteGenerator", "RemoteInfo", "RemoteModel"]
+__all__ = ["API_KEY_ENV", "RemoteGenerationError", "RemoteGenerator", "RemoteModel"]
 
 
 class RemoteGenerationError(RuntimeError):
@@ -78,8 +79,8 @@ class RemoteGenerationError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RemoteInfo:
-    """What callers read from ``generator.lm``: the model's name, its tokenizer and context window."""
+class _Served:
+    """What the server says of its model (asked once): name, tokenizer, context window, and which server it is."""
 
     name: str
     tokenizer: PreTrainedTokenizerBase
@@ -108,7 +109,7 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """A model's tokenizer without its weights: ``"default"``, a ``.gguf`` file, a local folder or a hub id."""
     with _tokenizers_lock:
         if name not in _tokenizers:
-            from ragspec.models import DEFAULT_MODEL, default_gguf_path
+            from ragspec.backends.models import DEFAULT_MODEL, default_gguf_path
 
             if name == DEFAULT_MODEL:
                 tokenizer = _gguf_tokenizer(default_gguf_path())
@@ -132,11 +133,11 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     """The tokenizer stored in a GGUF file, without its weights.
 
-    ``ragspec.models.gguf_tokenizer`` keeps it in ragspec's cache where that function exists;
+    ``ragspec.backends.models.gguf_tokenizer`` keeps it in ragspec's cache where that function exists;
     otherwise transformers reads it from the file (a few seconds, once per process).
     """
     try:
-        from ragspec.models import gguf_tokenizer
+        from ragspec.backends.models import gguf_tokenizer
     except ImportError:
         from transformers import AutoTokenizer
 
@@ -147,7 +148,7 @@ def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return gguf_tokenizer(path)
 
 
-class RemoteGenerator(StreamingGenerator):
+class RemoteGenerator(Generator):
     """Decoding on an OpenAI-compatible server, called like a local ``SpeculativeGenerator``.
 
     ``model`` is the name the server knows the model by ("": the first it lists at
@@ -190,7 +191,7 @@ class RemoteGenerator(StreamingGenerator):
         self._client = httpx.Client(
             headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)), follow_redirects=False
         )
-        self._info: RemoteInfo | None = None
+        self._info: _Served | None = None
         self._info_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -198,8 +199,19 @@ class RemoteGenerator(StreamingGenerator):
 
     # -- the model --------------------------------------------------------------------------------
     @property
-    def lm(self) -> RemoteInfo:
-        """The model's name, tokenizer and context window (asks the server once, on first use)."""
+    def model_name(self) -> str:
+        """The served model's name (like ``tokenizer`` and ``context_length``, asked of the server on first use)."""
+        return self._served().name
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._served().tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return self._served().context_length
+
+    def _served(self) -> _Served:
         if self._info is None:
             with self._info_lock:
                 if self._info is None:
@@ -218,7 +230,7 @@ class RemoteGenerator(StreamingGenerator):
             raise RemoteGenerationError(f"{self.base_url}/models did not answer with an OpenAI model list")
         return [m for m in data if isinstance(m, dict)]
 
-    def _describe(self) -> RemoteInfo:
+    def _describe(self) -> _Served:
         try:
             listed = self.models()
         except RemoteGenerationError as e:
@@ -235,12 +247,12 @@ class RemoteGenerator(StreamingGenerator):
         context = self._context_length or _listed_context(entry) or _tokenizer_context(tokenizer) or FALLBACK_CONTEXT
         owner = entry.get("owned_by") if entry is not None else None
         server = owner if owner in ("ragspec", "vllm") else "openai"
-        return RemoteInfo(name=self.model, tokenizer=tokenizer, context_length=context, server=server)
+        return _Served(name=self.model, tokenizer=tokenizer, context_length=context, server=server)
 
     def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
         """Token ids of ``text`` by the model's tokenizer; ids pass through."""
         if isinstance(text, str):
-            return list(self.lm.tokenizer.encode(clean_text(text), add_special_tokens=special_tokens))
+            return list(self.tokenizer.encode(clean_text(text), add_special_tokens=special_tokens))
         return [int(t) for t in text]
 
     # -- calls ------------------------------------------------------------------------------------
@@ -258,7 +270,7 @@ class RemoteGenerator(StreamingGenerator):
         """
         config = (config if config is not None else self.config).merged(options)
         response_format = _response_format(config)
-        info = self.lm
+        info = self._served()
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -308,19 +320,19 @@ class RemoteGenerator(StreamingGenerator):
         vLLM has none but streams the answer's ids (``return_token_ids``), so it is applied to those
         and the stream is closed where the answer starts repeating, which ends the request there.
         Other servers send text only; there the option has no effect (README, "Answers that end")."""
-        return bool(config.repetition_stop) and self.lm.server == "vllm"
+        return bool(config.repetition_stop) and self._served().server == "vllm"
 
     # -- HTTP -------------------------------------------------------------------------------------
     def _run(
         self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats, cancel: threading.Event
-    ) -> Generator[str, None, GenerationResult]:
+    ) -> StepGenerator[str, None, GenerationResult]:
         """The request's deltas; ``cancel`` (``GenerationStream.cancel``) is checked at each event."""
         start = time.perf_counter()
         text, finish, remote_finish = "", None, None
         server_ids: list[int] = []  # vLLM's own ids of the answer, when it sends them
         stop_reason: tuple[object] | None = None  # vLLM's stop_reason, when the server sends one
         # vLLM has no repetition stop: it is applied here, on the ids vLLM streams (see ``_repeat_cut``).
-        repeats = StopTextAssembler(self.lm.tokenizer, (), config.repetition_stop) if self._cuts_repeats(config) else None
+        repeats = StopTextAssembler(self.tokenizer, (), config.repetition_stop) if self._cuts_repeats(config) else None
         if body["max_tokens"] > 0:
             with self._open_stream(body) as response:
                 for event in _sse_events(response):
@@ -365,7 +377,7 @@ class RemoteGenerator(StreamingGenerator):
             text, ids = repeats.text, repeats.ids
             stats.new_tokens = len(server_ids)  # generated, including the repeat that was cut
         elif server_ids:  # vLLM's ids end with the EOS token when it stopped there; ragspec's results leave it out
-            eos = self.lm.tokenizer.eos_token_id
+            eos = self.tokenizer.eos_token_id
             ended_by_eos = finish == "stop" and stop_reason in (None, (None,)) and server_ids[-1] == eos
             ids = server_ids[:-1] if ended_by_eos else server_ids
         else:
@@ -376,7 +388,7 @@ class RemoteGenerator(StreamingGenerator):
         if not stats.ttft_s:
             stats.ttft_s = stats.wall_s
         return GenerationResult(text, ids, _finish_reason(finish or "length", remote_finish, stop_reason, config), stats,
-                                self.lm.name)
+                                self.model_name)
 
     def _open_stream(self, body: dict[str, Any]) -> Any:
         """The streamed response of ``POST /completions``, retrying a full queue (429) up to ``busy_timeout_s``."""

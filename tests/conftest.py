@@ -16,7 +16,7 @@ def lc_tokenizer():
     from transformers import AutoTokenizer
 
     from ragspec.backends import load_model
-    from ragspec.models import cache_root
+    from retrievers.cache import cache_root
 
     found = sorted(cache_root().glob("models/SmolLM2-135M-Instruct*/tokenizer.json"))
     if found:
@@ -30,7 +30,7 @@ def lc_tiny_model(lc_tokenizer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ragspec.models import LoadedModel
+    from ragspec.backends.pytorch.loading import LoadedModel
 
     torch.manual_seed(1234)
     config = LlamaConfig(
@@ -44,6 +44,6 @@ def lc_tiny_model(lc_tokenizer):
 @pytest.fixture
 def lc_tiny_generator(lc_tiny_model):
     """A fresh SpeculativeGenerator over the tiny model (its drafter history starts empty)."""
-    from ragspec.generator import SpeculativeGenerator
+    from ragspec.engine.generator import SpeculativeGenerator
 
     return SpeculativeGenerator(lc_tiny_model)

@@ -19,10 +19,10 @@ from apps.web.queue import QueueFullError, QueueTimeoutError, Ticket
 from apps.web.sessions import Answerer, Session
 from apps.web.state import COOKIE, ApiError, WebState, display, web_state
 from apps.web.streaming import EventStream
-from ragspec.text import question_text
+from ragspec.engine.text import question_text
 
 if TYPE_CHECKING:
-    from ragspec.pipeline import Answer
+    from ragspec.answers import Answer
 
 logger = logging.getLogger(__name__)
 

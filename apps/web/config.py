@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from apps.web.openai_api import openai_error_body
 from apps.web.security import LOCAL_HOSTS, SecurityPolicy
-from ragspec.config import DEFAULT_MAX_TOKENS, request_max_tokens
+from ragspec.engine.config import DEFAULT_MAX_TOKENS, request_max_tokens
 
 DEFAULT_SUFFIXES = (
     ".txt", ".md", ".markdown", ".html", ".htm", ".pdf", ".docx", ".pptx", ".xlsx", ".csv", ".epub", ".odt", ".ipynb"

@@ -9,9 +9,9 @@ talks to the served model through these routes; docs/serving.md is the reference
   ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``repetition_stop``, ``speculative`` and ``references``
   (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
   ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
-  (``ragspec.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
+  (``ragspec.engine.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
   list functions in the system turn and constrain the answer to well-formed calls with the same
-  grammar as ``ChatRagSpec.bind_tools`` (``ragspec.tool_calls``); calls come back as OpenAI's
+  grammar as ``ChatRagSpec.bind_tools`` (``ragspec.engine.tool_calls``); calls come back as OpenAI's
   ``tool_calls`` (whole, and in stream deltas as each call completes), and ``tool`` messages and
   assistant ``tool_calls`` enter the conversation. ``retrieval`` (chat) answers the conversation over the
   server's documents as ``DocumentQA`` does (``apps.web.retrieval_api``). A bad value is a 400 naming the parameter; so is
@@ -53,7 +53,7 @@ from apps.web.retrieval_api import extension as retrieval_extension
 from apps.web.security import plain_error
 from apps.web.streaming import ClientGone, EventStream, unless_gone
 from ragspec.bridge import iterate_in_thread, next_before
-from ragspec.config import DEFAULT_MAX_TOKENS, GenerationConfig, GenerationConfigError, request_config, request_max_tokens
+from ragspec.engine.config import DEFAULT_MAX_TOKENS, GenerationConfig, GenerationConfigError, request_config, request_max_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class OpenAIError(Exception):
 
 def error_object(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     """``{"error": {"message", "type", "param", "code"}}`` as OpenAI sends it."""
-    from ragspec.text import clean_text
+    from ragspec.engine.text import clean_text
 
     return {
         "error": {
@@ -181,9 +181,9 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     tools: tuple[Any, ...] = ()
-    """``ragspec.tool_calls.Tool``s the model may call (chat only)."""
+    """``ragspec.engine.tool_calls.Tool``s the model may call (chat only)."""
     tool_choice: str = "auto"
-    """``ragspec.tool_calls.check_choice``'s spelling: ``"auto"``, ``"any"``, ``"none"`` or a tool's name."""
+    """``ragspec.engine.tool_calls.check_choice``'s spelling: ``"auto"``, ``"any"``, ``"none"`` or a tool's name."""
     parallel_tool_calls: bool = True
     response_format: object = None
     """Checked in shape only; compiled, like the tools' grammar, once the request holds the model (``compile_constraint``)."""
@@ -279,11 +279,11 @@ def _unsupported(body: Mapping[str, Any], chat: bool) -> None:
 
 
 def response_constraint(value: object) -> Any:
-    """``response_format`` as a ``ragspec.constraints.Constraint`` (None for text); 400 when it cannot be one
-    (``ragspec.constraints.response_format_constraint`` reads it, as for the LangChain classes)."""
+    """``response_format`` as a ``ragspec.engine.constraints.Constraint`` (None for text); 400 when it cannot be one
+    (``ragspec.engine.constraints.response_format_constraint`` reads it, as for the LangChain classes)."""
     if value is None:
         return None
-    from ragspec.constraints import ConstraintError, response_format_constraint
+    from ragspec.engine.constraints import ConstraintError, response_format_constraint
 
     try:
         return response_format_constraint(value, served_schema)
@@ -293,7 +293,7 @@ def response_constraint(value: object) -> Any:
 
 def _response_format_kind(value: object) -> str | None:
     """``response_format``'s kind (None: text), its shape checked without compiling anything; 400 for a bad shape."""
-    from ragspec.constraints import ConstraintError, response_format_kind
+    from ragspec.engine.constraints import ConstraintError, response_format_kind
 
     try:
         return None if value is None else response_format_kind(value)
@@ -309,18 +309,18 @@ def _first_line(message: str, limit: int = 300) -> str:
 
 def served_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     """A client's JSON Schema as the grammar holds the answer to: strings without a bound get
-    ``maxLength`` ``ragspec.tool_calls.STRING_LIMIT`` and objects take their declared properties
+    ``maxLength`` ``ragspec.engine.tool_calls.STRING_LIMIT`` and objects take their declared properties
     only (``bounded_strings``, ``closed_objects``, as ``ChatRagSpec.with_structured_output`` does).
     Every answer is still valid against the schema sent; a small model that repeats itself inside
     a string then still finishes the object instead of filling ``max_tokens``."""
-    from ragspec.tool_calls import bounded_strings, closed_objects
+    from ragspec.engine.tool_calls import bounded_strings, closed_objects
 
     return bounded_strings(closed_objects(schema))
 
 
 def _tools(body: Mapping[str, Any]) -> tuple[tuple[Any, ...], str, bool]:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as ragspec ``Tool``s, a choice and a flag."""
-    from ragspec.tool_calls import ToolError, openai_tool, parse_choice
+    from ragspec.engine.tool_calls import ToolError, openai_tool, parse_choice
 
     value, choice = body.get("tools"), body.get("tool_choice")
     if value is not None and not isinstance(value, list):
@@ -349,9 +349,9 @@ def _tools(body: Mapping[str, Any]) -> tuple[tuple[Any, ...], str, bool]:
 
 
 def _messages(value: object) -> list[dict[str, str]]:
-    """The turns as the chat template takes them; tool calls and results in ``ragspec.tool_calls``' form."""
-    from ragspec.text import clean_text
-    from ragspec.tool_calls import call_turn, result_turn
+    """The turns as the chat template takes them; tool calls and results in ``ragspec.engine.tool_calls``' form."""
+    from ragspec.engine.text import clean_text
+    from ragspec.engine.tool_calls import call_turn, result_turn
 
     if not isinstance(value, list) or not value:
         raise OpenAIError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
@@ -535,8 +535,8 @@ mentions JSON (OpenAI asks the client to say so; ragspec does it for a client th
 
 
 def _chat_turns(request: ApiRequest) -> list[dict[str, str]]:
-    """The conversation with the tools' listing (``ragspec.tool_calls.system_prompt``) or the JSON instruction."""
-    from ragspec import tool_calls
+    """The conversation with the tools' listing (``ragspec.engine.tool_calls.system_prompt``) or the JSON instruction."""
+    from ragspec.engine import tool_calls
 
     assert isinstance(request.prompt, list)
     turns: list[dict[str, str]] = list(request.prompt)  # type: ignore[arg-type]
@@ -557,7 +557,7 @@ def request_constraint(request: ApiRequest) -> Any:
     ``tool_choice: "none"`` without a ``response_format``, text that does not open with markup: the
     default model otherwise echoes a tool result's ``<tool_response>`` wrapper), else its
     ``response_format`` (None: free text); 400 naming the parameter when it cannot be built."""
-    from ragspec import tool_calls
+    from ragspec.engine import tool_calls
 
     if _calls_tools(request) or (request.tools and request.response_format is None):
         try:
@@ -745,7 +745,7 @@ class Answer:
         self.created = int(time.time())
         self.stats: Any = None
         self.result: Any = None
-        """The generation's result: a ``GenerationResult``, or a retrieval request's ``ragspec.pipeline.Answer``."""
+        """The generation's result: a ``GenerationResult``, or a retrieval request's ``ragspec.answers.Answer``."""
         self.text = ""
 
     async def _next(self) -> _Event | None:
@@ -810,8 +810,8 @@ class Answer:
         }
 
     def _calls(self) -> Any:
-        """A ``ragspec.tool_calls.CallStream`` for this answer's text."""
-        from ragspec.tool_calls import CallStream
+        """A ``ragspec.engine.tool_calls.CallStream`` for this answer's text."""
+        from ragspec.engine.tool_calls import CallStream
 
         return CallStream()
 
@@ -890,8 +890,8 @@ def _piece_delta(piece: Any) -> dict[str, Any]:
 
 def _generation_error(e: Exception) -> OpenAIError:
     """An exception from the generator as an OpenAI error."""
-    from ragspec.constraints import ConstraintError
-    from ragspec.generator import GeneratorBusyError, PromptTooLongError
+    from ragspec.engine.constraints import ConstraintError
+    from ragspec.engine.results import GeneratorBusyError, PromptTooLongError
 
     if isinstance(e, OpenAIError):
         return e

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ragspec.pipeline import Answer, AnswerStream
+    from ragspec.answers import Answer, AnswerStream
 
 MAX_K = 64
 """Most passages one request may ask for."""

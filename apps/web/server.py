@@ -69,7 +69,7 @@ from apps.web.retrieval_api import Documents
 from apps.web.security import Guard, is_loopback, require_key_off_loopback, trusted_hosts_for
 from apps.web.sessions import Answerer, Backend, SessionStore
 from apps.web.state import COOKIE, ProgressBoard, WebState, web_state
-from ragspec.config import DEFAULT_MAX_TOKENS
+from ragspec.engine.config import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
     from retrievers.ingest import SyncProgress

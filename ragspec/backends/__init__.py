@@ -10,22 +10,20 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
-import torch
-
 from ragspec.backends.base import Backend, BackendUnavailableError, KVCache
-from ragspec.config import BACKENDS, check_backend
-from ragspec.models import (
-    DEFAULT_MODEL,
-    DEFAULT_MODEL_NAME,
-    LoadedModel,
-    ModelLoadError,
-    default_gguf_path,
-    load_torch_model,
-    resolve_device,
-)
+from ragspec.backends.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, default_gguf_path
+from ragspec.engine.config import BACKENDS, check_backend
+from ragspec.engine.results import ModelLoadError
 
 if TYPE_CHECKING:
+    import torch
+
     from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings
+    from ragspec.backends.pytorch.loading import LoadedModel
+
+# The PyTorch and llama.cpp modules are imported where they are used: vLLM's worker imports this
+# package (for ``ragspec.backends.vllm.proposer``) in an environment without llama.cpp or
+# retrievers' dependencies.
 
 
 AUTO_LLAMACPP_MIN_PARAMETERS = 1_000_000_000
@@ -35,7 +33,7 @@ Chosen by end-to-end time on the RAG workload (long prompts, short answers), whe
 fp32 prefill outweighs llama.cpp's faster steps on the default 135M model, and by memory from a
 billion parameters on; the measurements are in docs/backends.md ("The default back end")."""
 
-TargetModel = Union[LoadedModel, "LlamaCppModel"]
+TargetModel = Union["LoadedModel", "LlamaCppModel"]
 """A loaded target model: transformers weights (``LoadedModel``) or a GGUF file in llama.cpp."""
 
 __all__ = ["AUTO_LLAMACPP_MIN_PARAMETERS", "BACKENDS", "Backend", "BackendUnavailableError", "KVCache", "TargetModel",
@@ -56,6 +54,7 @@ def choose_backend(model: str, backend: str = "auto", device: str | torch.device
     default model (135M) therefore runs on PyTorch unless ``"llamacpp"`` is asked for.
     """
     from ragspec.backends import llamacpp
+    from ragspec.backends.pytorch.loading import resolve_device
 
     check_backend(backend)
     if backend == "torch":
@@ -136,6 +135,8 @@ def _tensor_elements(path: str, mtime_ns: int) -> int:
 
 def make_backend(lm: TargetModel) -> Backend:
     """A new back end (its own KV cache, or llama.cpp context) over ``lm``'s shared weights."""
+    from ragspec.backends.pytorch.loading import LoadedModel
+
     if isinstance(lm, LoadedModel):
         from ragspec.backends.pytorch import TorchBackend
 
@@ -173,4 +174,6 @@ def load_model(
         if name == DEFAULT_MODEL:
             return load_llamacpp(default_gguf_path(), DEFAULT_MODEL_NAME, llamacpp)
         return load_llamacpp(name, None, llamacpp)
+    from ragspec.backends.pytorch.loading import load_torch_model
+
     return load_torch_model(name, device=device, dtype=dtype)

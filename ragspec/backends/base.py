@@ -1,10 +1,10 @@
 """The seam under the decoding loop: a target model's forward over a KV cache that can be rolled back.
 
-Drafting, the cost policy, greedy and sampling verification (``ragspec.generator``,
-``ragspec.sampling``) are written once, over this protocol. An implementation evaluates token ids
+Drafting, the cost policy, greedy and sampling verification (``ragspec.engine.generator``,
+``ragspec.engine.sampling``) are written once, over this protocol. An implementation evaluates token ids
 after the positions its cache holds and returns one row of logits per position asked for; the
 generator rolls the cache back over rejected draft positions with ``crop`` and reuses a cache
-across requests for their shared prompt prefix (``ragspec.prefix_cache``: ``save`` hands a
+across requests for their shared prompt prefix (``ragspec.engine.prefix_cache``: ``save`` hands a
 finished request's cache to it, ``load`` gives a new request a cache holding a saved prefix).
 
 Positions: a cache holds exactly the first ``get_seq_length()`` tokens of the sequence; a
@@ -21,8 +21,8 @@ from typing import Protocol
 import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from ragspec.models import ModelLoadError
-from ragspec.prefix_cache import SavedPrefix
+from ragspec.engine.results import ModelLoadError
+from ragspec.engine.prefix_cache import SavedPrefix
 
 
 class KVCache(Protocol):
@@ -63,7 +63,7 @@ class Backend(Protocol):
         Returns logits ``[len(ids), vocab]`` (``[1, vocab]`` with ``last_only``) on ``device``. The
         tensor may be a view of the back end's own buffer: it is valid until the next ``forward``.
         A prompt (``last_only``) is evaluated in chunks, and ``cancel`` is checked before each: once it
-        is set, ``ragspec.cancel.GenerationCancelled`` is raised and the cache holds the chunks done.
+        is set, ``ragspec.engine.cancel.GenerationCancelled`` is raised and the cache holds the chunks done.
         """
         ...
 

@@ -11,7 +11,7 @@ class, whose ``eval`` keeps an ``n_ctx x n_vocab`` score array and copies every 
 - Rollback: ``crop(-m)`` removes the last ``m`` positions of the sequence from the context's memory
   (``llama_memory_seq_rm``); the next decode writes the new tokens at those positions again.
 - Prefix reuse: a finished request's sequence state is copied out of the context
-  (``llama_state_seq_get_data``) into the generator's prefix cache (``ragspec.prefix_cache``); a
+  (``llama_state_seq_get_data``) into the generator's prefix cache (``ragspec.engine.prefix_cache``); a
   later prompt sharing a prefix with it gets it copied back (``llama_state_seq_set_data``) and
   cropped, or, when the context still holds it, just cropped.
 - Weights are loaded once per file (``LlamaCppModel``, memory-mapped) and shared; each generator
@@ -47,8 +47,9 @@ import torch
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from ragspec.backends.base import BackendUnavailableError
-from ragspec.cancel import check as check_cancelled
-from ragspec.models import ModelLoadError, gguf_tokenizer
+from ragspec.engine.cancel import check as check_cancelled
+from ragspec.backends.models import gguf_tokenizer
+from ragspec.engine.results import ModelLoadError
 
 logger = logging.getLogger(__name__)
 

@@ -37,13 +37,14 @@ from langchain_core.messages.ai import UsageMetadata
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
-from ragspec.config import DEFAULT_MAX_TOKENS, CallOptions, GenerationConfig, call_options, check_backend
+from ragspec.engine.config import DEFAULT_MAX_TOKENS, CallOptions, GenerationConfig, call_options, check_backend
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from ragspec.generator import GenerationResult, GenerationStats, SpeculativeGenerator
-    from ragspec.remote import RemoteGenerator, RemoteModel
+    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.engine.results import GenerationResult, GenerationStats, Generator
+    from ragspec.remote import RemoteModel
 
 Reference = Union[str, Document, Sequence[int]]
 """A passage for the drafter: text, a LangChain ``Document`` or token ids."""
@@ -201,7 +202,7 @@ class RagSpecParams(BaseModel):
     @model_validator(mode="after")
     def _v_generator(self) -> RagSpecParams:
         if self.generator is not None:
-            from ragspec.generator import SpeculativeGenerator
+            from ragspec.engine.generator import SpeculativeGenerator
 
             if not isinstance(self.generator, SpeculativeGenerator):
                 raise ValueError(
@@ -217,7 +218,7 @@ class RagSpecParams(BaseModel):
         return self
 
     # -- loading --------------------------------------------------------------------------------
-    def load(self, model: str | None = None) -> SpeculativeGenerator | RemoteGenerator:
+    def load(self, model: str | None = None) -> Generator:
         """The generator for ``model`` (default: this object's), loaded on first use and shared.
 
         With ``base_url`` it is a ``RemoteGenerator`` on that server, called the same way.
@@ -290,7 +291,7 @@ class RagSpecParams(BaseModel):
     def events(
         self,
         options: CallOptions,
-        build_prompt: Callable[[SpeculativeGenerator], str | list[int]],
+        build_prompt: Callable[[Generator], str | list[int]],
         on_start: Callable[[GenerationStats], None] | None = None,
     ) -> Iterator[str | GenerationResult]:
         """Text deltas of one generation, then its ``GenerationResult``.

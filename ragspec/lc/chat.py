@@ -14,15 +14,15 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from pydantic import ConfigDict
 
-from ragspec import tool_calls
+from ragspec.engine import tool_calls
 from ragspec.bridge import iterate_in_thread
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 from ragspec.lc.messages import messages_prompt_ids
 from ragspec.lc.tools import answer_message, bound_tools, openai_tools, piece_message, structured_output, to_tool
-from ragspec.tool_calls import CallStream, ToolError
+from ragspec.engine.tool_calls import CallStream, ToolError
 
 if TYPE_CHECKING:
-    from ragspec.generator import GenerationResult
+    from ragspec.engine.results import GenerationResult
 
 
 class ChatRagSpec(BaseChatModel, RagSpecParams):

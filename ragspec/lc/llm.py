@@ -12,11 +12,11 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict
 
 from ragspec.bridge import iterate_in_thread
-from ragspec.config import CallOptions
+from ragspec.engine.config import CallOptions
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 
 if TYPE_CHECKING:
-    from ragspec.generator import GenerationResult
+    from ragspec.engine.results import GenerationResult
 
 
 class RagSpecLLM(LLM, RagSpecParams):

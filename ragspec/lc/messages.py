@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 
-from ragspec import tool_calls
+from ragspec.engine import tool_calls
 from ragspec.prompts import chat_prompt_ids
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def message_text(message: BaseMessage, skip: Sequence[str] = ()) -> str:
 def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict[str, str]]:
     """Role/content dicts for ``apply_chat_template``; a clear error for anything else.
 
-    Tool calls and results follow ``ragspec.tool_calls``' convention: an AIMessage's calls are
+    Tool calls and results follow ``ragspec.engine.tool_calls``' convention: an AIMessage's calls are
     written as the model writes them, a ToolMessage is a user turn with the result, and
     ``tool_prompt`` (the bound tools) is added to the system turn (one is created if needed).
     """

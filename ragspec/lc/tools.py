@@ -1,7 +1,7 @@
 """Tool calling and structured output for the LangChain models, by grammar-constrained decoding.
 
 - ``bind_tools(tools, tool_choice=...)`` binds the tools in OpenAI's format; each call renders
-  them into the prompt (``ragspec.tool_calls``' convention) and constrains the answer to
+  them into the prompt (``ragspec.engine.tool_calls``' convention) and constrains the answer to
   well-formed calls. ``tool_choice``: ``"auto"`` (default), ``"any"`` / ``"required"``,
   ``"none"``, a tool's name, ``True`` (the only tool) or OpenAI's ``{"type": "function", ...}``.
 - ``with_structured_output(schema, method=...)``: ``"json_schema"`` (default) constrains the
@@ -35,10 +35,10 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
-from ragspec import tool_calls
-from ragspec.constraints import OPENAI_RESPONSE_FORMATS, Constraint, ConstraintError, response_format_constraint
+from ragspec.engine import tool_calls
+from ragspec.engine.constraints import OPENAI_RESPONSE_FORMATS, Constraint, ConstraintError, response_format_constraint
 from ragspec.lc.messages import message_text
-from ragspec.tool_calls import CallStream, CallStreamPiece, Tool, ToolError, bounded_strings
+from ragspec.engine.tool_calls import CallStream, CallStreamPiece, Tool, ToolError, bounded_strings
 
 METHODS = ("json_schema", "json_mode", "function_calling")
 
@@ -104,7 +104,7 @@ def bound_tools(kwargs: dict[str, Any]) -> tuple[list[Tool], str, bool] | None:
 # -- response formats ---------------------------------------------------------------------------
 def response_constraint(response_format: Any) -> Constraint | None:
     """A per-call ``response_format`` as a constraint (see the module docstring); OpenAI's dicts
-    are read by ``ragspec.constraints.response_format_constraint``, as on ``/v1``."""
+    are read by ``ragspec.engine.constraints.response_format_constraint``, as on ``/v1``."""
     if isinstance(response_format, Constraint):
         return response_format
     if response_format == "json":

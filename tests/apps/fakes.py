@@ -1,4 +1,4 @@
-"""Pipeline results for scripted answerers: an ``Answer`` without running a model."""
+"""Pipeline results for scripted answerers (an ``Answer`` without running a model), and embeddings that count."""
 
 from __future__ import annotations
 
@@ -6,10 +6,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from langchain_core.documents import Document
 
-from ragspec.generator import GenerationStats
-from ragspec.pipeline import Answer, Citation
+from ragspec.engine.results import GenerationStats
+from ragspec.answers import Answer, Citation
+
+
+def counting_embeddings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``retrievers.default_embeddings`` made deterministic fake embeddings; the list collects every text embedded."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    import retrievers
+
+    embedded: list[str] = []
+
+    class Counting(DeterministicFakeEmbedding):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            embedded.extend(texts)
+            return super().embed_documents(texts)
+
+    monkeypatch.setattr(retrievers, "default_embeddings", lambda: Counting(size=8))
+    return embedded
 
 
 def speed() -> GenerationStats:

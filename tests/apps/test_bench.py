@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.bench import Prompt, Run, format_table, headline, kept_length, main, summarize
-from ragspec.results import GenerationResult, GenerationStats
+from ragspec.engine.results import GenerationResult, GenerationStats
 
 
 def test_summary_ratios_and_identity_count() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from apps.bench import main
 from apps.bench_structured import EXTRACTION_SCHEMA, Run, format_table, summarize
-from ragspec.constraints import Constraint
+from ragspec.engine.constraints import Constraint
 
 
 def test_summary_ratios_forced_share_mask_time_and_identity() -> None:

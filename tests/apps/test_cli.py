@@ -16,7 +16,7 @@ import pytest
 
 from apps import cli
 from apps.engine import Event, Token
-from tests.apps.fakes import fake_answer
+from tests.apps.fakes import counting_embeddings, fake_answer
 
 DOC = """# Harbour notes
 
@@ -231,18 +231,7 @@ def test_ingest_then_ask_and_chat_with_the_default_models(
 @pytest.fixture
 def counted_ingest(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """`ragspec ingest` with deterministic fake embeddings; the list collects every text embedded."""
-    from langchain_core.embeddings import DeterministicFakeEmbedding
-
-    import retrievers
-
-    embedded: list[str] = []
-
-    class Counting(DeterministicFakeEmbedding):
-        def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            embedded.extend(texts)
-            return super().embed_documents(texts)
-
-    monkeypatch.setattr(retrievers, "default_embeddings", lambda: Counting(size=8))
+    embedded = counting_embeddings(monkeypatch)
     monkeypatch.setattr(cli, "_quiet_model_loading", lambda: None)
     return embedded
 

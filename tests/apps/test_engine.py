@@ -10,9 +10,10 @@ import pytest
 from langchain_core.documents import Document
 
 from apps.engine import AppError, Collection, Token, _pipeline_events, update_index
-from ragspec.generator import GenerationStats
-from ragspec.pipeline import Answer, Citation
+from ragspec.engine.results import GenerationStats
+from ragspec.answers import Answer, Citation
 from ragspec.prompts import Turn
+from tests.apps.fakes import counting_embeddings
 
 
 def cite(number: int, page: int | None = None, start: int | None = 7) -> Citation:
@@ -142,19 +143,9 @@ def test_bad_settings_and_paths_fail_early(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_update_index_is_incremental_and_its_errors_leave_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from langchain_core.embeddings import DeterministicFakeEmbedding
-
-    import retrievers
     from apps.engine import update_index
 
-    embedded: list[str] = []
-
-    class Counting(DeterministicFakeEmbedding):
-        def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            embedded.extend(texts)
-            return super().embed_documents(texts)
-
-    monkeypatch.setattr(retrievers, "default_embeddings", lambda: Counting(size=8))
+    embedded = counting_embeddings(monkeypatch)
     index = tmp_path / "idx"
     with pytest.raises(AppError, match="no files"):
         update_index([], index)

@@ -28,8 +28,8 @@ def generator(lc_tokenizer: Any) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ragspec.generator import SpeculativeGenerator
-    from ragspec.models import LoadedModel
+    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.backends.pytorch.loading import LoadedModel
 
     torch.manual_seed(7)
     config = LlamaConfig(

@@ -49,7 +49,7 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def local_qa(index_dir: Path) -> Any:
     """The pipeline on the local generator; its index is saved for the CLI test."""
-    from ragspec.config import GenerationConfig
+    from ragspec.engine.config import GenerationConfig
     from ragspec.pipeline import DocumentQA
     from ragspec.registry import LocalModel
 
@@ -59,7 +59,7 @@ def local_qa(index_dir: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def remote_qa(server: ServeProcess, local_qa: Any) -> Any:
-    from ragspec.config import GenerationConfig
+    from ragspec.engine.config import GenerationConfig
     from ragspec.pipeline import DocumentQA
     from ragspec.remote import RemoteModel
 
@@ -134,7 +134,7 @@ def test_chat_ragspec_with_base_url_matches_the_local_chat_model(server: ServePr
 
 @pytest.mark.timeout(300)
 def test_a_json_schema_travels_as_response_format(server: ServeProcess) -> None:
-    from ragspec.constraints import Constraint
+    from ragspec.engine.constraints import Constraint
     from ragspec.registry import get_generator
     from ragspec.remote import RemoteModel
 

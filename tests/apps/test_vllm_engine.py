@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ragspec.engines.vllm import STATS_ENV
-from ragspec.engines.vllm_server import (
+from ragspec.backends.vllm.proposer import STATS_ENV
+from ragspec.backends.vllm.server import (
     PYTHON_ENV,
     VllmError,
     VllmServer,
@@ -31,7 +31,7 @@ from ragspec.engines.vllm_server import (
     find_python,
     speculative_config,
 )
-from ragspec.models import model_folder
+from ragspec.backends.pytorch.loading import model_folder
 
 
 def _vllm_python() -> Path | None:
@@ -136,8 +136,8 @@ def test_greedy_outputs_equal_vllm_without_speculation(reference, spec_server, r
 @pytest.mark.timeout(900)
 def test_ragspec_through_vllm_answers_as_its_own_engine_does(spec_server, served_folder, rag_ids) -> None:
     """The same prompt ids, greedy, fp32: ragspec's local greedy and vLLM's (through RemoteGenerator) agree."""
-    from ragspec.config import GenerationConfig
-    from ragspec.generator import SpeculativeGenerator
+    from ragspec.engine.config import GenerationConfig
+    from ragspec.engine.generator import SpeculativeGenerator
     from ragspec.remote import RemoteGenerator
 
     config = GenerationConfig(max_new_tokens=MAX_TOKENS, speculative=False)
@@ -310,7 +310,7 @@ def test_serve_engine_vllm_without_vllm_says_how_to_install_it(tmp_path, monkeyp
 @pytest.mark.timeout(900)
 def test_serve_engine_vllm_answers_through_vllm_and_stops_it(spec_server, tmp_path) -> None:
     """The whole command: ragspec's app and /v1 in front of a vLLM it started (after the other servers)."""
-    from ragspec.engines.vllm_server import free_port
+    from ragspec.backends.vllm.server import free_port
 
     spec_server.stop()  # one vLLM at a time
     port = free_port()

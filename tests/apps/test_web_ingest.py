@@ -12,6 +12,7 @@ import pytest
 from apps.web.server import AppConfig, DefaultBackend, ProgressBoard, create_app
 from retrievers.ingest import SyncProgress
 from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.fakes import counting_embeddings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,18 +62,7 @@ def test_progress_ids_are_checked_and_the_board_is_bounded() -> None:
 
 
 def test_the_default_backend_indexes_a_folder_incrementally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, apps_corpus: Path) -> None:
-    from langchain_core.embeddings import DeterministicFakeEmbedding
-
-    import retrievers
-
-    embedded: list[str] = []
-
-    class Counting(DeterministicFakeEmbedding):
-        def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            embedded.extend(texts)
-            return super().embed_documents(texts)
-
-    monkeypatch.setattr(retrievers, "default_embeddings", lambda: Counting(size=8))
+    embedded = counting_embeddings(monkeypatch)
     backend = DefaultBackend()
     progress: list[SyncProgress] = []
     _, first = backend.index([apps_corpus], tmp_path, progress.append)

@@ -49,7 +49,7 @@ def llm(lc_tiny_generator) -> RagSpecLLM:
 @pytest.fixture
 def expected(lc_tiny_model) -> str:
     # Its own generator: the drafter of the one under test must not remember this answer.
-    from ragspec.generator import SpeculativeGenerator
+    from ragspec.engine.generator import SpeculativeGenerator
 
     text = SpeculativeGenerator(lc_tiny_model).generate(PROMPT, max_new_tokens=MAX, speculative=False).text
     assert len(text) > 10

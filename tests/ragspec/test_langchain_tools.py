@@ -15,10 +15,10 @@ from langchain_core.tools import tool
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
-from ragspec.constraints import ConstraintError
+from ragspec.engine.constraints import ConstraintError
 from ragspec.lc import ChatRagSpec, RagSpecLLM
 from ragspec.lc.messages import to_chat
-from ragspec.tool_calls import CallStream, Tool, ToolError, tool_call_constraint
+from ragspec.engine.tool_calls import CallStream, Tool, ToolError, tool_call_constraint
 
 MAX = 48
 
@@ -212,7 +212,7 @@ def test_an_answer_cut_inside_a_call_is_an_invalid_call_streamed_or_not(cut: int
 
 
 def test_tool_call_grammar_by_choice(lc_tokenizer) -> None:
-    from ragspec.constraints import Grammar
+    from ragspec.engine.constraints import Grammar
 
     tools = [Tool("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})]
     ids = lc_tokenizer.encode('<tool_call>[{"name": "add", "arguments": {"a": 1}}]</tool_call>', add_special_tokens=False)
@@ -227,7 +227,7 @@ def test_tool_call_grammar_by_choice(lc_tokenizer) -> None:
 
 def test_tool_schemas_with_refs_keep_their_meaning(lc_tokenizer) -> None:
     """A tool's "#/$defs/..." and "#" refs point into its own schema, not the call's wrapper."""
-    from ragspec.constraints import Grammar
+    from ragspec.engine.constraints import Grammar
 
     item = {"type": "object", "properties": {"n": {"$ref": "#/$defs/I"}}, "required": ["n"], "$defs": {"I": {"type": "integer"}}}
     tree = {"type": "object", "properties": {"v": {"type": "integer"}, "child": {"$ref": "#"}}, "required": ["v"]}
@@ -246,7 +246,7 @@ def test_tool_schemas_with_refs_keep_their_meaning(lc_tokenizer) -> None:
 
 def test_schema_rewrites_walk_subschemas_only() -> None:
     from ragspec.lc.tools import bounded_strings
-    from ragspec.tool_calls import closed_objects
+    from ragspec.engine.tool_calls import closed_objects
 
     # a property named like a keyword is still a schema; enum values are never rewritten
     schema = {"type": "object", "properties": {"default": {"type": "object", "properties": {"x": {"type": "string"}}},

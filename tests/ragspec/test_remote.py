@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ragspec.engine.results import Generator
 from ragspec.remote import RemoteGenerationError, RemoteGenerator, RemoteModel
 
 
@@ -62,6 +63,27 @@ def server() -> Iterator[type[Handler]]:
 
 def generator(server: type[Handler]) -> object:
     return RemoteModel(server.url, model="m", tokenizer="default").load()  # type: ignore[attr-defined]
+
+
+def answer_and_facts(gen: Generator, prompt: str) -> tuple[str, str, int, list[int]]:
+    """What a caller (``DocumentQA``, the LangChain classes, the apps) reads of any generator, typed by the protocol."""
+    return gen.generate(prompt, max_tokens=4).text, gen.model_name, gen.context_length, gen.encode(prompt, special_tokens=False)
+
+
+@pytest.mark.timeout(120)
+def test_the_local_and_the_remote_generator_are_one_protocol(server: type[Handler], lc_tiny_generator: object) -> None:
+    server.events = [chunk("The ferry"), chunk(" leaves", "stop"), "data: [DONE]\n\n"]
+    remote = generator(server)
+    for gen in (lc_tiny_generator, remote):
+        assert isinstance(gen, Generator)
+    assert not hasattr(remote, "lm")  # nothing imitates a loaded model any more
+    text, name, context, ids = answer_and_facts(remote, "Hello")
+    assert (text, name, ids) == ("The ferry leaves", "m", list(remote.tokenizer.encode("Hello", add_special_tokens=False)))
+    assert context >= 2
+    local = lc_tiny_generator
+    _, name, context, ids = answer_and_facts(local, "Hello")  # type: ignore[arg-type]
+    assert (name, context) == (local.lm.name, local.lm.context_length)  # type: ignore[attr-defined]
+    assert ids == list(local.lm.tokenizer.encode("Hello", add_special_tokens=False))  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(60)
@@ -144,7 +166,7 @@ def test_vllm_answers_end_where_they_start_repeating_themselves(server: type[Han
     loop = gen.encode("The ferry leaves at noon. It leaves at noon. It leaves at noon. It leaves at noon.",
                       special_tokens=False)
     server.events = [
-        "data: " + json.dumps({"choices": [{"index": 0, "text": gen.lm.tokenizer.decode([t]), "token_ids": [t],
+        "data: " + json.dumps({"choices": [{"index": 0, "text": gen.tokenizer.decode([t]), "token_ids": [t],
                                             "finish_reason": None}]}) + "\n\n"
         for t in loop
     ] + ["data: " + json.dumps({"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "length"}]}) + "\n\n",
@@ -155,6 +177,6 @@ def test_vllm_answers_end_where_they_start_repeating_themselves(server: type[Han
         cut = _first_repeat(loop, n)
         assert cut is not None and cut < len(loop)
         assert stream.result.finish_reason == "repetition"
-        assert stream.result.token_ids == loop[:cut] and shown == stream.result.text == gen.lm.tokenizer.decode(loop[:cut])
+        assert stream.result.token_ids == loop[:cut] and shown == stream.result.text == gen.tokenizer.decode(loop[:cut])
     whole = gen.generate("Hello", max_new_tokens=64, repetition_stop=0)  # off: the loop comes back whole
     assert whole.token_ids == loop and whole.finish_reason == "length"

@@ -6,7 +6,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ragspec.models import LoadedModel
+from ragspec.backends.pytorch.loading import LoadedModel
 
 EOS = 256  # the byte tokenizer's end-of-sequence id
 

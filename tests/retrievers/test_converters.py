@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-from ragspec.pipeline import Citation
+from ragspec.answers import Citation
 from retrievers import load_documents, load_file, split_documents, sync_index
 from retrievers.converters import MAX_ZIP_MEMBERS, ConversionError, check_zip, zip_kind
 from retrievers.ingest import ChunkingSettings

@@ -119,7 +119,7 @@ def test_a_500_from_generation_carries_no_exception_text() -> None:
 
 def test_an_engine_message_is_cut_to_its_first_line() -> None:
     from apps.web.openai_api import _generation_error
-    from ragspec.constraints import ConstraintError
+    from ragspec.engine.constraints import ConstraintError
 
     panic = ConstraintError("panic: assertion failed: grammar.symbols.len() < u16::MAX\nstack backtrace:\n  0: /rustc/abc/src/x.rs")
     error = _generation_error(panic)
@@ -145,7 +145,7 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_keeps_the_slot_until_it_en
         return None
 
     async def scenario() -> tuple[int, int]:
-        from ragspec.config import GenerationConfig
+        from ragspec.engine.config import GenerationConfig
 
         queue = ModelQueue(slots=1)
         ticket = queue.ticket()
@@ -242,7 +242,7 @@ def test_the_generator_refuses_input_it_used_to_coerce(lc_tiny_generator: Any, c
 
 
 def test_a_schema_nested_500_deep_is_a_constraint_error() -> None:
-    from ragspec.constraints import Constraint, ConstraintError
+    from ragspec.engine.constraints import Constraint, ConstraintError
 
     deep: dict[str, Any] = {"type": "string"}
     for _ in range(500):

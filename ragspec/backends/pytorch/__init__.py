@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ragspec.cancel import check as check_cancelled
+from ragspec.engine.cancel import check as check_cancelled
 from ragspec.backends.pytorch.forward import make_forward
 from ragspec.backends.pytorch.kv_cache import cache_nbytes, copy_prefix
-from ragspec.models import LoadedModel
+from ragspec.backends.pytorch.loading import LoadedModel
 
 
 @dataclass

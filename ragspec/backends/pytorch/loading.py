@@ -1,0 +1,163 @@
+"""Loading a model as transformers weights for the PyTorch back end: the default model and ``.gguf``
+files de-quantized once into the cache (safetensors + config + tokenizer, a cache entry of
+``ragspec.backends.models``), a local directory, or a Hugging Face id from the local hub cache.
+
+transformers de-quantizes GGUF to an ordinary fp32 model, which takes tens of seconds, so the
+result is converted once and later loads read the converted folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from ragspec.backends.models import (
+    COMPLETE_MARKER,
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_NAME,
+    default_gguf_path,
+    entry_folder,
+    load_tokenizer,
+    not_found_message,
+    write_entry,
+)
+from ragspec.engine.results import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM ready for decoding, with its tokenizer and where it came from."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    backend: ClassVar[str] = "torch"
+    """What runs it (``ragspec.backends``); a GGUF file in llama.cpp is a ``LlamaCppModel``."""
+
+    @property
+    def context_length(self) -> int:
+        """Longest sequence (prompt + generated tokens) the model accepts."""
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from e
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` is bf16 on CUDA and fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_torch_model(
+    name: str = DEFAULT_MODEL, *, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+) -> LoadedModel:
+    """``name`` as transformers weights (the PyTorch back end's model; ``ragspec.backends.load_model``
+    picks the back end): the default model and ``.gguf`` files de-quantized once into the cache, a
+    local directory, or a Hugging Face id from the local hub cache."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if name == DEFAULT_MODEL:
+        source, label = _converted_gguf(default_gguf_path()), DEFAULT_MODEL_NAME
+    elif name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        source, label = _converted_gguf(path), path.stem
+    else:
+        source, label = name, name
+    tokenizer = load_tokenizer(source, label)
+    try:  # a hub id loads only from the local cache: nothing is downloaded at run time
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(not_found_message(name)) from e
+    model.to(dev).eval()
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or tokenizer.eos_token_id
+    return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt)
+
+
+def model_folder(name: str = DEFAULT_MODEL) -> Path:
+    """A folder of weights, config and tokenizer for ``name``, as servers such as vLLM load it.
+
+    The default model and ``.gguf`` files are converted once into the cache (safetensors, with the
+    architecture named in ``config.json``); a local folder is returned as it is.
+    """
+    if name == DEFAULT_MODEL:
+        return _converted_gguf(default_gguf_path())
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return _converted_gguf(path)
+    return path
+
+
+def _converted_gguf(gguf: Path) -> Path:
+    """Return a directory holding ``gguf`` converted to safetensors, converting it on first use.
+
+    The entry is keyed by the file's size and modification time plus the transformers version, and
+    written to a temporary sibling directory that is renamed into place only when complete, so an
+    interrupted conversion never leaves an entry that a later load would trust.
+    """
+    target = entry_folder("models", gguf)
+    if (target / COMPLETE_MARKER).is_file():
+        return target
+    logger.warning("converting %s to safetensors once (about 30 s); cached in %s", gguf.name, target)
+    write_entry(target, gguf, _convert_gguf)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    directory, filename = str(gguf.parent), gguf.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
+    except Exception as e:  # gguf raises a variety of errors for damaged files
+        raise ModelLoadError(f"could not read GGUF file {gguf}: {e}") from e
+    # save_pretrained refuses GGUF-loaded models, so write the pieces ourselves. Tied weights
+    # (lm_head == embed_tokens) are stored once; from_pretrained re-ties them from the config.
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    # transformers leaves a GGUF-loaded config without architectures; servers such as vLLM pick
+    # the model class by it.
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # Sanity check: a converted config must load; a failure here is a bug, not a user error.
+    AutoConfig.from_pretrained(out)

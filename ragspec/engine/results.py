@@ -1,0 +1,221 @@
+"""What a generation returns, torch-free: its result, its statistics, its stream and its errors, and
+the ``Generator`` protocol that returns them.
+
+``ragspec.engine.generator`` (the local speculative generator) and ``ragspec.remote`` (generation on an
+OpenAI-compatible server) both return these, so ``DocumentQA``, the LangChain classes and the apps
+read one set of types whichever generates; importing this module imports neither torch nor
+transformers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator as StepGenerator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ragspec.engine.config import GenerationConfig
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be found or loaded; the message says what to do."""
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the model's context window."""
+
+
+class GeneratorBusyError(RuntimeError):
+    """The generator is decoding another request (a generator decodes one request at a time)."""
+
+
+@dataclass
+class SourceStats:
+    """Drafting outcome for one draft source."""
+
+    drafted: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+
+
+@dataclass
+class GenerationStats:
+    """What one generation call did and how fast."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose keys and values were reused from an earlier request (``ragspec.engine.prefix_cache``)."""
+    new_tokens: int = 0
+    forward_passes: int = 0
+    """Target forwards, the prompt's prefill included."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
+    ttft_s: float = 0.0
+    """Time to first token: prefill and the first token's decoding."""
+    wall_s: float = 0.0
+    draft_s: float = 0.0
+    """Time spent proposing drafts and choosing their length."""
+    mask_s: float = 0.0
+    """Time the grammar engine spent computing token masks (constrained decoding only)."""
+    masks: int = 0
+    """Token masks computed: one per position a forward scored under a constraint."""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second after the first (prefill excluded)."""
+        decode_s = self.wall_s - self.ttft_s
+        return (self.new_tokens - 1) / decode_s if self.new_tokens > 1 and decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "forward_passes": self.forward_passes,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_forward": self.tokens_per_forward,
+            "ttft_s": self.ttft_s,
+            "wall_s": self.wall_s,
+            "draft_s": self.draft_s,
+            "mask_s": self.mask_s,
+            "masks": self.masks,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "by_source": {k: vars(v).copy() for k, v in self.by_source.items()},
+        }
+
+
+@dataclass
+class GenerationResult:
+    """The answer of one call: its text, its token ids and how it was produced."""
+
+    text: str
+    token_ids: list[int]
+    """Generated ids, EOS excluded; with a stop string, up to the token that completed it."""
+    finish_reason: str
+    """``"stop"`` (a stop string), ``"eos"`` (the end of the output, or a constraint's grammar
+    completed), ``"length"`` (max_tokens or the context), or ``"repetition"`` (the answer began
+    repeating itself: ``GenerationConfig.repetition_stop``)."""
+    stats: GenerationStats
+    model: str = ""
+    """Name of the model that produced it."""
+
+
+class GenerationStream:
+    """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted.
+
+    One delta per accepted token (a forward that accepts five tokens gives five), so a consumer
+    sees the same pieces whether the answer was drafted or decoded token by token; a token whose
+    text is held back (the start of a stop string, part of a UTF-8 character) gives its text with
+    a later one.
+
+    A stream holds its generator from the first delta until it is exhausted or closed; use it as
+    a context manager (``with gen.stream(prompt) as s: ...``) so that an early exit releases it.
+    ``stats`` is updated after every target forward, so it can be shown live while streaming.
+
+    Both generators return one: ``SpeculativeGenerator`` (deltas as the target accepts tokens) and
+    ``RemoteGenerator`` (deltas as the server sends them; the request goes out on the first
+    ``next``, and closing the stream closes the connection, so the server can free the model).
+    """
+
+    def __init__(
+        self, steps: StepGenerator[str, None, GenerationResult], stats: GenerationStats, cancel_event: threading.Event
+    ) -> None:
+        self._steps = steps
+        self._cancel = cancel_event
+        self.stats = stats
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        result = yield from self._steps
+        if self.result is None:  # iterating an exhausted stream again yields nothing and keeps the result
+            self.result = result
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop generating (e.g. the client went away); releases the generator (or the connection) for other calls."""
+        self._steps.close()
+
+    def cancel(self) -> None:
+        """Ask the generation to stop, from any thread: the thread iterating the stream gets
+        ``GenerationCancelled`` at its next check (in the prefill, between steps, or while it
+        waits for the generator), and the generator is free again."""
+        self._cancel.set()
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """What ``SpeculativeGenerator`` (local) and ``RemoteGenerator`` (a server) both are, and all that
+    ``DocumentQA``, ``Conversation``, the LangChain classes and the apps call: the model's
+    ``model_name``, ``tokenizer`` (text <-> ids, chat template) and ``context_length`` (prompt and
+    answer together), the defaults of every call (``config``), ``encode``, ``stream`` and
+    ``generate``.
+
+    Both generators subclass it and inherit ``generate``, which is ``stream`` run to its end.
+    """
+
+    config: GenerationConfig
+    """Defaults of every call; per-call options merge into it."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def tokenizer(self) -> Any:  # a Hugging Face tokenizer (not imported here: this module stays torch-free)
+        ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def encode(self, text: str | Sequence[int], *, special_tokens: bool) -> list[int]:
+        """Token ids of ``text`` by the model's tokenizer; ids pass through."""
+        ...
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        references: Sequence[str | Sequence[int]] = (),
+        **options: Any,
+    ) -> GenerationStream:
+        """Text deltas of the completion of ``prompt`` as they come (see ``GenerationStream``)."""
+        ...
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        references: Sequence[str | Sequence[int]] = (),
+        **options: Any,
+    ) -> GenerationResult:
+        """Generate a completion of ``prompt``; ``references`` are passages to draft from.
+
+        ``config`` (default: the generator's ``config``) is merged with ``options``
+        (``max_tokens=``, ``stop=``, ``temperature=``, ... see ``GenerationConfig``).
+        Greedy output is the target's own greedy output; sampled output has the distribution of
+        plain sampling (drafts are verified by rejection sampling).
+        """
+        with self.stream(prompt, config, references=references, **options) as stream:
+            for _ in stream:
+                pass
+        assert stream.result is not None
+        return stream.result

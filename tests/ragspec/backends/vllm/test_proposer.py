@@ -1,0 +1,323 @@
+"""ragspec's vLLM proposer on fake batches shaped like vLLM's model runner's (no vLLM needed)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ragspec.engine.drafting import Draft, DraftSource
+from ragspec.backends.vllm.proposer import STATS_ENV, BatchDrafter, RagspecProposer, StepCosts, plan_batch
+from ragspec.engine.policy import AdaptivePolicy
+
+PASSAGE = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112]
+MAX_LEN = 64
+
+
+class Clock:
+    """Steps take ``step_s`` seconds; the proposer's own work none."""
+
+    def __init__(self, step_s: float = 0.1) -> None:
+        self.t, self.step_s, self.calls = 0.0, step_s, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls % 2:  # each ``step`` reads the clock on entry and on exit
+            self.t += self.step_s
+        return self.t
+
+
+class FakeBatch:
+    """The runner's view: a row per request, ``token_ids`` padded to the model length."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[int]] = {}
+        self.new: dict[str, list[int]] = {}
+
+    def add(self, rid: str, prompt: list[int], first: int) -> None:
+        self.rows[rid] = prompt + [first]
+        self.new[rid] = [first]
+
+    def extend(self, rid: str, tokens: list[int]) -> None:
+        self.rows[rid] += tokens
+        self.new[rid] = tokens
+
+    def call(self, drafter: BatchDrafter, order: list[str] | None = None) -> dict[str, list[int]]:
+        ids = order or list(self.rows)
+        token_ids = np.zeros((len(ids), max(MAX_LEN, *map(len, self.rows.values()))), dtype=np.int32)
+        for i, rid in enumerate(ids):
+            token_ids[i, : len(self.rows[rid])] = self.rows[rid]
+        counts = np.array([len(self.rows[rid]) for rid in ids], dtype=np.int32)
+        drafts = drafter.step(ids, [self.new[rid] for rid in ids], counts, token_ids)
+        return dict(zip(ids, drafts))
+
+
+def cheap_drafts_policy(max_draft: int = 8) -> AdaptivePolicy:
+    """Verify costs flat in k (as on a GPU at small batch sizes)."""
+    policy = AdaptivePolicy(max_draft=max_draft)
+    policy.calibrate({0: 0.1, 16: 0.1})
+    return policy
+
+
+def flat_costs(max_rows: int = 8) -> StepCosts:
+    """Steps of every batch size timed, their cost flat in the drafted tokens (a GPU at small batches)."""
+    costs = StepCosts()
+    for rows in range(1, max_rows + 1):
+        costs.record(rows, 0, 0.1)
+        costs.record(rows, 16, 0.1)
+    return costs
+
+
+def test_a_request_drafts_the_passage_that_its_prompt_holds() -> None:
+    drafter = BatchDrafter(6, max_model_len=MAX_LEN, policy=cheap_drafts_policy(), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    batch.add("a", [1, 2, *PASSAGE, 3], 103)  # the answer starts copying the passage
+    assert batch.call(drafter)["a"] == [104, 105, 106, 107, 108, 109]
+    batch.extend("a", [104, 105, 106])  # vLLM accepted two, its own third token agrees too
+    assert batch.call(drafter)["a"] == [107, 108, 109, 110, 111, 112]
+    request = drafter.requests["a"]
+    assert request.tokens == batch.rows["a"] and request.prompt_len == len(PASSAGE) + 3
+
+
+def test_state_follows_the_request_id_when_rows_move_and_acceptance_is_counted() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    batch.add("a", [*PASSAGE, 7], 101)
+    batch.add("b", [9, 8, 7, 6, 5, 9, 8], 7)
+    batch.call(drafter, ["a", "b"])
+    states = {rid: drafter.requests[rid] for rid in "ab"}
+    batch.extend("a", [102])
+    batch.extend("b", [6])
+    drafts = batch.call(drafter, ["b", "a"])  # vLLM reordered its rows
+    assert drafts["a"] == [103, 104, 105, 106] and drafts["b"] == [5, 9, 8, 7]
+    batch.extend("a", [103, 104, 99])  # two drafted tokens accepted, then the target's own token
+    batch.extend("b", [5, 9, 8, 7, 6])  # all four accepted plus the bonus token
+    batch.call(drafter, ["a", "b"])
+    assert {rid: drafter.requests[rid] for rid in "ab"} == states  # the same objects, extended
+    assert drafter.requests["a"].tokens == batch.rows["a"] and drafter.requests["b"].tokens == batch.rows["b"]
+    assert drafter.accepted == 2 + 4
+    # Indexed incrementally: the running automaton holds each token once.
+    assert len(drafter.requests["a"].drafter._self) == len(batch.rows["a"])
+
+
+def test_rows_still_prefilling_get_no_draft_and_no_state() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
+    token_ids[0, :3] = [5, 6, 5]
+    drafts = drafter.step(["a", "b"], [[5], []], np.array([3, 40]), token_ids)
+    assert drafts[1] == [] and set(drafter.requests) == {"a"}
+
+
+def test_seeded_rows_get_no_draft_but_stay_indexed() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
+    token_ids[:, :14] = [*PASSAGE, 7, 101]
+    drafts = drafter.step(["a", "b"], [[101], [101]], np.array([14, 14]), token_ids, seeded_rows={0})
+    assert drafts == [[], [102, 103, 104, 105]]
+    assert drafter.requests["a"].tokens == token_ids[0, :14].tolist()
+
+
+def test_ended_requests_are_freed_and_their_answers_draft_later_ones() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=64, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    batch.add("a", [1, 2, 3], 50)
+    batch.call(drafter)
+    for t in (51, 52, 53, 54, 55):
+        batch.extend("a", [t])
+        batch.call(drafter)
+    del batch.rows["a"], batch.new["a"]
+    batch.add("b", [1, 2, 3], 50)  # a second request starts the same answer
+    drafts = batch.call(drafter)
+    assert set(drafter.requests) == {"b"}
+    assert drafts["b"] == [51, 52, 53, 54]
+    assert drafter.requests["b"].draft is not None and drafter.requests["b"].draft.source == DraftSource.HISTORY
+
+
+def test_state_stays_bounded_over_many_sequential_requests() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=100, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    rng = np.random.default_rng(0)
+    for n in range(200):
+        rid = f"req-{n}"
+        batch.add(rid, rng.integers(0, 50, size=20).tolist(), 7)
+        for _ in range(5):
+            batch.call(drafter)
+            batch.extend(rid, [int(rng.integers(0, 50))])
+        del batch.rows[rid], batch.new[rid]
+    batch.add("last", [1, 2], 3)
+    batch.call(drafter)
+    assert list(drafter.requests) == ["last"] and drafter.requests_seen == 201
+    assert len(drafter.history) <= 101
+    assert len(drafter.policy._acceptance) <= 3 * 9  # by source group and match length bucket
+
+
+def test_drafts_respect_the_longest_draft_and_the_model_length() -> None:
+    drafter = BatchDrafter(3, max_model_len=len(PASSAGE) + 4, policy=cheap_drafts_policy(3), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    batch.add("a", PASSAGE[:], 101)
+    assert batch.call(drafter)["a"] == [102, 103]  # 13 tokens of 16: two drafted, one the target's
+    drafter = BatchDrafter(3, max_model_len=MAX_LEN, policy=cheap_drafts_policy(8), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    batch.add("a", PASSAGE[:], 101)
+    assert batch.call(drafter)["a"] == [102, 103, 104]
+
+
+def test_expensive_verification_and_rejected_drafts_make_it_propose_nothing() -> None:
+    """Timed steps: a drafted step costs twice a plain one, and the target rejects every draft."""
+    clock = Clock()
+    drafter = BatchDrafter(4, max_model_len=4096, clock=clock)
+    batch = FakeBatch()
+    batch.add("a", PASSAGE * 3, 101)
+    proposed = []
+    for _ in range(80):
+        drafts = batch.call(drafter)["a"]
+        proposed.append(len(drafts))
+        clock.step_s = 0.2 if drafts else 0.1
+        batch.extend("a", [999])  # never what was drafted
+    assert sum(proposed[:20]) > 0  # it tried, measured, and stopped
+    assert sum(proposed[-30:]) == 0
+    assert drafter.costs.relative(1, 4) > 1.5
+
+
+def test_plan_batch_for_one_request_is_the_policys_own_choice() -> None:
+    policy = AdaptivePolicy(max_draft=8)
+    policy.calibrate({0: 0.05, 1: 0.1, 2: 0.1, 4: 0.07, 8: 0.09})
+    for length, source in itertools.product((1, 3, 8), (DraftSource.PROMPT, DraftSource.OUTPUT, DraftSource.HISTORY)):
+        draft = Draft(tuple(range(8)), source, match_length=length)
+        assert plan_batch(policy, [draft]) == [policy.choose(draft)]
+    assert plan_batch(policy, [None, Draft((), DraftSource.PROMPT)]) == [0, 0]
+
+
+def test_a_full_batch_backs_off_where_a_single_request_drafts() -> None:
+    """CPU-like costs: a step's cost grows with the tokens it carries, one token at a time."""
+    policy = AdaptivePolicy(max_draft=8)
+    policy.calibrate({0: 0.10, 4: 0.115, 7: 0.17, 15: 0.25})
+    draft = Draft(tuple(range(8)), DraftSource.PROMPT, match_length=3)
+    assert plan_batch(policy, [draft])[0] > 0
+    weak = Draft(tuple(range(8)), DraftSource.OUTPUT, match_length=1)
+    assert plan_batch(policy, [weak] * 8) == [0] * 8
+    # A plan never lowers the step's expected tokens per unit of cost below drafting nothing.
+    mixed = [draft, weak, None, draft]
+    ks = plan_batch(policy, mixed)
+    expected = 4 + sum(policy.expected_yield(d, k) - 1 for d, k in zip(mixed, ks) if k)
+    assert expected / policy.relative_cost(3 + sum(ks)) >= 4 / policy.relative_cost(3)
+
+
+def _isotonic_brute_force(points: list[tuple[int, float, float]]) -> list[float]:
+    """The non-decreasing fit of (x, y, weight) points with the least weighted squared error,
+    searched over fits whose values are means of runs of consecutive points (where the optimum lies)."""
+    best, best_err = None, float("inf")
+    n = len(points)
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        runs, run = [], [points[0]]
+        for cut, p in zip(cuts, points[1:]):
+            if cut:
+                runs.append(run)
+                run = []
+            run.append(p)
+        runs.append(run)
+        fit = [sum(y * w for _, y, w in r) / sum(w for *_, w in r) for r in runs for _ in r]
+        if all(a <= b + 1e-12 for a, b in zip(fit, fit[1:])):
+            err = sum(w * (y - f) ** 2 for (_, y, w), f in zip(points, fit))
+            if err < best_err:
+                best, best_err = fit, err
+    assert best is not None
+    return best
+
+
+def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
+    costs = StepCosts(prior_slope=0.1)
+    assert not costs.measured(4) and costs.relative(4, 3) == pytest.approx(1.3)  # untimed: the prior
+    costs.record(1, 0, 0.05)
+    costs.record(1, 4, 0.10)
+    for _ in range(3):
+        costs.record(4, 0, 0.12)  # four rows cost more than one row with four drafted tokens ...
+        costs.record(4, 4, 0.13)  # ... but drafting into that batch adds little
+    costs.record(4, 2, 0.40)  # one slow outlier, timed once
+    assert costs.measured(1) and costs.measured(4) and not costs.measured(8)
+    assert costs.relative(1, 4) == pytest.approx(2.0) and costs.relative(1, 2) == pytest.approx(1.5)
+    pooled = (0.40 + 3 * 0.13) / 4  # the outlier is pooled with the cell after it, by weight
+    assert costs.fitted(4) == pytest.approx({0: 0.12, 2: pooled, 4: pooled})
+    assert costs.relative(4, 8) == pytest.approx(pooled / 0.12 + 0.4)
+    rng = np.random.default_rng(1)
+    for trial in range(30):  # against a brute-force isotonic fit, on random timings
+        costs = StepCosts()
+        for _ in range(12):
+            costs.record(2, int(rng.integers(0, 6)), float(rng.uniform(0.05, 0.2)))
+        cells = sorted(costs.cells[2].items())
+        expected = _isotonic_brute_force([(d, m, w) for d, (m, w) in cells])
+        assert [costs.fitted(2)[d] for d, _ in cells] == pytest.approx(expected)
+        if 0 in costs.cells[2]:
+            assert all(1.0 <= costs.relative(2, d) <= costs.relative(2, d + 1) for d in range(10))
+
+
+def test_a_batch_size_first_seen_is_timed_plain_before_it_gets_drafts() -> None:
+    clock = Clock()
+    drafter = BatchDrafter(4, max_model_len=4096, clock=clock)
+    batch = FakeBatch()
+    batch.add("a", PASSAGE * 3, 101)
+    assert batch.call(drafter)["a"] == [] and not drafter.costs.measured(1)  # no plain step of one row timed yet
+    batch.extend("a", [102])
+    assert batch.call(drafter)["a"][:2] == [103, 104] and drafter.costs.measured(1)  # the step just ended was plain
+    batch.add("b", PASSAGE * 2, 101)  # a second request: its prefill step is not timed
+    batch.extend("a", [103, 104, 105])
+    assert all(d == [] for d in batch.call(drafter).values()) and not drafter.costs.measured(2)
+    batch.extend("a", [106])
+    batch.extend("b", [102])
+    assert any(batch.call(drafter).values()) and drafter.costs.measured(2)
+
+
+def test_stats_file_reports_live_requests_and_costs(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "stats.json"
+    monkeypatch.setenv(STATS_ENV, str(path))
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    batch.add("a", [*PASSAGE, 7], 101)
+    batch.call(drafter)
+    batch.extend("a", [102])
+    batch.call(drafter)
+    del batch.rows["a"], batch.new["a"]
+    batch.add("b", [1], 2)
+    batch.call(drafter)
+    stats = json.loads(path.read_text())
+    assert stats["live_requests"] == 1 and stats["requests_seen"] == 2
+    assert stats["drafted_tokens"] >= 4 and stats["history_tokens"] == 2 + 1
+    assert "0" in stats["step_seconds"]["1"] and stats["relative_cost"]["1"]["0"] == 1.0
+
+
+class FakeModelRunner:
+    """Builds the drafter in its constructor, as vLLM's GPUModelRunner (and the CPU runner) do."""
+
+    def __init__(self, config: SimpleNamespace) -> None:
+        self.drafter = RagspecProposer(config)
+        self.input_batch = SimpleNamespace(req_ids=["x", "y"], generators={1: object()})
+
+
+def _config(k: int = 4) -> SimpleNamespace:
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=SimpleNamespace(max_model_len=MAX_LEN)
+    )
+
+
+def test_the_vllm_class_reads_request_ids_from_the_runner_that_built_it() -> None:
+    runner = FakeModelRunner(_config())
+    runner.drafter.load_model(object())
+    runner.drafter.drafter.costs = flat_costs()
+    token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
+    token_ids[:, :15] = [*PASSAGE, 7, 101, 102]
+    drafts = runner.drafter.propose([[102], [102]], np.array([15, 15]), token_ids)
+    assert set(runner.drafter.drafter.requests) == {"x", "y"}
+    assert drafts[0] and drafts[1] == []  # "y" is sampled with a seed (the runner has a generator for its row)
+
+
+def test_the_vllm_class_outside_a_runner_and_bad_settings_fail_clearly(monkeypatch) -> None:
+    with pytest.raises(RuntimeError, match="custom_class"):
+        RagspecProposer(_config())
+    monkeypatch.setenv("RAGSPEC_PROPOSER_HISTORY_TOKENS", "many")
+    with pytest.raises(ValueError, match="RAGSPEC_PROPOSER_HISTORY_TOKENS"):
+        FakeModelRunner(_config())
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        BatchDrafter(0, max_model_len=MAX_LEN)

@@ -1,0 +1,171 @@
+"""The prefix cache: its LRU and memory bound, and hits against cold prefills on tiny random models."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from ragspec.backends.pytorch import TorchBackend
+from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.backends.pytorch.kv_cache import BufferLayer, cache_nbytes, copy_prefix
+from ragspec.engine.policy import FixedPolicy
+from ragspec.engine.prefix_cache import PrefixCache, shared_prefix
+
+from tests.ragspec.engine.test_generator import assert_same_or_tie, brute_greedy
+from tests.ragspec.tiny import EOS, tiny_model
+
+
+@dataclass
+class Blob:
+    nbytes: int
+
+
+def test_shared_prefix_against_a_naive_scan() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.randrange(3) for _ in range(rng.randrange(12))]
+        b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(5))]
+        naive = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert shared_prefix(a, b) == shared_prefix(b, a) == naive
+
+
+def test_best_entry_is_the_longest_shared_prefix() -> None:
+    cache = PrefixCache(max_bytes=100)
+    cache.add([1, 2, 3, 4], Blob(10))
+    cache.add([1, 2, 9, 9, 9], Blob(10))
+    entry, shared = cache.best([1, 2, 3, 7], limit=3)
+    assert (entry.tokens, shared) == ([1, 2, 3, 4], 3)
+    assert cache.prefixes() == [[1, 2, 9, 9, 9], [1, 2, 3, 4]]  # now the most recently used
+    entry, shared = cache.best([1, 2, 9, 9, 9, 5, 6], limit=6)
+    assert (entry.tokens, shared) == ([1, 2, 9, 9, 9], 5)
+    assert cache.best([5, 6], limit=1) is None
+    entry, shared = cache.best([1, 2, 3, 4], limit=3)  # the same prompt again: the last token is recomputed
+    assert (entry.tokens, shared) == ([1, 2, 3, 4], 3)
+    assert len(cache) == 2  # looking up takes nothing out
+
+
+def test_memory_bound_evicts_least_recently_used_and_redundant_entries() -> None:
+    cache = PrefixCache(max_bytes=25)
+    cache.add([1, 1], Blob(10))
+    cache.add([2, 2], Blob(10))
+    cache.add([1, 1, 5], Blob(10))  # makes [1, 1] redundant
+    cache.add([3, 3], Blob(10))  # 30 bytes > 25: the least recently used ([2, 2]) goes
+    assert cache.prefixes() == [[1, 1, 5], [3, 3]] and cache.nbytes == 20
+    cache.add([3, 3, 4], Blob(10))  # makes [3, 3] redundant
+    assert cache.prefixes() == [[1, 1, 5], [3, 3, 4]]
+    cache.add([7], Blob(26))  # larger than the whole bound: not kept
+    assert cache.prefixes() == [[1, 1, 5], [3, 3, 4]]
+    few = PrefixCache(max_bytes=100, max_entries=2)
+    for t in range(4):
+        few.add([t], Blob(1))
+    assert few.prefixes() == [[2], [3]]
+    cache.clear()
+    assert len(cache) == 0 and cache.nbytes == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_bounds_are_validated(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(max_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_entries"):
+        PrefixCache(max_entries=0)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("length,shared", [(2, 1), (17, 5), (33, 16), (90, 31), (90, 89), (130, 64)])
+def test_loaded_prefix_gives_the_logits_of_a_cold_prefill(length: int, shared: int) -> None:
+    lm = tiny_model(300, 3, layers=3)
+    backend = TorchBackend(lm)
+    rng = random.Random(length)
+    prompt = [rng.randrange(EOS) for _ in range(length)]
+    other = prompt[:shared] + [rng.randrange(EOS) for _ in range(7)]  # an earlier prompt sharing `shared` ids
+    cold = backend.forward(prompt, backend.new_cache(length)).clone()
+    earlier = backend.new_cache(len(other))
+    backend.forward(other, earlier)
+    saved = backend.save(earlier)
+    for _ in range(2):  # the entry stays valid after a copy
+        cache = backend.load(saved, shared, length + 3)
+        assert cache is not None and cache.get_seq_length() == shared
+        warm = backend.forward(prompt[shared:], cache)
+        torch.testing.assert_close(warm, cold[shared:], rtol=1e-5, atol=1e-5)
+        assert torch.equal(warm.argmax(-1), cold[shared:].argmax(-1))
+
+
+def test_copy_prefix_is_bit_for_bit_and_counts_bytes() -> None:
+    lm = tiny_model(300, 1)
+    backend = TorchBackend(lm)
+    source = backend.new_cache(40)
+    backend.forward(list(range(30)), source)
+    target = backend.new_cache(50)
+    assert copy_prefix(source, 13, target) and target.get_seq_length() == 13
+    for s, t in zip(source.layers, target.layers):
+        assert torch.equal(s.keys[..., :13, :], t.keys) and torch.equal(s.values[..., :13, :], t.values)
+    layer = source.layers[0]
+    assert isinstance(layer, BufferLayer)
+    assert cache_nbytes(source) == len(source.layers) * 2 * layer._keys.nbytes
+    with pytest.raises(ValueError, match="holds 30 positions"):
+        copy_prefix(source, 31, backend.new_cache(50))
+
+
+def _prompts(seed: int) -> tuple[list[int], list[list[int]]]:
+    rng = random.Random(seed)
+    system = [rng.randrange(EOS) for _ in range(rng.choice([1, 9, 40]))]
+    passages = [[rng.randrange(EOS) for _ in range(rng.choice([5, 17, 23]))] for _ in range(3)]
+    return system, passages
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(4))
+def test_interleaved_questions_and_turns_hit_and_equal_cold_prefill(seed: int) -> None:
+    """Two conversations interleaved: each turn extends its own previous prompt, which a one-entry cache
+    (the previous request only) would have lost; every answer equals a cold generator's and brute force."""
+    lm = tiny_model(300, seed)
+    system, (p1, p2, p3) = _prompts(seed)
+    a1, b1 = system + p1 + [1, 2], system + p2 + [3]
+    a2, b2 = a1 + [40, 41] + p3 + [5], b1 + [42] + [6, 7]
+    warm = SpeculativeGenerator(lm, policy=FixedPolicy(k=4))
+    cold = SpeculativeGenerator(lm, policy=FixedPolicy(k=4), prefix_cache=False)
+    hits = []
+    for prompt in (a1, b1, a2, b2, a2):
+        got = warm.generate(prompt, max_new_tokens=12)
+        hits.append(got.stats.cached_prompt_tokens)
+        assert got.token_ids == cold.generate(prompt, max_new_tokens=12).token_ids
+        assert_same_or_tie(lm, prompt, brute_greedy(lm, prompt, 12), got.token_ids)
+    assert hits == [0, len(system), len(a1), len(b1), len(a2) - 1]
+    assert warm.prefixes.prefixes() == [b2, a2]  # a1 and b1 went when the turns that extend them were kept
+
+
+@pytest.mark.timeout(60)
+def test_sampled_answer_after_a_hit_equals_the_cold_one_with_the_same_seed() -> None:
+    lm = tiny_model(300, 4)
+    system, (p1, p2, _) = _prompts(4)
+    warm = SpeculativeGenerator(lm)
+    warm.generate(system + p1, max_new_tokens=4)
+    prompt = system + p2
+    # Plain sampling: with drafts the random draws depend on what the drafter saw before (same distribution).
+    hit = warm.generate(prompt, max_new_tokens=16, temperature=0.9, seed=11, speculative=False)
+    assert hit.stats.cached_prompt_tokens == len(system)
+    cold = SpeculativeGenerator(lm, prefix_cache=False).generate(
+        prompt, max_new_tokens=16, temperature=0.9, seed=11, speculative=False
+    )
+    assert hit.token_ids == cold.token_ids
+
+
+@pytest.mark.timeout(60)
+def test_the_memory_bound_holds_across_requests() -> None:
+    lm = tiny_model(300, 5)
+    rng = random.Random(5)
+    probe = SpeculativeGenerator(lm)
+    probe.generate([rng.randrange(EOS) for _ in range(50)], max_new_tokens=4)
+    one = probe.prefixes.nbytes  # one stored request of this size
+    assert one > 0
+    gen = SpeculativeGenerator(lm, prefix_cache_bytes=int(2.5 * one))
+    for _ in range(6):
+        gen.generate([rng.randrange(EOS) for _ in range(50)], max_new_tokens=4)
+        assert gen.prefixes.nbytes <= int(2.5 * one)
+    assert len(gen.prefixes) == 2
+    gen.clear_cache()
+    assert len(gen.prefixes) == 0
