@@ -1,4 +1,5 @@
-"""The ``ragspec`` command: index documents, ask questions, chat, serve the web app, benchmark.
+"""The ``ragspec`` command: index documents, ask questions, chat, serve the web app (the benchmark is
+``python benchmarks/bench.py``, a script of the repository).
 
 Exit codes: 0 success, 1 a runtime error (one ``ragspec: error: ...`` line on stderr), 2 a usage
 error, 130 interrupted. Set ``RAGSPEC_DEBUG=1`` to see the traceback of an unexpected error.
@@ -191,14 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: 8)")
     _generator_options(serve)
 
-    commands.add_parser("bench", help="speedup benchmark (see 'ragspec bench --help')", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] == "bench":
-        return _guard(lambda: _bench(args_list[1:]))
     engine_args: list[str] = []
     if args_list and args_list[0] == "serve" and "--" in args_list:  # vLLM's own flags follow '--'
         split = args_list.index("--")
@@ -628,21 +626,6 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         stopping.set()
         server.stop()
         signal.signal(signal.SIGTERM, previous)
-
-
-def _bench(argv: list[str]) -> int:
-    try:
-        from apps.bench import main as bench_main
-    except ImportError as e:
-        if e.name not in ("apps.bench",):
-            raise
-        raise CLIError("the benchmark is not available in this version of ragspec (apps.bench is missing)") from e
-    try:
-        return int(bench_main(argv) or 0)
-    except SystemExit as e:  # its own argparse: 0 after --help, 2 for a usage error (already printed)
-        if e.code is None or isinstance(e.code, int):
-            return int(e.code or 0)
-        raise CLIError(str(e.code)) from None
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ MAX_COST_K = 32  # verify costs are recorded up to this many drafted tokens
 
 
 def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]:
-    from apps.bench import rag_prompts
+    from benchmarks.bench import rag_prompts
     from ragspec.engine.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator("default", device="cpu", dtype="float32")

@@ -43,7 +43,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from apps.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
+from benchmarks.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
 from ragspec.backends.vllm.proposer import STATS_ENV  # noqa: E402
 from ragspec.backends.vllm.server import VllmServer, speculative_config  # noqa: E402
 from ragspec.backends.pytorch.loading import model_folder  # noqa: E402

@@ -1,4 +1,4 @@
-"""Layers point one way: retrievers -> ragspec core -> ragspec.lc -> apps; and no modules import each other.
+"""Layers point one way: retrievers -> ragspec core -> ragspec.lc -> apps -> benchmarks; and no modules import each other.
 
 Every import statement counts, also the lazy ones inside functions and under ``TYPE_CHECKING``
 (a lazy import still makes a cycle between packages). A module may import its own layer and
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["retrievers", "ragspec", "ragspec.lc", "apps"]
+LAYERS = ["retrievers", "ragspec", "ragspec.lc", "apps", "benchmarks"]
 FACADE = Path("ragspec/__init__.py")
 """The public entry point: ``ragspec.ChatRagSpec`` etc. resolve lazily by name (its ``TYPE_CHECKING``
 imports name them for type checkers); no module of a layer imports through it."""
@@ -54,7 +54,7 @@ def imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
 
 
 def sources() -> list[Path]:
-    return sorted(p for top in ("retrievers", "ragspec", "apps") for p in (ROOT / top).rglob("*.py"))
+    return sorted(p for top in ("retrievers", "ragspec", "apps", "benchmarks") for p in (ROOT / top).rglob("*.py"))
 
 
 def violations(path: Path) -> list[str]:
@@ -82,6 +82,7 @@ def test_no_module_imports_a_layer_above_it() -> None:
     [
         ("from ragspec.lc.base import RagSpecParams\n", ["imports ragspec.lc.base"]),
         ("import apps.engine\n", ["imports apps.engine"]),
+        ("def f():\n    from benchmarks.bench import main\n", ["imports benchmarks.bench"]),
         ("def f():\n    from ragspec import lc\n", ["imports ragspec.lc"]),
         ("from ragspec.engine.config import GenerationConfig\nfrom retrievers import BM25Retriever\n", []),
     ],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -42,17 +41,6 @@ def test_help_on_every_command(command: list[str], capsys: pytest.CaptureFixture
     assert cli.main([*command, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: ragspec") and "--help" in out
-
-
-def test_bench_is_delegated(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["bench", "--help"])
-    captured = capsys.readouterr()
-    if importlib.util.find_spec("apps.bench") is None:
-        assert code == 1 and captured.err.strip() == (
-            "ragspec: error: the benchmark is not available in this version of ragspec (apps.bench is missing)"
-        )
-    else:
-        assert code == 0 and "usage" in captured.out.lower()
 
 
 @pytest.mark.parametrize(

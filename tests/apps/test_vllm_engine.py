@@ -62,7 +62,7 @@ def served_folder() -> Path:
 
 @pytest.fixture(scope="module")
 def rag_ids(lc_tokenizer) -> list[list[int]]:
-    from apps.bench import rag_prompts
+    from benchmarks.bench import rag_prompts
 
     return [p.ids for p in rag_prompts(SimpleNamespace(tokenizer=lc_tokenizer), N_PROMPTS)]
 

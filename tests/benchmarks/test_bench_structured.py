@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.bench import main
-from apps.bench_structured import EXTRACTION_SCHEMA, Run, format_table, summarize
+from benchmarks.bench import main
+from benchmarks.bench_structured import EXTRACTION_SCHEMA, Run, format_table, summarize
 from ragspec.engine.constraints import Constraint
 
 

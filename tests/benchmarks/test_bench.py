@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from apps.bench import Prompt, Run, format_table, headline, kept_length, main, summarize
+from benchmarks.bench import Prompt, Run, format_table, headline, kept_length, main, summarize
 from ragspec.engine.results import GenerationResult, GenerationStats
 
 
@@ -50,6 +55,16 @@ def test_every_method_decodes_the_tokens_the_repetition_stop_keeps(finish: str, 
     assert len(gen.calls) == 1  # no answer is needed when the stop is off
 
 
+@pytest.mark.timeout(120)
+def test_the_script_runs_from_any_folder(tmp_path: Path) -> None:
+    """``python benchmarks/bench.py`` (the command the README gives) finds the repository by itself."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: benchmarks/bench.py") and "--questions" in done.stdout
+
+
 def test_bad_options_are_usage_errors() -> None:
     with pytest.raises(SystemExit) as e:
         main(["--questions", "0"])
@@ -71,7 +86,7 @@ def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
 
     if not llamacpp.available():
         pytest.skip("llama-cpp-python is not installed")
-    from apps.bench import run_benchmark
+    from benchmarks.bench import run_benchmark
 
     report = run_benchmark(model="default", backends=("llamacpp",), questions=1, open_ended=0,
                            max_new_tokens=12, structured=0, progress=lambda _: None)
@@ -90,7 +105,7 @@ def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
 def test_plot_draws_each_workload_and_the_verify_cost_curves(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.figure
 
-    from apps.bench import plot
+    from benchmarks.bench import plot
 
     row = {"method": "hf_greedy", "ratio_vs_hf_greedy": 1.0}
     report = {"model": "m", "device": "cpu", "dtype": "float32", "workloads": {"rag": [row], "open": [row]},

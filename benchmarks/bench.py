@@ -28,7 +28,7 @@ as ``DocumentQA`` answers), and every method of that back end then decodes exact
 that answer keeps (outputs are identical, so each stops at the same token, or at EOS). The
 report counts how each back end's answers ended (``endings``).
 
-Run ``ragspec bench --help`` (or ``python -m apps.bench --help``) for the options.
+Run ``python benchmarks/bench.py --help`` for the options.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,15 +46,17 @@ from pathlib import Path
 
 import torch
 
-from apps.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
-from ragspec.backends import TargetModel
-from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
-from ragspec.backends import load_model
-from ragspec.backends.pytorch.loading import LoadedModel
-from ragspec.engine.ngram import NgramDrafter
-from ragspec.engine.policy import FixedPolicy
-from ragspec.pipeline import QA_DEFAULTS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: ``python benchmarks/bench.py``
+
+from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever  # noqa: E402
+from ragspec.backends import TargetModel  # noqa: E402
+from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
+from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.backends import load_model  # noqa: E402
+from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
+from ragspec.engine.ngram import NgramDrafter  # noqa: E402
+from ragspec.engine.policy import FixedPolicy  # noqa: E402
+from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 
 
 # Open-ended requests with no passages: nothing to copy, so drafting must stay out of the way.
@@ -441,8 +444,8 @@ def run_benchmark(
         report["verify_cost"]["llamacpp"] = verify_costs(cngram, context)  # type: ignore[index]
     for gen in generators:  # the timing replaced a llama.cpp generator's cache
         gen.clear_cache()
-    if structured and lm is not None:  # its own methods and columns (apps.bench_structured)
-        from apps.bench_structured import run_structured
+    if structured and lm is not None:  # its own methods and columns (benchmarks.bench_structured)
+        from benchmarks.bench_structured import run_structured
 
         report["structured"] = run_structured(lm, structured, progress=progress)
     return report
@@ -554,7 +557,7 @@ def plot(report: dict[str, object], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ragspec bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmarks/bench.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-model", default=None, help="a same-vocabulary draft model (adds a method)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -613,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"r(k) on {backend} (verify of k drafted tokens, in plain steps): "
               + ", ".join(f"r({k})={v}" for k, v in costs.items()))
     if "structured" in report:
-        from apps.bench_structured import format_table as structured_table
+        from benchmarks.bench_structured import format_table as structured_table
 
         print(f"\nstructured workload (grammar-constrained extraction)\n{structured_table(report['structured'])}")  # type: ignore[arg-type]
     print(f"\nwrote {out / 'report.json'} and {out / 'speedup.png'}")

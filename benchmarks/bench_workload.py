@@ -1,4 +1,4 @@
-"""What both benchmarks (``apps.bench``, ``apps.bench_structured``) run on: the bundled questions,
+"""What both benchmarks (``benchmarks.bench``, ``benchmarks.bench_structured``) run on: the bundled questions,
 the bundled corpus behind a hybrid retriever, and a timer for transformers' first new token."""
 
 from __future__ import annotations

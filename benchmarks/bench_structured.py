@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from apps.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
+from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
 from ragspec.engine.constraints import Constraint, engine_tokenizer
 from ragspec.engine.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
