@@ -1,5 +1,6 @@
-"""The PyTorch back end: transformers' weights, the lean Llama forward (``ragspec.backends.pytorch.forward``) on a
-preallocated KV cache (``ragspec.backends.pytorch.kv_cache``), transformers' own forward for other architectures."""
+"""The PyTorch back end: transformers' weights (loaded by ``ragspec.backends.pytorch.loading``), the lean
+Llama forward (``ragspec.backends.pytorch.forward``) on a preallocated KV cache
+(``ragspec.backends.pytorch.kv_cache``), transformers' own forward for other architectures."""
 
 from __future__ import annotations
 

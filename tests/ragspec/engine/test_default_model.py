@@ -16,7 +16,7 @@ from ragspec.prompts import qa_messages
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).resolve().parents[2] / "retrievers" / "data"
+DATA = Path(__file__).resolve().parents[3] / "retrievers" / "data"
 TIE = 1e-4
 
 
