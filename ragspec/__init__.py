@@ -16,6 +16,9 @@ _LAZY = {
     "ChatRagSpec": "ragspec.lc",
     "SpeculativeGenerator": "ragspec.engine.generator",
     "GenerationResult": "ragspec.engine.results",
+    "GenerationConfig": "ragspec.engine.config",
+    "Constraint": "ragspec.engine.constraints",
+    "RemoteGenerator": "ragspec.remote",
     "load_model": "ragspec.backends",
     "DocumentQA": "ragspec.pipeline",
     "Answer": "ragspec.answers",
@@ -31,11 +34,14 @@ if TYPE_CHECKING:
     from ragspec.answers import Answer, AnswerStream, Citation
     from ragspec.backends import load_model
     from ragspec.conversation import Conversation
+    from ragspec.engine.config import GenerationConfig
+    from ragspec.engine.constraints import Constraint
     from ragspec.engine.generator import SpeculativeGenerator
     from ragspec.engine.results import GenerationResult
     from ragspec.lc import ChatRagSpec, RagSpecLLM
     from ragspec.pipeline import DocumentQA
     from ragspec.prompts import Turn
+    from ragspec.remote import RemoteGenerator
 
 
 def __getattr__(name: str) -> Any:
