@@ -7,8 +7,9 @@ and verify passes. The measurements behind this are in docs/design.md ("Measurem
 
 ``LlamaForward`` replays a ``LlamaForCausalLM``'s computation on the model's own weights (no
 second copy): RMSNorm, rotary embedding, grouped-query SDPA attention, SiLU MLP, the same
-operations in the same order as transformers' Llama code, with products through oneDNN on a CPU
-in fp32 and ``F.linear`` elsewhere. Products that read the same input are fused: q/k/v is one
+operations in the same order as transformers' Llama code, with products through the faster of
+oneDNN's linear and ``F.linear`` (MKL) on a CPU in fp32, timed on the model's own weights when the
+pass is built (``pick_linear``), and ``F.linear`` elsewhere. Products that read the same input are fused: q/k/v is one
 product and gate/up another (7 weight streams per layer become 4). Logits agree with
 transformers' to float rounding (tests compare them, and greedy outputs against transformers'
 ``generate``); ragspec's plain and speculative decoding both use this pass, so the lossless
@@ -19,7 +20,9 @@ runs; the generator and the draft model call that back end through ``ragspec.bac
 from __future__ import annotations
 
 import inspect
+import time
 import weakref
+from collections.abc import Sequence
 from typing import Callable, Protocol
 
 import torch
@@ -51,15 +54,52 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def pick_linear(device: torch.device, dtype: torch.dtype) -> Linear:
-    """oneDNN's linear for fp32 on a CPU where torch was built with it, else ``F.linear``."""
+def pick_linear(device: torch.device, dtype: torch.dtype, weights: Sequence[tuple[torch.Tensor, int]] = ()) -> Linear:
+    """``F.linear``; for fp32 on a CPU where torch was built with oneDNN, the faster of oneDNN's
+    linear and ``F.linear`` (MKL) on ``weights`` (each with how often one forward uses it).
+
+    Which is faster depends on the CPU, so it is timed at run time (``fastest_linear``): on 2 cores
+    of an AMD EPYC MKL's products with few rows were about half as fast as oneDNN's, on an Intel
+    Xeon with AMX MKL's were the faster (docs/backends.md, "The PyTorch step per CPU"). Without
+    ``weights`` oneDNN's is taken where it exists. Both compute the same products to float rounding.
+    """
+    candidates: list[Linear] = [F.linear]
     if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
         try:
             _onednn_linear(torch.ones(2, 4), torch.ones(3, 4), None)
-            return _onednn_linear
+            candidates.insert(0, _onednn_linear)
         except (AttributeError, RuntimeError):  # a build without the op
             pass
-    return F.linear
+    if len(candidates) == 1 or not weights:
+        return candidates[0]
+    key = (str(device), dtype, tuple((tuple(w.shape), uses) for w, uses in weights))
+    if key not in _PICKED:
+        _PICKED[key] = fastest_linear(candidates, weights)
+    return _PICKED[key]
+
+
+_PICKED: dict[tuple[object, ...], Linear] = {}
+"""The linear chosen per device, dtype and weight shapes: timed once per process."""
+
+
+def fastest_linear(
+    candidates: Sequence[Linear], weights: Sequence[tuple[torch.Tensor, int]], rows: Sequence[int] = (1, 5), rounds: int = 2
+) -> Linear:
+    """The candidate whose products over ``weights`` (each counted ``uses`` times) with ``rows`` input
+    rows (a plain step, a verify of 4 drafted tokens) take least time, in ``rounds`` interleaved
+    rounds after one round of warm-up."""
+    inputs = {(w.shape[1], r): torch.randn(r, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in weights for r in rows}
+    spent = [0.0] * len(candidates)
+    with torch.inference_mode():
+        for round_ in range(rounds + 1):
+            for i, linear in enumerate(candidates):
+                for w, uses in weights:
+                    for r in rows:
+                        start = time.perf_counter()
+                        linear(inputs[w.shape[1], r], w, None)
+                        if round_:
+                            spent[i] += uses * (time.perf_counter() - start)
+    return candidates[min(range(len(candidates)), key=spent.__getitem__)]
 
 
 class HFForward:
@@ -157,8 +197,6 @@ class LlamaForward:
         cfg = model.config
         self.config = cfg
         self.device = device
-        self.linear = pick_linear(device, dtype)
-        self.description = f"lean Llama forward ({'oneDNN' if self.linear is _onednn_linear else 'F.linear'} products)"
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.layers = list(inner.layers)
@@ -167,6 +205,11 @@ class LlamaForward:
         self.fused = [_fused(layer) for layer in self.layers]
         self.norm = inner.norm
         self.head = model.lm_head.weight
+        (qkv, gate_up), first = self.fused[0], self.layers[0]
+        products = [(w, len(self.layers)) for w in (qkv.weight, first.self_attn.o_proj.weight, gate_up.weight,
+                                                     first.mlp.down_proj.weight)]
+        self.linear = pick_linear(device, dtype, [*products, (self.head, 1)])
+        self.description = f"lean Llama forward ({'oneDNN' if self.linear is _onednn_linear else 'F.linear'} products)"
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scale = attn.scaling

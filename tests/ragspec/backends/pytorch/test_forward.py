@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from ragspec.backends.pytorch.forward import HFForward, LlamaForward, make_forward, pick_linear
+from ragspec.backends.pytorch.forward import HFForward, LlamaForward, fastest_linear, make_forward, pick_linear
 
 CPU, FP32 = torch.device("cpu"), torch.float32
 
@@ -105,12 +107,35 @@ def test_dynamic_rope_is_left_to_transformers() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 9])
-def test_picked_linear_computes_a_linear_layer(rows: int) -> None:
-    linear = pick_linear(CPU, FP32)
-    if torch.backends.mkldnn.is_available():
-        assert linear is not F.linear  # the faster kernel is really used where it exists
+@pytest.mark.parametrize("timed", [False, True])
+def test_picked_linear_computes_a_linear_layer(rows: int, timed: bool) -> None:
     g = torch.Generator().manual_seed(rows)
     x, w, b = torch.randn(rows, 64, generator=g), torch.randn(40, 64, generator=g), torch.randn(40, generator=g)
+    linear = pick_linear(CPU, FP32, [(w, 3)] if timed else ())
+    if torch.backends.mkldnn.is_available() and not timed:
+        assert linear is not F.linear  # oneDNN's kernel is really used where it exists
     torch.testing.assert_close(linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(linear(x, w, None), x @ w.T, rtol=1e-5, atol=1e-4)
-    assert pick_linear(CPU, torch.bfloat16) is F.linear
+    assert pick_linear(CPU, torch.bfloat16, [(w, 3)]) is F.linear
+
+
+def test_the_faster_linear_is_picked_by_timing_the_weights_uses() -> None:
+    """Each candidate is timed on every weight, times its uses: a slow product used often loses."""
+    calls: list[tuple[str, tuple[int, ...]]] = []
+
+    def product(name: str, seconds_per_row: float):
+        def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            calls.append((name, tuple(x.shape)))
+            if weight.shape[0] == 8:  # the weight used ten times
+                time.sleep(seconds_per_row * x.shape[0])
+            return x @ weight.T
+        return linear
+
+    fast_on_big, fast_on_small = product("a", 0.0), product("b", 0.0)
+    slow = product("c", 0.004)
+    big, small = torch.randn(16, 4), torch.randn(8, 4)
+    assert fastest_linear([slow, fast_on_big], [(big, 1), (small, 10)]) is fast_on_big
+    assert fastest_linear([fast_on_small, slow], [(big, 1), (small, 10)]) is fast_on_small
+    # per call: 1 warm-up and 2 timed rounds, each over both weights with 1 and 5 rows (two calls)
+    assert calls.count(("c", (5, 4))) == 2 * 3 * 2 and calls.count(("c", (1, 4))) == 2 * 3 * 2
+
