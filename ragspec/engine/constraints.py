@@ -119,7 +119,7 @@ MAX_FINITE_CHECK_STEPS = 10_000
 
 def check_finite(schema: Mapping[str, Any], what: str = "the JSON Schema") -> None:
     """``ConstraintError`` for a schema whose every instance would contain itself: an object that
-    requires a property whose schema (through local ``$ref`` s, ``allOf``, every ``anyOf``/``oneOf``
+    requires a property whose schema (through local references ``$ref``, ``allOf``, every ``anyOf``/``oneOf``
     branch, or arrays with ``minItems``) leads back to it, as ``{"type": "object", "properties": {"a":
     {"$ref": "#"}}, "required": ["a"]}``. No finite JSON matches it; llguidance accepts it and only
     fails deep into generation (its parser's item limit), so it is refused here, when a request is
