@@ -1,0 +1,73 @@
+"""Markdown written a block at a time, every character counted by a `Budget`.
+
+The layout is the one MarkItDown gave these files (and that `retrievers.converters` cuts into
+parts): ``#`` headings, paragraphs separated by a blank line, ``* `` list items one per line,
+and tables as Markdown rows with a ``| --- |`` line after the first. A converter's parser feeds
+it paragraphs and table rows as it reads them; nothing else of the document is kept.
+"""
+
+from __future__ import annotations
+
+import io
+
+from retrievers.bounds import Budget
+
+__all__ = ["Blocks", "table_cell"]
+
+
+def table_cell(text: str) -> str:
+    """A cell's text on one line with its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+class Blocks:
+    """Headings, paragraphs, list items and tables, joined into Markdown by `markdown`."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self._out = io.StringIO()
+        self._kind = ""  # of the last piece written: "list" and "row" pieces join with one newline
+
+    def heading(self, level: int, text: str) -> None:
+        text = " ".join(text.split())
+        if text:
+            self._add("#" * max(1, min(level, 6)) + " " + text, "block")
+
+    def paragraph(self, text: str) -> None:
+        text = "\n".join(" ".join(line.split()) for line in text.split("\n")).strip()
+        if text:
+            self._add(text, "block")
+
+    def item(self, text: str) -> None:
+        text = " ".join(text.split())
+        if text:
+            self._add("* " + text, "list")
+
+    def table(self, rows: list[list[str]], heading: str | None = None) -> None:
+        """A table: rows of cell texts (padded to the widest), the first as its header; empty rows left out.
+
+        A `heading` (a sheet's name) goes right above it as ``## heading``, without a blank line.
+        """
+        rows = [row for row in rows if any(cell.strip() for cell in row)]
+        if not rows:
+            return
+        width = max(len(row) for row in rows)
+        self._kind = "block"
+        if heading is not None:
+            self._add("## " + " ".join(heading.split()), "block")
+            self._kind = "row"
+        for i, row in enumerate(rows):
+            cells = [table_cell(cell) for cell in row] + [""] * (width - len(row))
+            self._add("| " + " | ".join(cells) + " |", "row")
+            if i == 0:
+                self._add("| " + " | ".join(["---"] * width) + " |", "row")
+
+    def markdown(self) -> str:
+        return self._out.getvalue().strip()
+
+    def _add(self, text: str, kind: str) -> None:
+        sep = "\n" if kind == self._kind and kind in ("list", "row") else "\n\n"
+        self.budget.text(len(text) + len(sep))
+        self._out.write(sep)
+        self._out.write(text)
+        self._kind = kind
