@@ -8,11 +8,33 @@ it paragraphs and table rows as it reads them; nothing else of the document is k
 
 from __future__ import annotations
 
-import io
-
 from retrievers.bounds import Budget
 
-__all__ = ["Blocks", "table_cell"]
+__all__ = ["Blocks", "TextBuffer", "table_cell"]
+
+
+class TextBuffer:
+    """Text appended in many small pieces, held at about one byte per ASCII character.
+
+    A list of small strings costs some 60 bytes a piece, and ``io.StringIO`` four bytes a
+    character; pieces are joined every `JOIN` appends instead, so the final text costs its own
+    size once more, when `value` joins the chunks.
+    """
+
+    JOIN = 1024
+
+    def __init__(self) -> None:
+        self._chunks: list[str] = []
+        self._pending: list[str] = []
+
+    def write(self, text: str) -> None:
+        self._pending.append(text)
+        if len(self._pending) >= self.JOIN:
+            self._chunks.append("".join(self._pending))
+            self._pending = []
+
+    def value(self) -> str:
+        return "".join(self._chunks) + "".join(self._pending)
 
 
 def table_cell(text: str) -> str:
@@ -25,7 +47,7 @@ class Blocks:
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
-        self._out = io.StringIO()
+        self._out = TextBuffer()
         self._kind = ""  # of the last piece written: "list" and "row" pieces join with one newline
 
     def heading(self, level: int, text: str) -> None:
@@ -63,7 +85,7 @@ class Blocks:
                 self._add("| " + " | ".join(["---"] * width) + " |", "row")
 
     def markdown(self) -> str:
-        return self._out.getvalue().strip()
+        return self._out.value().strip()
 
     def _add(self, text: str, kind: str) -> None:
         sep = "\n" if kind == self._kind and kind in ("list", "row") else "\n\n"

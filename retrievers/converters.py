@@ -26,6 +26,7 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 
+from retrievers.blocks import TextBuffer
 from retrievers.bounds import Budget, ConversionError, ZipMembers, mib
 
 __all__ = [
@@ -216,7 +217,7 @@ def _csv_markdown(text: str, budget: Budget) -> str:
         width = max(width, len(row))
     if header < 0:
         return ""
-    out = io.StringIO()
+    out = TextBuffer()
     for i, row in enumerate(csv.reader(io.StringIO(text, newline=""))):
         if i != header and not 0 <= start <= i < end:
             continue
@@ -225,13 +226,16 @@ def _csv_markdown(text: str, budget: Budget) -> str:
             line += "\n| " + " | ".join(["---"] * width) + " |"
         budget.text(len(line) + 1)
         out.write(line if i == header else "\n" + line)
-    return out.getvalue()
+    return out.value()
 
 
 def _csv_cell(value: str) -> str:
     """A CSV value in a Markdown cell: pipes escaped (a backslash before one doubled), line breaks as spaces."""
-    value = _PIPE.sub(lambda m: m.group(1) * 2 + "\\|", value)
-    return value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    if "|" in value:
+        value = _PIPE.sub(lambda m: m.group(1) * 2 + "\\|", value)
+    if "\n" in value or "\r" in value:
+        value = value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return value
 
 
 def _ipynb_markdown(text: str, budget: Budget) -> str:

@@ -206,6 +206,14 @@ def docx_markdown(members: ZipMembers) -> str:
     return blocks.markdown()
 
 
+def _typed(members: ZipMembers, content_type: str) -> list[str]:
+    """Part names (``/xl/sharedStrings.xml``) that ``[Content_Types].xml`` gives a content type ending in `content_type`."""
+    if "[Content_Types].xml" not in members.names:
+        return []
+    overrides = _elements(members, "[Content_Types].xml", {"Override"})
+    return [a.get("PartName", "") for _, a in overrides if a.get("ContentType", "").endswith(content_type)]
+
+
 def _main_part(members: ZipMembers, default: str) -> str:
     """The package's main part (``_rels/.rels``'s officeDocument), or the usual name."""
     for kind, path in relationships(members, "").values():
@@ -342,8 +350,9 @@ def _r_id(attrib: dict[str, str]) -> str:
 _DATE_FORMATS = {14, 15, 16, 17, 18, 19, 20, 21, 22, 45, 46, 47}
 _TIMEDELTA = re.compile(r"\[(h+|m+|s+)\]", re.IGNORECASE)
 _NOT_DATE = re.compile(r'"[^"]*"|\\.|\[[^\]]*\]')
-_SHARED_STRING_COST = 16
-"""Characters a shared string costs the text budget beyond its own: the table is held in memory."""
+_SHARED_STRING_COST = 64
+"""Characters a shared string costs the text budget beyond its own: the table is held in memory, and a
+Python string and its place in a list take about 64 bytes besides the text."""
 
 
 class _SharedStrings:
@@ -536,11 +545,13 @@ def xlsx_markdown(members: ZipMembers) -> str:
     epoch = datetime.datetime(1904, 1, 1) if mac else datetime.datetime(1899, 12, 30)
     shared = _SharedStrings(members.budget)
     styles = _Styles()
-    for kind, path in rels.values():
-        if kind == "sharedStrings" and path in members.names:
-            members.parse(path, shared)
-        elif kind == "styles" and path in members.names:
-            members.parse(path, styles)
+    parts = {kind: path for kind, path in rels.values() if path in members.names}
+    if "sharedStrings" not in parts:  # openpyxl's reader finds the table by its content type
+        parts.update(("sharedStrings", "/".join(p.split("/")[1:])) for p in _typed(members, "spreadsheetml.sharedStrings+xml"))
+    if parts.get("sharedStrings") in members.names:
+        members.parse(parts["sharedStrings"], shared)
+    if "styles" in parts:
+        members.parse(parts["styles"], styles)
     dates, timedeltas = styles.kinds()
     blocks = Blocks(members.budget)
     for name, attrib in sheets:
