@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ragspec.backends.vllm.server import PYTHON_ENV, VllmServer, group_members
+from tests.ragspec.backends.vllm.processes import children, gone
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,18 +82,6 @@ def tree(group: int, expected: int = 3, wait_s: float = 20.0) -> list[int]:
     raise AssertionError(f"the stand-in vLLM started {group_members(group)}, not {expected} processes")
 
 
-def gone(pids: list[int]) -> bool:
-    """Whether none of `pids` still runs (a zombie awaiting its reaper does not run)."""
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            return False
-    return True
-
-
 def test_stop_ends_the_engine_and_workers_after_the_server_itself_was_killed(tmp_path: Path, model: Path) -> None:
     server = VllmServer(model, python=fake_vllm(tmp_path), log=tmp_path / "vllm.log").start()
     assert server.process is not None
@@ -128,16 +117,9 @@ def _serve(tmp_path: Path, python: Path, model: Path) -> tuple[subprocess.Popen[
     while "ragspec web app on" not in log.read_text() and time.monotonic() < deadline:
         assert app.poll() is None, log.read_text()[-3000:]
         time.sleep(0.2)
-    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == app.pid]
-    assert len(children) == 1, (children, log.read_text()[-2000:])
-    return app, children[0]
-
-
-def _parent(proc: Path) -> int | None:
-    try:
-        return int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    servers = children(app.pid)
+    assert len(servers) == 1, (servers, log.read_text()[-2000:])
+    return app, servers[0]
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to the app", "SIGINT to the app", "SIGKILL to vLLM"])
