@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from retrievers.bounds import Budget
 
-__all__ = ["Blocks", "TextBuffer", "table_cell"]
+__all__ = ["Blocks", "TextBuffer"]
 
 
 class TextBuffer:
@@ -37,7 +37,7 @@ class TextBuffer:
         return "".join(self._chunks) + "".join(self._pending)
 
 
-def table_cell(text: str) -> str:
+def _table_cell(text: str) -> str:
     """A cell's text on one line with its pipes escaped."""
     return " ".join(text.split()).replace("|", "\\|")
 
@@ -48,7 +48,7 @@ class Blocks:
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self._out = TextBuffer()
-        self._kind = ""  # of the last piece written: "list" and "row" pieces join with one newline
+        self._kind = ""  # of the last piece written: list items and table rows join their kind with one newline
 
     def heading(self, level: int, text: str) -> None:
         text = " ".join(text.split())
@@ -60,10 +60,11 @@ class Blocks:
         if text:
             self._add(text, "block")
 
-    def item(self, text: str) -> None:
+    def item(self, text: str, marker: str = "*") -> None:
+        """A list item: ``* text``, or with a number as `marker` (``1.``)."""
         text = " ".join(text.split())
         if text:
-            self._add("* " + text, "list")
+            self._add(f"{marker} {text}", "list" if marker == "*" else "numbered")
 
     def table(self, rows: list[list[str]], heading: str | None = None) -> None:
         """A table: rows of cell texts (padded to the widest), the first as its header; empty rows left out.
@@ -79,7 +80,7 @@ class Blocks:
             self._add("## " + " ".join(heading.split()), "block")
             self._kind = "row"
         for i, row in enumerate(rows):
-            cells = [table_cell(cell) for cell in row] + [""] * (width - len(row))
+            cells = [_table_cell(cell) for cell in row] + [""] * (width - len(row))
             self._add("| " + " | ".join(cells) + " |", "row")
             if i == 0:
                 self._add("| " + " | ".join(["---"] * width) + " |", "row")
@@ -88,7 +89,7 @@ class Blocks:
         return self._out.value().strip()
 
     def _add(self, text: str, kind: str) -> None:
-        sep = "\n" if kind == self._kind and kind in ("list", "row") else "\n\n"
+        sep = "\n" if kind == self._kind and kind in ("list", "numbered", "row") else "\n\n"
         self.budget.text(len(text) + len(sep))
         self._out.write(sep)
         self._out.write(text)

@@ -145,6 +145,7 @@ class _Chapter(HTMLParser):
         if self.skipping:
             return
         self.blocks.budget.text(len(data))
+        data = data.replace("\n", " ")  # a line break in HTML source is a space; <br> makes one
         (self.cell if self.cell is not None else self.text).append(data)
 
     def finish(self) -> None:
@@ -161,7 +162,7 @@ class _Chapter(HTMLParser):
         elif self.lists:
             self.blocks.item(text)
         else:
-            self.blocks.paragraph(" ".join(text.split()))
+            self.blocks.paragraph(text)
         self.heading = 0
 
 

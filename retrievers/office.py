@@ -15,7 +15,7 @@ import datetime
 import posixpath
 import re
 
-from retrievers.blocks import Blocks, table_cell
+from retrievers.blocks import Blocks
 from retrievers.bounds import Budget, ConversionError, ZipMembers, local_name
 
 __all__ = ["docx_markdown", "odt_markdown", "pptx_markdown", "xlsx_markdown", "relationships"]
@@ -75,13 +75,14 @@ def relationships(members: ZipMembers, part: str) -> dict[str, tuple[str, str]]:
 
 
 class _WordStyles:
-    """styles.xml: which paragraph styles are headings (and of what level) and which are lists."""
+    """styles.xml: which paragraph styles are headings (and of what level) and which are lists (and their numbering)."""
 
     _HEADING = re.compile(r"^heading\s*([1-9])$")
 
     def __init__(self) -> None:
         self.levels: dict[str, int] = {}
         self.lists: set[str] = set()
+        self.numbering: dict[str, str] = {}  # style id -> numId
         self._id: str | None = None
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
@@ -99,10 +100,54 @@ class _WordStyles:
                 self.lists.add(self._id)
         elif name == "numPr" and self._id is not None:
             self.lists.add(self._id)
+        elif name == "numId" and self._id is not None:
+            self.numbering[self._id] = _w(attrib, "val") or ""
 
     def end(self, tag: str) -> None:
         if local_name(tag) == "style":
             self._id = None
+
+
+class _WordNumbering:
+    """numbering.xml: which list levels are numbered ("1.") rather than bulleted."""
+
+    def __init__(self) -> None:
+        self.formats: dict[str, dict[str, str]] = {}  # abstractNumId -> ilvl -> numFmt
+        self.abstract: dict[str, str] = {}  # numId -> abstractNumId
+        self._abstract: str | None = None
+        self._level = "0"
+        self._num: str | None = None
+
+    def start(self, tag: str, attrib: dict[str, str]) -> None:
+        name = local_name(tag)
+        if name == "abstractNum":
+            self._abstract = _w(attrib, "abstractNumId")
+            self.formats.setdefault(self._abstract or "", {})
+        elif name == "lvl":
+            self._level = _w(attrib, "ilvl") or "0"
+        elif name == "numFmt" and self._abstract is not None:
+            self.formats[self._abstract][self._level] = _w(attrib, "val") or ""
+        elif name == "num":
+            self._num = _w(attrib, "numId")
+        elif name == "abstractNumId" and self._num is not None:
+            self.abstract[self._num] = _w(attrib, "val") or ""
+
+    def end(self, tag: str) -> None:
+        name = local_name(tag)
+        if name == "abstractNum":
+            self._abstract = None
+        elif name == "num":
+            self._num = None
+
+    def data(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def ordered(self, num_id: str, level: str) -> bool:
+        fmt = self.formats.get(self.abstract.get(num_id, ""), {}).get(level, "bullet")
+        return fmt not in ("bullet", "none", "")
 
     def data(self, text: str) -> None:
         pass
@@ -122,12 +167,16 @@ def _w(attrib: dict[str, str], name: str) -> str | None:
 class _WordBody:
     """document.xml: paragraphs (headings, list items), and tables whose cells hold paragraphs."""
 
-    def __init__(self, blocks: Blocks, styles: _WordStyles) -> None:
+    def __init__(self, blocks: Blocks, styles: _WordStyles, numbering: _WordNumbering) -> None:
         self.blocks = blocks
         self.styles = styles
+        self.numbering = numbering
+        self.counts: dict[tuple[str, int], int] = {}  # items so far per (numId, level)
         self.text: list[str] = []
         self.style: str | None = None
         self.listed = False
+        self.num_id: str | None = None
+        self.level = 0
         self.in_text = False
         self.tables: list[list[list[str]]] = []  # open tables (nested ones inside cells), their rows
         self.cells: list[list[str]] = []  # the paragraphs of each open cell
@@ -135,7 +184,7 @@ class _WordBody:
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         name = local_name(tag)
         if name == "p":
-            self.text, self.style, self.listed = [], None, False
+            self.text, self.style, self.listed, self.num_id, self.level = [], None, False, None, 0
         elif name == "t":
             self.in_text = True
         elif name in ("tab", "br", "cr") and not self.in_text:
@@ -144,6 +193,11 @@ class _WordBody:
             self.style = _w(attrib, "val")
         elif name == "numPr":
             self.listed = True
+        elif name == "numId":
+            self.num_id = _w(attrib, "val")
+        elif name == "ilvl":
+            value = _w(attrib, "val") or "0"
+            self.level = int(value) if value.isdigit() else 0
         elif name == "tbl":
             self.tables.append([])
         elif name == "tr" and self.tables:
@@ -188,21 +242,34 @@ class _WordBody:
         level = self.styles.levels.get(self.style or "")
         if level is not None:
             self.blocks.heading(level, text)
-        elif self.listed or (self.style or "") in self.styles.lists:
-            self.blocks.item(text)
+        elif self.num_id != "0" and (self.listed or (self.style or "") in self.styles.lists):
+            self.blocks.item(text, self._marker())
         else:
             self.blocks.paragraph(text)
+
+    def _marker(self) -> str:
+        """``*`` for a bulleted item; ``N.`` for the Nth item of a numbered list at its level."""
+        num_id = self.num_id or self.styles.numbering.get(self.style or "", "")
+        if not self.numbering.ordered(num_id, str(self.level)):
+            return "*"
+        for key in [k for k in self.counts if k[0] == num_id and k[1] > self.level]:
+            del self.counts[key]  # a deeper list starts again after this item
+        count = self.counts[num_id, self.level] = self.counts.get((num_id, self.level), 0) + 1
+        return f"{count}."
 
 
 def docx_markdown(members: ZipMembers) -> str:
     """A Word document's body as Markdown."""
     document = _main_part(members, "word/document.xml")
     styles = _WordStyles()
+    numbering = _WordNumbering()
     for kind, path in relationships(members, document).values():
         if kind == "styles" and path in members.names:
             members.parse(path, styles)
+        elif kind == "numbering" and path in members.names:
+            members.parse(path, numbering)
     blocks = Blocks(members.budget)
-    members.parse(document, _WordBody(blocks, styles))
+    members.parse(document, _WordBody(blocks, styles, numbering))
     return blocks.markdown()
 
 
@@ -427,7 +494,7 @@ class _Sheet:
         if name in ("v", "t"):
             self.in_value = False
         elif name == "c":
-            text = table_cell(self._cell("".join(self.value)))
+            text = " ".join(self._cell("".join(self.value)).split())
             if text:
                 self.budget.text(len(text) + 3)
                 self.row[self.column] = text
