@@ -3,8 +3,8 @@
 Builds each shape, then loads it with ``retrievers.loaders.load_file`` in a fresh Python per file
 (``--code`` names the checkout whose ``retrievers`` runs, to compare before and after), capped at
 ``--memory-gib`` of address space and ``--timeout`` seconds, and prints one table row per file:
-its size, seconds, peak RSS less the interpreter's after imports, and the outcome (parts loaded,
-or the skip reason). ``--scale`` shrinks every shape (0.01: a hundredth), for a quick run.
+its size, wall seconds (CPU seconds), peak RSS less the interpreter's after imports, and the
+outcome (parts loaded, or the skip reason). ``--scale`` shrinks every shape (0.01: a hundredth), for a quick run.
 
     python benchmarks/parse_limits.py --scale 0.01
     python benchmarks/parse_limits.py --code /path/to/old/checkout --only docx-5 csv-2m
@@ -180,7 +180,7 @@ limit = int(float(sys.argv[3]) * 2**30)
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 from retrievers.loaders import load_file
 import retrievers.converters
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = resource.getrusage(resource.RUSAGE_SELF)
 start = time.perf_counter()
 try:
     result = load_file(sys.argv[2], warn=False)
@@ -188,23 +188,24 @@ try:
 except MemoryError:
     outcome = "MemoryError (address-space cap)"
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": seconds, "peak_mib": (peak - base) / 1024, "outcome": outcome}))
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": (after.ru_maxrss - before.ru_maxrss) / 1024, "outcome": outcome}))
 """
 
 
 def measure(path: Path, code: Path, memory_gib: float, timeout_s: float) -> dict[str, object]:
-    """Load `path` with the `retrievers` of `code` in a fresh Python; seconds, peak RSS growth (MiB), outcome."""
+    """Load `path` with the `retrievers` of `code` in a fresh Python: wall and CPU seconds, peak RSS growth (MiB), outcome."""
     try:
         done = subprocess.run(
             [sys.executable, "-c", _CHILD, str(code), str(path), str(memory_gib)],
             capture_output=True, text=True, timeout=timeout_s, check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"seconds": timeout_s, "peak_mib": None, "outcome": f"still running after {timeout_s:.0f} s (killed)"}
+        return {"seconds": timeout_s, "cpu_s": None, "peak_mib": None, "outcome": f"still running after {timeout_s:.0f} s (killed)"}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        return {"seconds": None, "peak_mib": None, "outcome": f"exit {done.returncode}: {done.stderr.strip()[-120:]}"}
+        return {"seconds": None, "cpu_s": None, "peak_mib": None, "outcome": f"exit {done.returncode}: {done.stderr.strip()[-120:]}"}
     return json.loads(lines[-1])
 
 
@@ -217,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a load is killed")
     args = parser.parse_args(argv)
     print(f"code: {args.code}  scale: {args.scale}")
-    print("| shape | file | seconds | peak RSS growth | outcome |")
+    print("| shape | file | seconds (CPU) | peak RSS growth | outcome |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or list(SHAPES):
             kind, build = SHAPES[name]
             path = build(Path(tmp) / f"{name}.{kind}", args.scale)
             row = measure(path, args.code, args.memory_gib, args.timeout)
-            seconds = "-" if row["seconds"] is None else f"{row['seconds']:.1f} s"
+            seconds = "-" if row["seconds"] is None else f"{row['seconds']:.1f} s" + (
+                f" ({row['cpu_s']:.1f})" if row.get("cpu_s") is not None else "")
             peak = "-" if row["peak_mib"] is None else f"{row['peak_mib']:.0f} MiB"
             print(f"| {name} | {path.stat().st_size / 1024:.0f} KiB | {seconds} | {peak} | {row['outcome']} |", flush=True)
             path.unlink()
