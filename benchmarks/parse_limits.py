@@ -33,14 +33,14 @@ _EMPTY_PARAGRAPHS = b"<w:p><w:pPr/><w:r><w:rPr/><w:t></w:t></w:r></w:p>" * 64
 _BLOCK = 2**20
 
 
-def _copy_except(source: bytes, target: zipfile.ZipFile, skip: str) -> None:
+def copy_except(source: bytes, target: zipfile.ZipFile, skip: str) -> None:
     with zipfile.ZipFile(io.BytesIO(source)) as old:
         for item in old.infolist():
             if item.filename != skip:
                 target.writestr(item, old.read(item))
 
 
-def _base_docx() -> bytes:
+def base_docx() -> bytes:
     import docx
 
     buffer = io.BytesIO()
@@ -53,7 +53,7 @@ def _base_docx() -> bytes:
 def docx_with_xml(path: Path, xml_bytes: int) -> Path:
     """A valid .docx whose document.xml is `xml_bytes` of paragraphs of empty runs (one with text every 64)."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        _copy_except(_base_docx(), archive, "word/document.xml")
+        copy_except(base_docx(), archive, "word/document.xml")
         with archive.open("word/document.xml", "w") as member:
             member.write(f'<w:document xmlns:w="{_W}"><w:body>'.encode())
             chunk = _EMPTY_PARAGRAPHS + b"<w:p><w:r><w:t>Ferry notes.</w:t></w:r></w:p>"
@@ -143,7 +143,7 @@ def docx_lying_member(path: Path, real_bytes: int) -> Path:
     """A .docx whose document.xml declares 2 KiB and holds `real_bytes` (a paragraph, then zeros)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        _copy_except(_base_docx(), archive, "word/document.xml")
+        copy_except(base_docx(), archive, "word/document.xml")
         with archive.open("word/document.xml", "w") as member:
             head = f'<w:document xmlns:w="{_W}"><w:body><w:p><w:r><w:t>Lies.</w:t></w:r></w:p>'.encode()
             _stream_zeros(member, head, real_bytes)

@@ -23,6 +23,9 @@ __all__ = ["docx_markdown", "odt_markdown", "pptx_markdown", "xlsx_markdown", "r
 _SMALL = 16 * 2**20
 """Largest relationship list, workbook or style part read whole."""
 _R = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
+_OPEN_COST = 64
+"""Characters a table, cell or paragraph opened inside another costs the text budget: about what
+holding it costs, so that thousands of nested empty tables are bounded like text."""
 
 
 class _Collect:
@@ -199,10 +202,12 @@ class _WordBody:
             value = _w(attrib, "val") or "0"
             self.level = int(value) if value.isdigit() else 0
         elif name == "tbl":
+            self.blocks.budget.text(_OPEN_COST if self.tables else 0)
             self.tables.append([])
         elif name == "tr" and self.tables:
             self.tables[-1].append([])
         elif name == "tc":
+            self.blocks.budget.text(_OPEN_COST if self.cells else 0)
             self.cells.append([])
 
     def end(self, tag: str) -> None:
@@ -659,6 +664,7 @@ class _OdtBody:
             return
         if name in ("h", "p"):
             level = _w(attrib, "outline-level") or "1"
+            self.blocks.budget.text(_OPEN_COST if self.paragraphs else 0)
             self.paragraphs.append((name, int(level) if level.isdigit() else 1, []))
         elif name == "s" and self.paragraphs:
             count = _w(attrib, "c") or "1"
@@ -668,10 +674,12 @@ class _OdtBody:
         elif name == "list-item":
             self.lists += 1
         elif name == "table":
+            self.blocks.budget.text(_OPEN_COST if self.tables else 0)
             self.tables.append([])
         elif name == "table-row" and self.tables:
             self.tables[-1].append([])
         elif name == "table-cell":
+            self.blocks.budget.text(_OPEN_COST if self.cells else 0)
             self.cells.append([])
 
     def end(self, tag: str) -> None:

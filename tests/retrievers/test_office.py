@@ -173,3 +173,17 @@ def test_csv_trims_outer_blank_rows_and_pads_to_the_widest_row() -> None:
     assert parts[0].text.split("\n") == [
         "| name | role |  |", "| --- | --- | --- |", "| Ada | Captain | extra |", "|  |  |  |", "| Bo |  |  |"
     ]
+
+
+def test_tables_nested_thousands_deep_are_bounded_by_the_text_limit(tmp_path: Path) -> None:
+    from benchmarks.parse_limits import base_docx, copy_except
+
+    w = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+    nested = "<w:tbl><w:tr><w:tc>" * 20_000 + "<w:p><w:r><w:t>deep</w:t></w:r></w:p>" + "</w:tc></w:tr></w:tbl>" * 20_000
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        copy_except(base_docx(), archive, "word/document.xml")
+        archive.writestr("word/document.xml", f'<w:document xmlns:w="{w}"><w:body>{nested}</w:body></w:document>')
+    with pytest.raises(ConversionError, match="its text is larger than the per-file limit"):
+        convert(buffer.getvalue(), "docx", max_text_chars=100_000, max_unzipped_bytes=10**8)
+    assert "deep" in convert(buffer.getvalue(), "docx", max_text_chars=10**7, max_unzipped_bytes=10**8)[0].text
