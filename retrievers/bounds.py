@@ -8,8 +8,8 @@ read and every row or element written. Zip members are read as streams (`ZipMemb
 the size its header declares, so a member that under-declares its size would inflate far past
 any check made on the declared sizes; a stream inflates at most one block per read, and the
 budget counts the bytes actually inflated. XML members are parsed incrementally by defusedxml's
-parser (no DTDs, no entities, no external references) into a `XmlTarget`, which builds no tree:
-memory grows with the text extracted, not with the size of the XML.
+parser (no entity declarations, no external references) into a `XmlTarget`, which builds no
+tree: memory grows with the text extracted, not with the size of the XML.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import io
 import time
 import zipfile
 from collections.abc import Iterator
-from typing import Protocol
 
 __all__ = ["BLOCK_BYTES", "Budget", "ConversionError", "XmlTarget", "ZipMembers", "local_name", "mib"]
 
@@ -108,25 +107,29 @@ class ZipMembers:
         return bytes(out)
 
     def parse(self, name: str, target: XmlTarget) -> None:
-        """Feed the member to defusedxml's incremental parser with `target` receiving the events."""
+        """Feed the member, a block at a time, to defusedxml's incremental parser with `target` receiving the events."""
         from defusedxml.ElementTree import DefusedXMLParser
 
-        parser = DefusedXMLParser(target=target)  # forbids DTDs, entities and external references
+        parser = DefusedXMLParser(target=target)  # entity declarations and external references raise
         for block in self.blocks(name):
             parser.feed(block)
         parser.close()
 
 
-class XmlTarget(Protocol):
-    """What a parser target receives (``xml.etree.ElementTree.XMLParser``'s target protocol)."""
+class XmlTarget:
+    """What `ZipMembers.parse` calls with a member's events (ElementTree's target protocol); each does nothing here."""
 
-    def start(self, tag: str, attrib: dict[str, str]) -> None: ...
+    def start(self, tag: str, attrib: dict[str, str]) -> None:
+        """An element opens: ``{namespace}name`` and its attributes."""
 
-    def end(self, tag: str) -> None: ...
+    def end(self, tag: str) -> None:
+        """An element closes."""
 
-    def data(self, text: str) -> None: ...
+    def data(self, text: str) -> None:
+        """Character data inside the element open now."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """The member is parsed to its end."""
 
 
 def local_name(tag: str) -> str:

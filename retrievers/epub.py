@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 from urllib.parse import unquote
 
 from retrievers.blocks import Blocks
-from retrievers.bounds import Budget, ConversionError, ZipMembers, local_name
+from retrievers.bounds import Budget, ConversionError, XmlTarget, ZipMembers, local_name
 
 __all__ = ["epub_markdown"]
 
@@ -28,7 +28,7 @@ _METADATA = ("title", "creator", "language", "publisher", "date", "description",
 _LABELS = {"creator": "Authors"}
 
 
-class _Package:
+class _Package(XmlTarget):
     """The OPF: metadata texts, manifest (id -> href) and spine (idrefs)."""
 
     def __init__(self, budget: Budget) -> None:
@@ -62,26 +62,14 @@ class _Package:
             self.budget.text(len(text))
             self._text.append(text)
 
-    def close(self) -> None:
-        pass
 
-
-class _Container:
+class _Container(XmlTarget):
     def __init__(self) -> None:
         self.rootfile: str | None = None
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         if local_name(tag) == "rootfile" and self.rootfile is None:
             self.rootfile = attrib.get("full-path")
-
-    def end(self, tag: str) -> None:
-        pass
-
-    def data(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class _Chapter(HTMLParser):

@@ -16,7 +16,7 @@ import posixpath
 import re
 
 from retrievers.blocks import Blocks
-from retrievers.bounds import Budget, ConversionError, ZipMembers, local_name
+from retrievers.bounds import Budget, ConversionError, XmlTarget, ZipMembers, local_name
 
 __all__ = ["docx_markdown", "odt_markdown", "pptx_markdown", "xlsx_markdown", "relationships"]
 
@@ -28,7 +28,7 @@ _OPEN_COST = 64
 holding it costs, so that thousands of nested empty tables are bounded like text."""
 
 
-class _Collect:
+class _Collect(XmlTarget):
     """A parser target that records (tag, attrib) of chosen elements (for small parts: rels, workbook, styles)."""
 
     def __init__(self, names: set[str], budget: Budget) -> None:
@@ -41,15 +41,6 @@ class _Collect:
         if name in self.names:
             self.budget.text(len(name) + sum(len(v) for v in attrib.values()))
             self.found.append((name, attrib))
-
-    def end(self, tag: str) -> None:
-        pass
-
-    def data(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _elements(members: ZipMembers, name: str, names: set[str]) -> list[tuple[str, dict[str, str]]]:
@@ -77,7 +68,7 @@ def relationships(members: ZipMembers, part: str) -> dict[str, tuple[str, str]]:
 # --- Word ------------------------------------------------------------------------------------------
 
 
-class _WordStyles:
+class _WordStyles(XmlTarget):
     """styles.xml: which paragraph styles are headings (and of what level) and which are lists (and their numbering)."""
 
     _HEADING = re.compile(r"^heading\s*([1-9])$")
@@ -111,7 +102,7 @@ class _WordStyles:
             self._id = None
 
 
-class _WordNumbering:
+class _WordNumbering(XmlTarget):
     """numbering.xml: which list levels are numbered ("1.") rather than bulleted."""
 
     def __init__(self) -> None:
@@ -142,21 +133,10 @@ class _WordNumbering:
         elif name == "num":
             self._num = None
 
-    def data(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def ordered(self, num_id: str, level: str) -> bool:
         fmt = self.formats.get(self.abstract.get(num_id, ""), {}).get(level, "bullet")
         return fmt not in ("bullet", "none", "")
-
-    def data(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _w(attrib: dict[str, str], name: str) -> str | None:
@@ -167,7 +147,7 @@ def _w(attrib: dict[str, str], name: str) -> str | None:
     return None
 
 
-class _WordBody:
+class _WordBody(XmlTarget):
     """document.xml: paragraphs (headings, list items), and tables whose cells hold paragraphs."""
 
     def __init__(self, blocks: Blocks, styles: _WordStyles, numbering: _WordNumbering) -> None:
@@ -236,8 +216,6 @@ class _WordBody:
             self.blocks.budget.text(len(text))
             self.text.append(text)
 
-    def close(self) -> None:
-        pass
 
     def _paragraph(self, text: str) -> None:
         if self.cells:
@@ -297,7 +275,7 @@ def _main_part(members: ZipMembers, default: str) -> str:
 # --- PowerPoint ------------------------------------------------------------------------------------
 
 
-class _Slide:
+class _Slide(XmlTarget):
     """A slide (or notes) part: each shape's position, whether it is the title, and its text; tables as rows."""
 
     def __init__(self, budget: Budget, placeholder: str | None = None) -> None:
@@ -360,8 +338,6 @@ class _Slide:
             self.budget.text(len(text))
             self.text.append(text)
 
-    def close(self) -> None:
-        pass
 
     def _shape(self) -> None:
         top, left = self.offset if self.offset is not None else (float("-inf"), float("-inf"))
@@ -427,7 +403,7 @@ _SHARED_STRING_COST = 64
 Python string and its place in a list take about 64 bytes besides the text."""
 
 
-class _SharedStrings:
+class _SharedStrings(XmlTarget):
     """sharedStrings.xml: the text of each ``si`` (its runs joined, phonetic runs left out)."""
 
     def __init__(self, budget: Budget) -> None:
@@ -461,11 +437,8 @@ class _SharedStrings:
         if self.in_text and not self.phonetic:
             self.text.append(text)
 
-    def close(self) -> None:
-        pass
 
-
-class _Sheet:
+class _Sheet(XmlTarget):
     """A worksheet's rows of cell texts (empty rows left out, trailing empty cells cut)."""
 
     def __init__(self, budget: Budget, shared: list[str], dates: set[int], timedeltas: set[int], epoch: datetime.datetime) -> None:
@@ -513,8 +486,6 @@ class _Sheet:
         if self.in_value:
             self.value.append(text)
 
-    def close(self) -> None:
-        pass
 
     def _cell(self, raw: str) -> str:
         kind = self.type
@@ -569,7 +540,7 @@ def _column(reference: str | None, default: int) -> int:
     return number or default
 
 
-class _Styles:
+class _Styles(XmlTarget):
     """styles.xml of a workbook: which cell formats (``s`` of a cell) show dates, and which durations."""
 
     def __init__(self) -> None:
@@ -591,11 +562,6 @@ class _Styles:
         if local_name(tag) == "cellXfs":
             self.in_xfs = False
 
-    def data(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def kinds(self) -> tuple[set[int], set[int]]:
         dates, timedeltas = set(), set()
@@ -639,7 +605,7 @@ def xlsx_markdown(members: ZipMembers) -> str:
 # --- OpenDocument text -----------------------------------------------------------------------------
 
 
-class _OdtBody:
+class _OdtBody(XmlTarget):
     """content.xml of an .odt: headings by outline level, paragraphs, list items, tables; notes and annotations left out."""
 
     _SKIP = {"note", "annotation", "tracked-changes", "sequence-decls"}
@@ -723,9 +689,6 @@ class _OdtBody:
         if self.in_body and not self.skipping and self.paragraphs:
             self.blocks.budget.text(len(text))
             self.paragraphs[-1][2].append(text)
-
-    def close(self) -> None:
-        pass
 
 
 def odt_markdown(members: ZipMembers) -> str:
