@@ -195,18 +195,36 @@ print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mib": (after.ru_maxrss
 
 
 def measure(path: Path, code: Path, memory_gib: float, timeout_s: float) -> dict[str, object]:
-    """Load `path` with the `retrievers` of `code` in a fresh Python: wall and CPU seconds, peak RSS growth (MiB), outcome."""
+    """Load `path` with the `retrievers` of `code` in a fresh Python: wall and CPU seconds, peak RSS growth (MiB), outcome.
+
+    A load still running after `timeout_s` is killed; its row then gives the process's peak RSS so
+    far (``VmHWM``, imports included) as a lower bound."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(code), str(path), str(memory_gib)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(code), str(path), str(memory_gib)],
-            capture_output=True, text=True, timeout=timeout_s, check=False,
-        )
+        out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"seconds": timeout_s, "cpu_s": None, "peak_mib": None, "outcome": f"still running after {timeout_s:.0f} s (killed)"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return {"seconds": None, "cpu_s": None, "peak_mib": None, "outcome": f"exit {done.returncode}: {done.stderr.strip()[-120:]}"}
+        peak = _peak_rss_mib(child.pid)
+        child.kill()
+        child.communicate()
+        return {"seconds": timeout_s, "cpu_s": None, "peak_mib": None,
+                "outcome": f"still running after {timeout_s:.0f} s (killed), peak RSS so far {peak}"}
+    lines = out.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        return {"seconds": None, "cpu_s": None, "peak_mib": None, "outcome": f"exit {child.returncode}: {err.strip()[-120:]}"}
     return json.loads(lines[-1])
+
+
+def _peak_rss_mib(pid: int) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return f"{int(line.split()[1]) / 1024:.0f} MiB"
+    except OSError:
+        pass
+    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
