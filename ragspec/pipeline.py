@@ -43,11 +43,11 @@ budget are dropped, oldest first (``Answer.dropped_turns``, and a ``ContextBudge
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -111,7 +111,8 @@ class ContextBudgetWarning(UserWarning):
 class AsyncAnswerStream:
     """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
 
-    Retrieval and generation run in a worker thread, so the event loop never blocks.
+    Retrieval and generation run in a worker thread, so the event loop never blocks. A consumer that
+    stops early (cancelled, or ``aclose()`` of ``aiter(stream)``) stops the generation and frees the model.
     """
 
     def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
@@ -119,11 +120,12 @@ class AsyncAnswerStream:
         self.answer: Answer | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        async for event in iterate_in_thread(self._make_events):
-            if isinstance(event, Answer):
-                self.answer = event
-            else:
-                yield event
+        async with aclosing(iterate_in_thread(self._make_events)) as events:  # closing it stops the generation
+            async for event in events:
+                if isinstance(event, Answer):
+                    self.answer = event
+                else:
+                    yield event
 
 
 class DocumentQARunnable(Runnable[str, Answer]):
@@ -181,14 +183,16 @@ class DocumentQARunnable(Runnable[str, Answer]):
         async def one() -> AsyncIterator[str]:
             yield input
 
-        async for chunk in self.atransform(one(), config, **kwargs):
-            yield chunk
+        async with aclosing(self.atransform(one(), config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def atransform(  # type: ignore[override]
         self, input: AsyncIterator[str], config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[str | Answer]:
-        async for chunk in self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs):
-            yield chunk
+        async with aclosing(self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     def _answer_stream(self, chunks: Iterator[str], k: int | None = None, **options: Any) -> Iterator[str | Answer]:
         with self.qa.stream(_question(chunks), k=k, **options) as stream:
@@ -200,8 +204,9 @@ class DocumentQARunnable(Runnable[str, Answer]):
         self, chunks: AsyncIterator[str], k: int | None = None, **options: Any
     ) -> AsyncIterator[str | Answer]:
         question = _question([c async for c in chunks])
-        async for event in iterate_in_thread(lambda: self.qa._events(question, k, options)):
-            yield event
+        async with aclosing(iterate_in_thread(lambda: self.qa._events(question, k, options))) as events:
+            async for event in events:
+                yield event
 
 
 def _question(chunks: Iterable[object]) -> str:
@@ -394,8 +399,12 @@ class DocumentQA:
         return AnswerStream(lambda on_start: self._generate(request, on_start), request.passages)
 
     async def aask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer:
-        """``ask`` in a worker thread."""
-        return await asyncio.to_thread(lambda: self.ask(question, history=history, k=k, **options))
+        """``ask`` in a worker thread; cancelling the call stops the generation (see ``AsyncAnswerStream``)."""
+        stream = self.astream(question, history=history, k=k, **options)
+        async for _ in stream:
+            pass
+        assert stream.answer is not None
+        return stream.answer
 
     def astream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AsyncAnswerStream:
         """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
