@@ -13,8 +13,9 @@ them. ``follow_up_query`` makes the retrieval query (``DocumentQA(follow_up=...)
 ``Conversation`` (``DocumentQA.conversation()``) keeps its own turns, with the passages each one
 first showed, so that every prompt extends the previous one (``ragspec.prompts``) and the prefix
 cache computes only the new turn. ``ChatQARunnable`` (``DocumentQA.as_chat_runnable()``) is the
-same over LangChain messages, for ``RunnableWithMessageHistory``: its ``AIMessage`` carries the
-passages in ``response_metadata``, so a history store that keeps messages keeps them too.
+same over LangChain messages, e.g. in a LangGraph graph whose checkpointer keeps the conversation:
+its ``AIMessage`` carries the passages in ``response_metadata``, so a store that keeps messages
+keeps them too.
 """
 
 from __future__ import annotations
@@ -243,9 +244,12 @@ def _metadata(answer: Answer) -> dict[str, Any]:
 
 def chat_input(value: object, question_key: str = "question", history_key: str = "history") -> tuple[str, History]:
     """``(question, history)`` from a chat runnable's input: ``{"question": ..., "history": [...]}``, a list
-    of messages ending with the question, or a question string."""
+    of messages ending with the question, a LangGraph ``MessagesState`` (``{"messages": [...]}``, the
+    same list), or a question string."""
     if isinstance(value, str):
         return value, ()
+    if isinstance(value, Mapping) and question_key not in value and "messages" in value:
+        value = value["messages"]
     if isinstance(value, Mapping):
         question = value.get(question_key)
         if isinstance(question, BaseMessage):
@@ -258,7 +262,7 @@ def chat_input(value: object, question_key: str = "question", history_key: str =
         return value[-1].text, list(value[:-1])
     raise ValueError(
         f"the chat runnable takes {{{question_key!r}: str, {history_key!r}: [messages]}}, a list of messages ending "
-        f"with the question, or a question string; got {type(value).__name__}"
+        f"with the question (or {{'messages': [...]}}), or a question string; got {type(value).__name__}"
     )
 
 

@@ -415,8 +415,8 @@ class DocumentQA:
         return Conversation(self, history)
 
     def as_chat_runnable(self, question_key: str = "question", history_key: str = "history") -> ChatQARunnable:
-        """This pipeline over chat messages, an ``AIMessage`` out (for ``RunnableWithMessageHistory``;
-        see ``ragspec.conversation.ChatQARunnable``)."""
+        """This pipeline over chat messages, an ``AIMessage`` out (e.g. a LangGraph node with a
+        checkpointer; see ``ragspec.conversation.ChatQARunnable``)."""
         return ChatQARunnable(self, question_key, history_key)
 
     def as_runnable(self) -> DocumentQARunnable:

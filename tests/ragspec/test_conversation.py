@@ -83,6 +83,7 @@ def test_chat_input_forms() -> None:
     history = [HumanMessage("a"), AIMessage("b")]
     assert chat_input({"question": "q", "history": history}) == ("q", history)
     assert chat_input([*history, HumanMessage("q")]) == ("q", history)
+    assert chat_input({"messages": [*history, HumanMessage("q")]}) == ("q", history)  # a LangGraph MessagesState
     assert chat_input("q") == ("q", ())
     with pytest.raises(ValueError, match="takes"):
         chat_input(3)
@@ -259,3 +260,36 @@ async def test_runnable_with_message_history_streams_asynchronously(retriever, l
     turns = to_turns(store["s"].messages)  # async answers are kept as their streamed chunks, passages and all
     assert [t.question for t in turns] == ["When does the ferry leave?", "Is it on time?"]
     assert turns[0].passages == tuple(PASSAGES[:2])
+
+
+# -- memory the LangGraph way: a checkpointer keeps each thread's messages (docs/conversations.md) ---------
+def conversation_graph(qa: DocumentQA):  # type: ignore[no-untyped-def]
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    answer = qa.as_chat_runnable() | RunnableLambda(lambda message: {"messages": [message]})
+    graph = StateGraph(MessagesState).add_node("answer", answer).add_edge(START, "answer")
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_langgraph_checkpointer_keeps_the_conversation_and_streams_it(retriever, lc_tiny_generator) -> None:
+    pytest.importorskip("langgraph")
+    qa = make_qa(retriever, lc_tiny_generator)
+    chat = conversation_graph(qa)
+    alice, bob = {"configurable": {"thread_id": "alice"}}, {"configurable": {"thread_id": "bob"}}
+    first = chat.invoke({"messages": [("user", "When does the ferry leave?")]}, alice)["messages"][-1]
+    assert isinstance(first, AIMessage) and len(first.response_metadata[PASSAGES_KEY]) == 2
+    deltas = []
+    async for event in chat.astream_events({"messages": [("user", "Is it on time?")]}, alice, version="v2"):
+        if event["event"] == "on_chain_stream" and event["name"] == "DocumentQAChat":
+            deltas.append(event["data"]["chunk"].content)
+    assert retriever.queries[-1] == "When does the ferry leave? Is it on time?"  # the thread's first question too
+    messages = (await chat.aget_state(alice)).values["messages"]
+    assert len([d for d in deltas if d]) > 1 and "".join(deltas) == messages[-1].content
+    turns = to_turns(messages)  # the checkpoint kept the passages each answer was first shown with
+    assert [t.question for t in turns] == ["When does the ferry leave?", "Is it on time?"]
+    assert turns[0].passages == tuple(PASSAGES[:2]) and turns[1].passages == ()
+    want = qa.ask("Is it on time?", history=turns[:1])
+    assert messages[-1].content == want.text
+    chat.invoke({"messages": [("user", "Who runs the bakery?")]}, bob)  # another thread starts afresh
+    assert retriever.queries[-1] == "Who runs the bakery?"
