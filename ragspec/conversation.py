@@ -28,14 +28,13 @@ from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, message_chunk_to_message
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import Answer, AnswerStream
+from ragspec.answers import Answer, AnswerStream, AsyncAnswerStream
 from ragspec.engine.config import GenerationConfig
 from ragspec.prompts import Turn, chat_prompt_ids
 
 if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
     from ragspec.engine.results import Generator as AnyGenerator  # local or remote (collections.abc.Generator is imported)
-    from ragspec.pipeline import AsyncAnswerStream
 
 History = Sequence[Union[BaseMessage, tuple[str, str], Turn]]
 """The conversation before a question: LangChain messages (``HumanMessage`` / ``AIMessage``),

@@ -58,7 +58,7 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import Answer, AnswerStream, Citation
+from ragspec.answers import Answer, AnswerStream, AsyncAnswerStream, Citation
 from ragspec.bridge import iterate_in_thread
 from ragspec.conversation import (
     FOLLOW_UP_MODES,
@@ -106,26 +106,6 @@ __all__ = ["AsyncAnswerStream", "ContextBudgetWarning", "DocumentQA", "DocumentQ
 
 class ContextBudgetWarning(UserWarning):
     """Passages were dropped or truncated to fit the model's context window."""
-
-
-class AsyncAnswerStream:
-    """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
-
-    Retrieval and generation run in a worker thread, so the event loop never blocks. A consumer that
-    stops early (cancelled, or ``aclose()`` of ``aiter(stream)``) stops the generation and frees the model.
-    """
-
-    def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
-        self._make_events = make_events
-        self.answer: Answer | None = None
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        async with aclosing(iterate_in_thread(self._make_events)) as events:  # closing it stops the generation
-            async for event in events:
-                if isinstance(event, Answer):
-                    self.answer = event
-                else:
-                    yield event
 
 
 class DocumentQARunnable(Runnable[str, Answer]):
