@@ -12,8 +12,8 @@ from __future__ import annotations
 from ragspec.lc.base import CALL_OPTIONS, Reference, load_options
 from ragspec.lc.chains import answer_from_context
 from ragspec.lc.chat import ChatRagSpec
-from ragspec.lc.llm import RagSpecLLM
+from ragspec.lc.llm import InstructModelWarning, RagSpecLLM
 
 __all__ = [
-    "CALL_OPTIONS", "ChatRagSpec", "RagSpecLLM", "Reference", "answer_from_context", "load_options",
+    "CALL_OPTIONS", "ChatRagSpec", "InstructModelWarning", "RagSpecLLM", "Reference", "answer_from_context", "load_options",
 ]  # fmt: skip
