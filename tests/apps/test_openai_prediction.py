@@ -91,6 +91,14 @@ def test_a_malformed_prediction_is_a_400_naming_it(prediction: object) -> None:
     assert e.value.status == 400 and e.value.param == "prediction"
 
 
+def test_a_prediction_with_retrieval_is_a_400() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}], "retrieval": True,
+            "prediction": {"type": "content", "content": "x"}}  # fmt: skip
+    with pytest.raises(OpenAIError) as e:
+        parse_request(body, chat=True)
+    assert e.value.status == 400 and e.value.param == "prediction"
+
+
 def test_a_server_that_generates_elsewhere_refuses_a_prediction() -> None:
     """``--engine vllm`` and ``--generator-url``: the generator is remote, nothing there drafts from the prediction."""
     request = parse_request({"model": "m", "prompt": "p", "prediction": {"type": "content", "content": "x"}}, chat=False)
