@@ -106,6 +106,18 @@ def _generator_options(p: argparse.ArgumentParser) -> None:
                         "other local users cannot see in the process list)")
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: an option it does not know is its own usage error ("usage: ragspec ask ..."),
+    naming the option, rather than the top-level usage after the next word was taken as an argument."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            unknown = [a for a in extras if a.startswith("-")] or extras
+            self.error(f"unrecognized arguments: {' '.join(unknown)} (see '{self.prog} --help')")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -115,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ragspec import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
 
     ingest = commands.add_parser("ingest", help="index files and folders into a persistent index (incremental)",
                                  description="Load, chunk and embed files and folders into an index on disk. Run it again "

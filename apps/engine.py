@@ -187,6 +187,18 @@ class Collection:
                     raise AppError(f"no index at {self.index_dir}: build one with 'ragspec ingest'") from e
             return self._qa
 
+    def documents(self) -> list[str]:
+        """The files the index was built from (as ``ragspec ingest`` recorded them), read from its manifest
+        without loading it; ``[]`` for an index saved without a file catalog."""
+        from retrievers import IndexNotFoundError
+        from retrievers.persistence import read_manifest
+
+        try:
+            files = read_manifest(self.index_dir).get("ingest", {}).get("files", {})
+        except IndexNotFoundError as e:
+            raise AppError(f"no index at {self.index_dir}: build one with 'ragspec ingest'") from e
+        return sorted(files) if isinstance(files, dict) else []
+
     def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Generator[Event, None, None]:
         """``Token`` events as the answer is generated, then the ``Answer``.
 

@@ -1,5 +1,5 @@
-"""What ``DocumentQA`` answers with: the ``Answer`` with its ``Citation``s, and the ``AnswerStream`` that
-delivers it delta by delta.
+"""What ``DocumentQA`` answers with: the ``Answer`` with its ``Citation``s, and the ``AnswerStream`` (and
+``AsyncAnswerStream``) that delivers it delta by delta.
 
 In a module of their own so that ``ragspec.conversation`` (which records answers as turns) and
 ``ragspec.pipeline`` (which makes them) both use them without importing each other.
@@ -8,18 +8,20 @@ In a module of their own so that ``ragspec.conversation`` (which records answers
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
 
+from ragspec.bridge import iterate_in_thread
 from ragspec.prompts import Turn
 
 if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
 
-__all__ = ["Answer", "AnswerStream", "Citation"]
+__all__ = ["Answer", "AnswerStream", "AsyncAnswerStream", "Citation"]
 
 
 @dataclass(frozen=True)
@@ -133,3 +135,23 @@ class AnswerStream:
     def close(self) -> None:
         """Stop generating; frees the model for the next request."""
         self._events.close()
+
+
+class AsyncAnswerStream:
+    """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
+
+    Retrieval and generation run in a worker thread, so the event loop never blocks. A consumer that
+    stops early (cancelled, or ``aclose()`` of ``aiter(stream)``) stops the generation and frees the model.
+    """
+
+    def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
+        self._make_events = make_events
+        self.answer: Answer | None = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async with aclosing(iterate_in_thread(self._make_events)) as events:  # closing it stops the generation
+            async for event in events:
+                if isinstance(event, Answer):
+                    self.answer = event
+                else:
+                    yield event

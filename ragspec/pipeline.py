@@ -43,11 +43,11 @@ budget are dropped, oldest first (``Answer.dropped_turns``, and a ``ContextBudge
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -58,7 +58,7 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import Answer, AnswerStream, Citation
+from ragspec.answers import Answer, AnswerStream, AsyncAnswerStream, Citation
 from ragspec.bridge import iterate_in_thread
 from ragspec.conversation import (
     FOLLOW_UP_MODES,
@@ -106,24 +106,6 @@ __all__ = ["AsyncAnswerStream", "ContextBudgetWarning", "DocumentQA", "DocumentQ
 
 class ContextBudgetWarning(UserWarning):
     """Passages were dropped or truncated to fit the model's context window."""
-
-
-class AsyncAnswerStream:
-    """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
-
-    Retrieval and generation run in a worker thread, so the event loop never blocks.
-    """
-
-    def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
-        self._make_events = make_events
-        self.answer: Answer | None = None
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        async for event in iterate_in_thread(self._make_events):
-            if isinstance(event, Answer):
-                self.answer = event
-            else:
-                yield event
 
 
 class DocumentQARunnable(Runnable[str, Answer]):
@@ -181,14 +163,16 @@ class DocumentQARunnable(Runnable[str, Answer]):
         async def one() -> AsyncIterator[str]:
             yield input
 
-        async for chunk in self.atransform(one(), config, **kwargs):
-            yield chunk
+        async with aclosing(self.atransform(one(), config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def atransform(  # type: ignore[override]
         self, input: AsyncIterator[str], config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[str | Answer]:
-        async for chunk in self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs):
-            yield chunk
+        async with aclosing(self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     def _answer_stream(self, chunks: Iterator[str], k: int | None = None, **options: Any) -> Iterator[str | Answer]:
         with self.qa.stream(_question(chunks), k=k, **options) as stream:
@@ -200,8 +184,9 @@ class DocumentQARunnable(Runnable[str, Answer]):
         self, chunks: AsyncIterator[str], k: int | None = None, **options: Any
     ) -> AsyncIterator[str | Answer]:
         question = _question([c async for c in chunks])
-        async for event in iterate_in_thread(lambda: self.qa._events(question, k, options)):
-            yield event
+        async with aclosing(iterate_in_thread(lambda: self.qa._events(question, k, options))) as events:
+            async for event in events:
+                yield event
 
 
 def _question(chunks: Iterable[object]) -> str:
@@ -394,8 +379,12 @@ class DocumentQA:
         return AnswerStream(lambda on_start: self._generate(request, on_start), request.passages)
 
     async def aask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer:
-        """``ask`` in a worker thread."""
-        return await asyncio.to_thread(lambda: self.ask(question, history=history, k=k, **options))
+        """``ask`` in a worker thread; cancelling the call stops the generation (see ``AsyncAnswerStream``)."""
+        stream = self.astream(question, history=history, k=k, **options)
+        async for _ in stream:
+            pass
+        assert stream.answer is not None
+        return stream.answer
 
     def astream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AsyncAnswerStream:
         """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
@@ -406,8 +395,8 @@ class DocumentQA:
         return Conversation(self, history)
 
     def as_chat_runnable(self, question_key: str = "question", history_key: str = "history") -> ChatQARunnable:
-        """This pipeline over chat messages, an ``AIMessage`` out (for ``RunnableWithMessageHistory``;
-        see ``ragspec.conversation.ChatQARunnable``)."""
+        """This pipeline over chat messages, an ``AIMessage`` out (e.g. a LangGraph node with a
+        checkpointer; see ``ragspec.conversation.ChatQARunnable``)."""
         return ChatQARunnable(self, question_key, history_key)
 
     def as_runnable(self) -> DocumentQARunnable:

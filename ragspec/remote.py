@@ -22,8 +22,13 @@ speculative statistics (forwards, drafted and accepted tokens, by source), which
 they include the network and the server's queue. Other servers report no forwards
 (``forward_passes`` stays 0).
 
-Errors: 429 (the server's queue is full) is retried after its ``Retry-After`` until
-``busy_timeout_s`` has passed, then ``GeneratorBusyError``, as a busy local generator does; a
+Errors: a request that cannot reach the server (connection refused, a timeout) or that it answers
+408, 409 or 5xx is sent again up to ``max_retries`` times (default 2), after 0.5 s, 1 s, 2 s, ...
+(or the server's ``Retry-After``), as OpenAI's client does; never once an answer has started
+streaming (that would repeat text). ``timeout_s`` bounds each wait for the server: to connect
+(at most 10 s) and for each piece of an answer. 429 (the server's queue is full) is retried after
+its ``Retry-After`` until ``busy_timeout_s`` has passed, then ``GeneratorBusyError``, as a busy
+local generator does; a
 prompt over the context window is ``PromptTooLongError``; anything else the server refuses is a
 ``RemoteGenerationError`` with the server's message. The API key is sent as
 ``Authorization: Bearer KEY`` and never appears in a message, a log or a ``repr``.
@@ -171,6 +176,7 @@ class RemoteGenerator(Generator):
         prompt_format: str = "tokens",
         timeout_s: float = 300.0,
         busy_timeout_s: float = 300.0,
+        max_retries: int = 2,
         config: GenerationConfig | None = None,
     ) -> None:
         if prompt_format not in PROMPT_FORMATS:
@@ -180,6 +186,9 @@ class RemoteGenerator(Generator):
         for name, value in (("timeout_s", timeout_s), ("busy_timeout_s", busy_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be a whole number >= 0, got {max_retries!r}")
+        self.max_retries = max_retries
         self.base_url = api_base(base_url)
         self.model = model
         self.prompt_format = prompt_format
@@ -392,15 +401,37 @@ class RemoteGenerator(Generator):
         return GenerationResult(text, ids, _finish_reason(finish or "length", remote_finish, stop_reason, config), stats,
                                 self.model_name)
 
+    def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """``request``'s response, sent again after a failure to connect or a 408/409/5xx, up to ``max_retries`` times."""
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._client.send(request, stream=stream)
+            except httpx.TransportError as e:
+                if last:
+                    raise RemoteGenerationError(
+                        f"could not reach the generator at {self.base_url}: {_describe_error(e)}"
+                        + (f" (tried {attempt + 1} times)" if attempt else "")
+                    ) from e
+                time.sleep(_backoff(attempt, None))
+                continue
+            except httpx.HTTPError as e:
+                raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+            if last or not (response.status_code in (408, 409) or response.status_code >= 500):
+                return response
+            try:
+                response.read()
+            finally:
+                response.close()
+            time.sleep(_backoff(attempt, response))
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+
     def _open_stream(self, body: dict[str, Any]) -> Any:
         """The streamed response of ``POST /completions``, retrying a full queue (429) up to ``busy_timeout_s``."""
         deadline = time.monotonic() + self.busy_timeout_s
         while True:
             request = self._client.build_request("POST", f"{self.base_url}/completions", json=body)
-            try:
-                response = self._client.send(request, stream=True)
-            except httpx.HTTPError as e:
-                raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+            response = self._send(request, stream=True)
             if response.status_code == 200:
                 return _Closing(response)
             try:
@@ -418,10 +449,7 @@ class RemoteGenerator(Generator):
             self._raise_for(response)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._client.request(method, f"{self.base_url}{path}", **kwargs)
-        except httpx.HTTPError as e:
-            raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+        response = self._send(self._client.build_request(method, f"{self.base_url}{path}", **kwargs))
         if response.status_code != 200:
             self._raise_for(response)
         return response
@@ -466,6 +494,7 @@ class RemoteModel:
     prompt_format: str = "tokens"
     timeout_s: float = 300.0
     busy_timeout_s: float = 300.0
+    max_retries: int = 2
     config: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
@@ -490,6 +519,7 @@ class RemoteModel:
                     prompt_format=settings.prompt_format,
                     timeout_s=settings.timeout_s,
                     busy_timeout_s=settings.busy_timeout_s,
+                    max_retries=settings.max_retries,
                     config=settings.config,
                 )
             return generator
@@ -642,6 +672,13 @@ def _error_message(body: Mapping[str, Any]) -> str:
         return error[:500]
     detail = body.get("detail")
     return str(detail)[:500] if detail else ""
+
+
+def _backoff(attempt: int, response: httpx.Response | None) -> float:
+    """Seconds before retry ``attempt + 1``: the server's ``Retry-After`` when it sent one, else 0.5 s doubling, at most 8 s."""
+    if response is not None and response.headers.get("retry-after"):
+        return _retry_after(response)
+    return min(0.5 * 2**attempt, 8.0)
 
 
 def _retry_after(response: httpx.Response) -> float:

@@ -16,7 +16,10 @@ talks to the served model through these routes; docs/serving.md is the reference
   grammar as ``ChatRagSpec.bind_tools`` (``ragspec.engine.tool_calls``); calls come back as OpenAI's
   ``tool_calls`` (whole, and in stream deltas as each call completes), and ``tool`` messages and
   assistant ``tool_calls`` enter the conversation. ``retrieval`` (chat) answers the conversation over the
-  server's documents as ``DocumentQA`` does (``apps.web.retrieval_api``). A bad value is a 400 naming the parameter; so is
+  server's documents as ``DocumentQA`` does (``apps.web.retrieval_api``). ``prediction`` (OpenAI's Predicted
+  Outputs, ``{"type": "content", "content": ...}``) is drafted from as one more reference: the output is
+  unchanged, and ``usage.completion_tokens_details`` counts the prediction's drafted tokens the model
+  accepted and rejected (``prediction_details``). A bad value is a 400 naming the parameter; so is
   anything ragspec does not do yet (``n`` > 1, logprobs, ``logit_bias``, legacy ``functions``) and any
   argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
@@ -165,6 +168,7 @@ _COMMON = {
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
     "top_k", "repeat_penalty", "repeat_last_n", "repetition_stop", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
     "cache_salt",  # vLLM's
+    "prediction",
 }  # fmt: skip
 _CHAT_ONLY = {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
@@ -200,6 +204,13 @@ class ApiRequest:
     """Answer over the server's documents (chat only; ``apps.web.retrieval_api``)."""
     cache_salt: str | None = None
     """vLLM's ``cache_salt``: requests that send the same one (with the same API key) reuse each other's prompt prefixes."""
+    prediction: str | None = None
+    """Predicted Outputs' text: drafted from as the reference after ``references``."""
+
+    @property
+    def drafting_references(self) -> tuple[str | list[int], ...]:
+        """What the drafter copies from: ``references``, then the prediction."""
+        return self.references if self.prediction is None else (*self.references, self.prediction)
 
 
 def parse_request(body: object, *, chat: bool) -> ApiRequest:
@@ -250,9 +261,13 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT):
         raise OpenAIError(400, f"cache_salt must be a string of 1 to {MAX_CACHE_SALT} characters", param="cache_salt")
+    prediction = _prediction(body.get("prediction"))
+    if prediction is not None and retrieval is not None:
+        raise OpenAIError(400, "prediction cannot be combined with retrieval (the answer's passages are its references)",
+                          param="prediction")
     return ApiRequest(
         chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel,
-        response_format, retrieval, salt,
+        response_format, retrieval, salt, prediction,
     )
 
 
@@ -475,6 +490,24 @@ def _references(value: object) -> tuple[str | list[int], ...]:
     return tuple(out)
 
 
+def _prediction(value: object) -> str | None:
+    """OpenAI's ``prediction``: ``{"type": "content", "content": str or [{"type": "text", "text": str}, ...]}``."""
+    if value is None:
+        return None
+    shape = 'prediction must be {"type": "content", "content": "..."} (content: a string or a list of text parts)'
+    if not isinstance(value, dict) or value.get("type") != "content" or set(value) - {"type", "content"}:
+        raise OpenAIError(400, shape, param="prediction")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) and set(p) == {"type", "text"}
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise OpenAIError(400, shape, param="prediction")
+
+
 # -- prompt and config ------------------------------------------------------------------------------
 
 
@@ -497,6 +530,14 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
     """
     from ragspec.prompts import chat_prompt_ids
 
+    if request.prediction is not None and not hasattr(generator, "drafter"):
+        raise OpenAIError(
+            400,
+            "prediction needs ragspec's own engine, which drafts from it and counts what it accepted; this server "
+            "generates on another server (--engine vllm or --generator-url): send the text as extra_body references",
+            param="prediction",
+            code="unsupported_parameter",
+        )
     tokenizer = generator.tokenizer
     vocab = len(tokenizer)
     if any(not isinstance(ref, str) and any(t >= vocab for t in ref) for ref in request.references):
@@ -610,10 +651,27 @@ def _finish(reason: str) -> str:
     return "length" if reason in ("length", "timeout") else "stop"
 
 
-def _usage(stats: Any, prompt_tokens: int) -> dict[str, int]:
+def _usage(stats: Any, prompt_tokens: int, prediction: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage``; with a ``prediction`` (its index among the drafting references) its details too."""
     completion = int(getattr(stats, "new_tokens", 0))
     prompt = int(getattr(stats, "prompt_tokens", 0) or prompt_tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if prediction is not None:
+        usage["completion_tokens_details"] = prediction_details(stats, prediction)
+    return usage
+
+
+def prediction_details(stats: Any, index: int) -> dict[str, int]:
+    """Predicted Outputs' counts from ragspec's drafting stats of the prediction (reference ``index``):
+    ``accepted_prediction_tokens``, tokens copied from the prediction as drafts that the model verified
+    and kept; ``rejected_prediction_tokens``, tokens copied from it that the model verified and refused
+    (each draft stops at the first refused token, so these are the refused token and what followed it in
+    that draft). Prediction tokens never proposed (no match, or the policy chose a shorter draft) count in
+    neither; neither changes ``completion_tokens``, which counts the output's tokens."""
+    drafts = getattr(stats, "by_reference", {}).get(index)
+    accepted = drafts.accepted if drafts is not None else 0
+    drafted = drafts.drafted if drafts is not None else 0
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
 
 
 def _ragspec(stats: Any, finish_reason: str, ticket: Ticket, model_name: str) -> dict[str, Any]:
@@ -647,7 +705,7 @@ def _events(generator: Any, job: Job) -> Generator[_Event, None, None]:
     if job.retrieved is not None:
         yield from job.retrieved.events()
         return
-    with generator.stream(job.prompt_ids, job.config, references=job.request.references) as stream:
+    with generator.stream(job.prompt_ids, job.config, references=job.request.drafting_references) as stream:
         yield ("stats", stream.stats)
         yield from stream
     yield stream.result
@@ -802,8 +860,9 @@ class Answer:
             else:
                 self.result, self.stats, self.finish_reason = event, event.stats, event.finish_reason
 
-    def usage(self) -> dict[str, int]:
-        return _usage(self.stats, len(self.job.prompt_ids))
+    def usage(self) -> dict[str, Any]:
+        request = self.job.request
+        return _usage(self.stats, len(self.job.prompt_ids), None if request.prediction is None else len(request.references))
 
     def extension(self) -> dict[str, Any]:
         out = _ragspec(self.stats, self.finish_reason, self.ticket, self.model_name)

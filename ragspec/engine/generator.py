@@ -467,5 +467,10 @@ def _count(stats: GenerationStats, draft: Draft, n_accepted: int) -> None:
             src.drafted += drafted
             src.accepted += accepted
             src.verify_steps += 1
+    if draft.source is DraftSource.PASSAGE and draft.reference is not None and head:
+        ref = stats.by_reference.setdefault(draft.reference, SourceStats())
+        ref.drafted += head
+        ref.accepted += min(n_accepted, head)
+        ref.verify_steps += 1
     stats.drafted_tokens += len(draft)
     stats.accepted_tokens += n_accepted

@@ -52,6 +52,16 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert "error:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["ask", "--temperatur", "0.5", "When?"], ["ask", "When?", "--bogus"],
+                                     ["chat", "--bogus"], ["ingest", "docs", "--bogus"], ["serve", "--bogus"]])
+def test_an_unknown_option_prints_its_commands_usage(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: ragspec {command[0]} ")  # the command's usage, not the top-level one
+    flag = next(a for a in command if a.startswith("--"))
+    assert err.rstrip().endswith(f"ragspec {command[0]}: error: unrecognized arguments: {flag} (see 'ragspec {command[0]} --help')")
+
+
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err

@@ -134,3 +134,12 @@ def test_retrieval_requests_it_cannot_serve_are_400s_naming_the_parameter(client
     with LiveServer(bare) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         r = c.post(CHAT, json={"model": "tiny", "messages": [user], "retrieval": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "retrieval" and "--index" in r.json()["error"]["message"]
+
+
+def test_the_page_lists_the_preloaded_indexs_documents(client: httpx.Client, index_dir: Path) -> None:
+    from retrievers.persistence import read_manifest
+
+    want = sorted(read_manifest(index_dir)["ingest"]["files"])
+    session = client.get("/api/session").json()
+    assert session["preloaded"] and session["preloaded_documents"] == want and len(want) == len(list(CORPUS.iterdir()))
+    assert session["documents"] == []  # the session's own uploads: none yet

@@ -50,11 +50,12 @@ async function errorBody(response) {
   }
 }
 
-const EMPTY = { documents: [], chunks: 0, skipped: [], notices: [], preloaded: false };
+const EMPTY = { documents: [], chunks: 0, skipped: [], notices: [], preloaded: false, preloaded_documents: [] };
 
 function showSession(info) {
   const list = $("doc-list");
-  list.replaceChildren(...info.documents.map((d) => el("li", { title: d }, d.split("/").pop())));
+  const preloaded = info.documents.length ? [] : info.preloaded_documents || [];
+  list.replaceChildren(...[...info.documents, ...preloaded].map((d) => el("li", { title: d }, d.split("/").pop())));
   if (info.documents.length) {
     const update = info.update
       ? ` Last indexing: ${info.update.files}; ${info.update.embedded} passages embedded in ${info.update.seconds.toFixed(1)} s` +
@@ -63,7 +64,9 @@ function showSession(info) {
     $("doc-status").textContent = `${info.documents.length} document(s), ${info.chunks} passages indexed.${update}`;
     $("doc-status").className = "muted";
   } else {
-    $("doc-status").textContent = info.preloaded ? "Using the server's preloaded index." : "No documents yet.";
+    $("doc-status").textContent = info.preloaded
+      ? `Using the server's preloaded index${preloaded.length ? ` (${preloaded.length} document(s))` : ""}.`
+      : "No documents yet.";
   }
   $("skipped-box").hidden = info.skipped.length === 0;
   $("skipped-list").replaceChildren(...info.skipped.map((s) => el("li", {}, `${s.path}: ${s.reason}`)));
