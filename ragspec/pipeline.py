@@ -3,28 +3,8 @@
 ``DocumentQA`` retrieves the top passages for a question, numbers them in a prompt
 (``ragspec.prompts``), and generates the answer with the speculative generator, handing each
 passage to the drafter as its own reference so that copied spans cost one forward for many
-tokens. The answer comes with citations, chosen by this rule:
-
-1. the passages the answer cites by number (``[2]``, ``[1, 3]``), in order of first mention;
-2. otherwise the passages the answer copies a substantial span from: a run of
-   ``min(6, words in the answer)`` consecutive words (at least 4, two of them not stop words
-   such as "the" or "is") that the passage also holds, in rank order;
-3. otherwise the passage that holds the most of the answer's content words (words that are not
-   stop words), when it holds at least two thirds of them and at least two: a short answer
-   ("It had five arches.") rarely copies six words but uses the passage's own; failing that, the
-   same over the words the answer adds to the question's (an answer that restates the question,
-   "The trial period at Kestrel Lane Bakery Cooperative is six months.", is judged on "cooperative
-   six months");
-4. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
-   passage is shown to back it. A passage is never cited just for being retrieved.
-
-A passage chosen by 1-3 is kept only if the answer is about the question: at least half of the
-question's content words (not stop words or question words such as "how"), compared without a plural
-or verb ending, occur both in the answer and in that passage. A small model that cannot answer often
-copies a passage that is beside the point ("Where can visitors park?" answered with the archive's
-opening hours). The next rule is tried when none of a rule's passages is on topic; when no rule's is,
-the answer cites nothing and its rule is ``"off_topic"`` (``benchmarks/qa_defaults.py`` measures the
-rules against hand labels).
+tokens. The answer comes with citations, chosen by the rules of ``ragspec.citations``
+(``choose_citations``); a passage is never cited just for being retrieved.
 
 Passages that do not fit the model's context window together with the answer budget are
 dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
@@ -45,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +38,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from ragspec.answers import Answer, AnswerStream, Citation
+from ragspec.citations import choose_citations
 from ragspec.bridge import iterate_in_thread
 from ragspec.conversation import (
     FOLLOW_UP_MODES,
@@ -601,106 +581,3 @@ def _document_position(passage: Document) -> tuple[str, int, int]:
     meta = passage.metadata
     start, page = meta.get("start_index"), meta.get("page")
     return (str(meta.get("source", "")), page if isinstance(page, int) else -1, start if isinstance(start, int) else -1)
-
-
-_MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
-_WORD = re.compile(r"\w+")
-
-
-def cited_numbers(text: str, n_passages: int) -> list[int]:
-    """Passage numbers cited as ``[n]`` / ``[n, m]`` in ``text``, valid ones only, in order of first mention."""
-    found: list[int] = []
-    for match in _MARKER.finditer(text):
-        for number in (int(x) for x in re.split(r"\s*[,;]\s*", match.group(1))):
-            if 1 <= number <= n_passages and number not in found:
-                found.append(number)
-    return found
-
-
-_STOP_WORDS = frozenset(
-    "a an and are as at be been but by do does for from had has have he her his i if in is it its "
-    "not of on or she so than that the their them then there they this to was we were what when "
-    "which who will with you your".split()
-)
-
-
-def copied_numbers(
-    text: str, passages: Sequence[Document], max_run: int = 6, min_run: int = 4, min_content: int = 2
-) -> list[int]:
-    """Passages that hold a run of ``min(max_run, words in text)`` consecutive words of ``text``
-    (at least ``min_run``, with at least ``min_content`` words that are not stop words), in rank order."""
-    words = [w.lower() for w in _WORD.findall(text)]
-    run = min(max_run, len(words))
-    if run < min_run:
-        return []
-    answer_runs = {
-        tuple(words[i : i + run])
-        for i in range(len(words) - run + 1)
-        if sum(w not in _STOP_WORDS for w in words[i : i + run]) >= min_content
-    }
-    if not answer_runs:
-        return []
-    found = []
-    for number, passage in enumerate(passages, start=1):
-        pw = [w.lower() for w in _WORD.findall(passage.page_content)]
-        if any(tuple(pw[i : i + run]) in answer_runs for i in range(len(pw) - run + 1)):
-            found.append(number)
-    return found
-
-
-def overlap_numbers(
-    text: str, passages: Sequence[Document], min_share: float = 2 / 3, min_words: int = 2, ignore: str = ""
-) -> list[int]:
-    """The passages holding the most of ``text``'s content words (leaving out the words of ``ignore``),
-    when that is at least ``min_share`` of them and at least ``min_words`` (ties: all of them, in rank order)."""
-    wanted = {w.lower() for w in _WORD.findall(text)} - _STOP_WORDS - {w.lower() for w in _WORD.findall(ignore)}
-    if len(wanted) < min_words:
-        return []
-    held = [len(wanted & {w.lower() for w in _WORD.findall(p.page_content)}) for p in passages]
-    best = max(held, default=0)
-    if best < max(min_words, min_share * len(wanted)):
-        return []
-    return [number for number, n in enumerate(held, start=1) if n == best]
-
-
-_QUESTION_WORDS = _STOP_WORDS | frozenset("how why where whom whose can could should would did many much".split())
-
-
-def _stem(word: str) -> str:
-    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching a question's words."""
-    if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
-        word = word[:-1]
-    for ending in ("ing", "ed"):
-        if word.endswith(ending) and len(word) - len(ending) >= 4:
-            return word[: -len(ending)]
-    return word
-
-
-def _stems(text: str, stop_words: frozenset[str]) -> set[str]:
-    return {_stem(w) for w in (w.lower() for w in _WORD.findall(text)) if w not in stop_words}
-
-
-def on_topic_numbers(text: str, question: str, passages: Sequence[Document], numbers: Sequence[int], min_share: float = 0.5) -> list[int]:
-    """Those of ``numbers`` whose passage holds, together with ``text``, at least ``min_share`` of the
-    question's content words (all of ``numbers`` when the question has none)."""
-    wanted = _stems(question, _QUESTION_WORDS)
-    if not wanted:
-        return list(numbers)
-    about = wanted & _stems(text, _QUESTION_WORDS)
-    return [n for n in numbers if len(about & _stems(passages[n - 1].page_content, _QUESTION_WORDS)) >= min_share * len(wanted)]
-
-
-def choose_citations(text: str, passages: Sequence[Document], question: str = "") -> tuple[list[int], str]:
-    """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
-    whose passages are on topic (checked when ``question`` is given); ``([], "off_topic")`` when rules
-    found passages but none on topic, ``([], "unsupported")`` when no rule found any."""
-    evidence = (
-        ("cited", cited_numbers(text, len(passages))),
-        ("copied", copied_numbers(text, passages)),
-        ("overlap", overlap_numbers(text, passages)),
-        ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
-    )
-    for rule, numbers in evidence:
-        if kept := on_topic_numbers(text, question, passages, numbers) if question else numbers:
-            return kept, rule
-    return [], "off_topic" if any(numbers for _, numbers in evidence) else "unsupported"

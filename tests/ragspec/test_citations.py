@@ -1,0 +1,106 @@
+"""The citation rules (ragspec.citations): which passages an answer cites, and when it cites none."""
+
+from __future__ import annotations
+
+from langchain_core.documents import Document
+
+from ragspec.citations import choose_citations, cited_numbers, copied_numbers, on_topic_numbers
+
+FERRY = "The Larkspur ferry leaves Dunmore harbour at 7:15 every morning. The crossing to Gannet Island takes forty minutes."
+BAKERY = "The Quillon bakery on Mill Street sells rye bread on Tuesdays only. Marta Quillon opened it in 1987."
+LIBRARY = "The Brackwater library lends telescopes to its members for two weeks at a time."
+
+
+def doc(text: str, source: str) -> Document:
+    return Document(page_content=text, metadata={"source": source})
+
+
+PASSAGES = [doc(FERRY, "/docs/ferry.txt"), doc(BAKERY, "/docs/bakery.md"), doc(LIBRARY, "/docs/library.pdf")]
+
+
+def test_cited_numbers():
+    assert cited_numbers("Yes [2]. Also [1, 3] and [2] again; not [7] or [0].", 3) == [2, 1, 3]
+    assert cited_numbers("See [1;2].", 1) == [1]
+    assert cited_numbers("No markers here (1).", 3) == []
+
+
+def test_copied_numbers():
+    assert copied_numbers("It sells rye bread on Tuesdays only, they say.", PASSAGES) == [2]
+    assert copied_numbers("Telescopes for two weeks at a time.", PASSAGES) == [3]
+    assert copied_numbers("the ferry", PASSAGES) == []  # too short to call it copying
+    assert copied_numbers("Mill Street sells rye bread on Tuesdays", PASSAGES[:1]) == []
+    # A shared run of stop words and one content word is not a copied span.
+    assert copied_numbers("It is in the hall of it.", [doc("And it is in the hall of the town.", "x")]) == []
+    assert copied_numbers("It is in the town hall of it.", [doc("And it is in the town hall of the town.", "x")]) == [1]
+
+
+def test_citation_rule_order():
+    assert choose_citations("At 7:15 [3].", PASSAGES) == ([3], "cited")
+    assert choose_citations("lends telescopes to its members for two weeks", PASSAGES) == ([3], "copied")
+    assert choose_citations("I do not know.", PASSAGES) == ([], "unsupported")
+    assert choose_citations("Anything", []) == ([], "unsupported")
+
+
+TIMETABLE = [
+    doc("Ferry timetable. Dunmore harbour departures: 7:15, 9:40 and 13:05 on weekdays; "
+        "8:30 and 16:00 on Sundays. Tickets are sold on board.", "/docs/timetable.txt"),
+    doc("The Gannet Island crossing takes forty minutes in calm weather.", "/docs/crossing.txt"),
+]
+
+
+def test_an_answer_no_passage_backs_is_unsupported_and_cites_nothing():
+    assert choose_citations("The capital of Peru is Lima.", TIMETABLE) == ([], "unsupported")
+    assert choose_citations("The Gannet ferry costs 12 pounds.", TIMETABLE) == ([], "unsupported")  # 1 of 5 words in either
+
+
+def test_a_short_answer_in_a_passage_s_own_words_cites_that_passage():
+    assert choose_citations("It takes forty minutes.", TIMETABLE) == ([2], "overlap")
+    assert choose_citations("Departures at 9:40 on weekdays.", TIMETABLE) == ([1], "overlap")
+    assert choose_citations("Forty.", TIMETABLE) == ([], "unsupported")  # one word is no evidence
+
+
+def test_an_answer_that_copies_a_span_cites_that_passage():
+    answer = "On Sundays the ferry leaves at 8:30 and 16:00 on Sundays, and tickets are sold on board."
+    assert choose_citations(answer, TIMETABLE) == ([1], "copied")
+    assert choose_citations("The crossing takes forty minutes in calm weather.", TIMETABLE) == ([2], "copied")
+
+
+def test_an_answer_beside_the_question_cites_nothing():
+    # The answer copies the timetable, but the question asks about parking: not what the passage is cited for.
+    copied = "Tickets are sold on board, with departures at 7:15, 9:40 and 13:05 on weekdays."
+    assert choose_citations(copied, TIMETABLE) == ([1], "copied")
+    assert choose_citations(copied, TIMETABLE, "Where can visitors park their cars?") == ([], "off_topic")
+    # On topic: the question's words ("departures", "weekdays"; "When" is a question word) in the answer and passage.
+    assert choose_citations(copied, TIMETABLE, "When are the departures on weekdays?") == ([1], "copied")
+    # Plural and verb endings do not matter: "crossings" and "take" match "crossing" and "takes".
+    assert choose_citations("The crossing takes forty minutes.", TIMETABLE, "How long do crossings take?") == ([2], "overlap")
+    # A question of stop words only leaves the evidence rules as they are.
+    assert choose_citations(copied, TIMETABLE, "What is it?") == ([1], "copied")
+    # Unsupported stays unsupported, whatever the question.
+    assert choose_citations("The capital of Peru is Lima.", TIMETABLE, "What is the capital of Peru?") == ([], "unsupported")
+
+
+def test_on_topic_numbers_keeps_the_passages_holding_half_the_question_s_words():
+    passages = [doc("The ferry leaves at noon.", "a"), doc("Ferry tickets cost five pounds at noon.", "b")]
+    question = "When does the ferry leave with tickets?"  # content words: ferry, leave, tickets
+    assert on_topic_numbers("The ferry leaves at noon.", question, passages, [1, 2]) == [1]  # passage 2 lacks "leave"
+    assert on_topic_numbers("The ferry tickets leave at noon.", question, passages, [1, 2]) == [1, 2]  # 2 of 3 in each
+    assert on_topic_numbers("At noon.", question, passages, [1, 2]) == []  # the answer holds none of them
+    assert on_topic_numbers("The ferry tickets.", question, passages, [1, 2]) == [2]  # passage 1 lacks "tickets"
+    assert on_topic_numbers("The ferry leaves at noon.", question, passages, [1], min_share=1.0) == []
+
+
+def test_an_answer_that_restates_the_question_is_judged_on_the_words_it_adds():
+    passages = [doc("Dunmore harbour has a lifeboat station and a fish market.", "a"),
+                doc("New bakery staff join as trial workers. The trial period lasts six months.", "b")]  # fmt: skip
+    question = "How long is the trial period at the Kestrel Lane bakery?"
+    answer = "The trial period at Kestrel Lane Bakery Cooperative is six months."  # 5 of its 8 content words in passage 2
+    assert choose_citations(answer, passages) == ([], "unsupported")
+    assert choose_citations(answer, passages, question) == ([2], "overlap")  # "six months" of "cooperative six months"
+    assert choose_citations(answer.replace("six months", "ten weeks"), passages, question) == ([], "unsupported")
+
+
+def test_a_cited_marker_on_an_off_topic_passage_falls_through_to_the_next_rule():
+    answer = "The crossing takes forty minutes in calm weather [1]."
+    assert choose_citations(answer, TIMETABLE) == ([1], "cited")
+    assert choose_citations(answer, TIMETABLE, "How long does the crossing take?") == ([2], "copied")
