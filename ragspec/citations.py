@@ -29,10 +29,19 @@ from collections.abc import Sequence
 
 from langchain_core.documents import Document
 
+from ragspec import facts
+
 __all__ = ["choose_citations", "cited_numbers", "copied_numbers", "on_topic_numbers", "overlap_numbers"]
 
-_MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 _WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> list[str]:
+    """The lower-cased words of ``text``, its number words as digits ("Twenty-three" and "23" are one word)."""
+    return _WORD.findall(facts.normalize_numbers(text).lower())
+
+
+_MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 
 
 def cited_numbers(text: str, n_passages: int) -> list[int]:
@@ -57,7 +66,7 @@ def copied_numbers(
 ) -> list[int]:
     """Passages that hold a run of ``min(max_run, words in text)`` consecutive words of ``text``
     (at least ``min_run``, with at least ``min_content`` words that are not stop words), in rank order."""
-    words = [w.lower() for w in _WORD.findall(text)]
+    words = _words(text)
     run = min(max_run, len(words))
     if run < min_run:
         return []
@@ -70,7 +79,7 @@ def copied_numbers(
         return []
     found = []
     for number, passage in enumerate(passages, start=1):
-        pw = [w.lower() for w in _WORD.findall(passage.page_content)]
+        pw = _words(passage.page_content)
         if any(tuple(pw[i : i + run]) in answer_runs for i in range(len(pw) - run + 1)):
             found.append(number)
     return found
@@ -81,10 +90,10 @@ def overlap_numbers(
 ) -> list[int]:
     """The passages holding the most of ``text``'s content words (leaving out the words of ``ignore``),
     when that is at least ``min_share`` of them and at least ``min_words`` (ties: all of them, in rank order)."""
-    wanted = {w.lower() for w in _WORD.findall(text)} - _STOP_WORDS - {w.lower() for w in _WORD.findall(ignore)}
+    wanted = set(_words(text)) - _STOP_WORDS - set(_words(ignore))
     if len(wanted) < min_words:
         return []
-    held = [len(wanted & {w.lower() for w in _WORD.findall(p.page_content)}) for p in passages]
+    held = [len(wanted & set(_words(p.page_content))) for p in passages]
     best = max(held, default=0)
     if best < max(min_words, min_share * len(wanted)):
         return []
@@ -105,7 +114,7 @@ def _stem(word: str) -> str:
 
 
 def _stems(text: str, stop_words: frozenset[str]) -> set[str]:
-    return {_stem(w) for w in (w.lower() for w in _WORD.findall(text)) if w not in stop_words}
+    return {_stem(w) for w in _words(text) if w not in stop_words}
 
 
 def on_topic_numbers(text: str, question: str, passages: Sequence[Document], numbers: Sequence[int], min_share: float = 0.5) -> list[int]:
@@ -118,17 +127,77 @@ def on_topic_numbers(text: str, question: str, passages: Sequence[Document], num
     return [n for n in numbers if len(about & _stems(passages[n - 1].page_content, _QUESTION_WORDS)) >= min_share * len(wanted)]
 
 
-def choose_citations(text: str, passages: Sequence[Document], question: str = "") -> tuple[list[int], str]:
+def choose_citations(
+    text: str, passages: Sequence[Document], question: str = "", check_facts: bool = True
+) -> tuple[list[int], str]:
     """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
-    whose passages are on topic (checked when ``question`` is given); ``([], "off_topic")`` when rules
-    found passages but none on topic, ``([], "unsupported")`` when no rule found any."""
+    whose passages are on topic (checked when ``question`` is given) and, with ``check_facts``, hold the
+    answer's facts; ``([], "missing_facts")`` when on-topic passages were found but none held the facts,
+    ``([], "off_topic")`` when rules found passages but none on topic, ``([], "unsupported")`` when no
+    rule found any."""
     evidence = (
         ("cited", cited_numbers(text, len(passages))),
         ("copied", copied_numbers(text, passages)),
         ("overlap", overlap_numbers(text, passages)),
         ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
     )
+    drawn_from = sorted({n for _, numbers in evidence for n in numbers})
+    lacking = False
     for rule, numbers in evidence:
         if kept := on_topic_numbers(text, question, passages, numbers) if question else numbers:
-            return kept, rule
+            if not check_facts:
+                return kept, rule
+            if backed := _backing(text, passages, question, kept, drawn_from):
+                return backed, rule
+            lacking = True
+    if lacking:
+        return [], "missing_facts"
     return [], "off_topic" if any(numbers for _, numbers in evidence) else "unsupported"
+
+
+def _backing(text: str, passages: Sequence[Document], question: str, kept: list[int], drawn_from: list[int]) -> list[int]:
+    """``kept`` and the other passages the answer draws from that hold facts of it ``kept`` lacks, when
+    together with the question they hold all of its facts; else ``[]``."""
+    missing = facts.missing_facts(text, [passages[n - 1].page_content for n in kept], question)
+    cited = list(kept)
+    for n in drawn_from:
+        if not missing:
+            break
+        if n not in cited and len(still := facts.unheld(missing, [passages[n - 1].page_content])) < len(missing):
+            cited.append(n)
+            missing = still
+    return [] if missing else cited
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sentence (or line) of ``text``, without the white space around it."""
+    spans, start = [], 0
+    for end in [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]:
+        piece = text[start:end]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            spans.append((start + lead, start + len(piece.rstrip())))
+        start = end
+    return spans
+
+
+def drawn_sentences(answer: str, passage: str) -> tuple[int, int]:
+    """``(start, end)`` in ``passage`` of the sentence(s) ``answer`` drew from: the sentence holding the
+    most of the answer's content words (its numbers and names count twice), with each neighbour that
+    holds at least half as many; ``(0, 0)`` when no sentence holds any."""
+    found = facts.answer_facts(answer)
+    weight = {w: 1 for w in facts.words(answer) if w not in _STOP_WORDS} | {w: 2 for w in found.numbers | found.names}
+    spans = sentence_spans(passage)
+    scores = [sum(weight.get(w, 0) for w in set(facts.words(passage[s:e]))) for s, e in spans]
+    best = max(range(len(spans)), key=lambda i: scores[i], default=-1)
+    if best < 0 or scores[best] == 0:
+        return 0, 0
+    first = last = best
+    while first > 0 and scores[first - 1] * 2 >= scores[best]:
+        first -= 1
+    while last + 1 < len(spans) and scores[last + 1] * 2 >= scores[best]:
+        last += 1
+    return spans[first][0], spans[last][1]

@@ -220,7 +220,8 @@ class Conversation:
 
 def answer_message(answer: Answer) -> AIMessage:
     """An ``Answer`` as an ``AIMessage``: its text, and in ``response_metadata`` the passages first shown
-    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it, the retrieval query."""
+    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it (``supported``, and
+    ``note``: why not), the retrieval query."""
     return AIMessage(answer.text, response_metadata=_metadata(answer))
 
 
@@ -229,6 +230,8 @@ def _metadata(answer: Answer) -> dict[str, Any]:
         PASSAGES_KEY: write_passages(answer.passages[answer.earlier_passages :]),
         "citations": [c.as_dict() for c in answer.citations],
         "supported": answer.supported,
+        "note": answer.note,
+        "missing_facts": list(answer.missing_facts),
         "retrieval_query": answer.retrieval_query,
         "dropped_turns": answer.dropped_turns,
         "finish_reason": answer.finish_reason,
@@ -264,7 +267,8 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
         chat.invoke({"question": "Who founded it?"}, config={"configurable": {"session_id": "a"}})
 
     Input: see ``chat_input``. ``invoke`` returns an ``AIMessage`` (``answer_message``); ``stream``
-    yields ``AIMessageChunk`` text deltas and a last chunk with the ``response_metadata``.
+    yields ``AIMessageChunk`` text deltas and a last chunk with the ``response_metadata`` and, when the
+    answer abstained, its flag (``Answer.stream_flag``): the streamed message then says it is unbacked.
     """
 
     name = "DocumentQAChat"
@@ -294,4 +298,4 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
             for delta in stream:
                 yield AIMessageChunk(delta)
         assert stream.answer is not None
-        yield AIMessageChunk("", response_metadata=_metadata(stream.answer))
+        yield AIMessageChunk(stream.answer.stream_flag, response_metadata=_metadata(stream.answer))

@@ -37,8 +37,9 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import Answer, AnswerStream, Citation
-from ragspec.citations import choose_citations
+from ragspec.answers import UNSUPPORTED_MODES, Answer, AnswerStream, Citation
+from ragspec.citations import choose_citations, drawn_sentences
+from ragspec.facts import missing_facts
 from ragspec.bridge import iterate_in_thread
 from ragspec.conversation import (
     FOLLOW_UP_MODES,
@@ -52,7 +53,7 @@ from ragspec.conversation import (
 from ragspec.engine.config import CallOptions, GenerationConfig, request_config
 from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
-from ragspec.engine.text import question_text
+from ragspec.engine.text import WholeWordText, question_text
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
@@ -111,7 +112,9 @@ class DocumentQARunnable(Runnable[str, Answer]):
 
     ``invoke``/``ainvoke``/``batch``/``abatch`` return ``Answer`` objects. ``stream``/``astream``
     (and ``transform`` inside a chain) yield the answer's text deltas as ``str`` chunks and end
-    with one ``Answer`` chunk (text, citations, passages, stats)::
+    with one ``Answer`` chunk (text, citations, passages, stats); before it, when the answer abstained
+    (``DocumentQA(unsupported="abstain")``, the default) a text chunk with its flag
+    (``Answer.stream_flag``), so the streamed text never carries an unbacked answer unmarked::
 
         for chunk in qa.as_runnable().stream("When does the ferry leave?"):
             if isinstance(chunk, str):
@@ -174,14 +177,22 @@ class DocumentQARunnable(Runnable[str, Answer]):
         with self.qa.stream(_question(chunks), k=k, **options) as stream:
             yield from stream
         assert stream.answer is not None
-        yield stream.answer
+        yield from _with_flag(stream.answer)
 
     async def _aanswer_stream(
         self, chunks: AsyncIterator[str], k: int | None = None, **options: Any
     ) -> AsyncIterator[str | Answer]:
         question = _question([c async for c in chunks])
         async for event in iterate_in_thread(lambda: self.qa._events(question, k, options)):
-            yield event
+            for chunk in _with_flag(event) if isinstance(event, Answer) else (event,):
+                yield chunk
+
+
+def _with_flag(answer: Answer) -> Iterator[str | Answer]:
+    """The last chunks of a streamed answer: its ``stream_flag`` (when it abstained), then the ``Answer``."""
+    if answer.stream_flag:
+        yield answer.stream_flag
+    yield answer
 
 
 def _question(chunks: Iterable[object]) -> str:
@@ -233,6 +244,7 @@ class DocumentQA:
         passage_order: str = "rank",
         follow_up: str = "combine",
         generation: Mapping[str, Any] = QA_DEFAULTS,
+        unsupported: str = "abstain",
     ) -> None:
         """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM``, ``LocalModel`` or ``RemoteModel``; its settings
         (model, max_tokens, stop, sampling, speculative) apply to every answer. Default:
@@ -247,7 +259,15 @@ class DocumentQA:
         earlier turns is retrieved: ``"combine"`` (with the recent questions), ``"rewrite"`` (the
         model first rewrites it into a standalone question) or ``"question"`` (on its own).
         ``generation``: settings (``GenerationConfig`` names) for the llm's settings it leaves at their
-        defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own."""
+        defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own.
+
+        ``unsupported``: what ``Answer.text`` holds when no passage backs the answer (``Answer.supported``
+        False): ``"abstain"`` (the default), "I don't know" and why, with the model's words kept in
+        ``Answer.generated_text``; or ``"flag"``, the model's words. The default is what a reader of
+        ``.text`` wants, such as a LangChain chain that passes it on: the default model answers most
+        questions wrongly, and an unbacked answer reads as confidently as a backed one, so the text
+        should not carry it unmarked. A stream (``stream``) yields the model's words as they come (it
+        never takes text back); its ``Answer`` then says whether they are backed (``note``)."""
         if not isinstance(retriever, BaseRetriever):
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
@@ -265,12 +285,15 @@ class DocumentQA:
             raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
         if passage_order not in ("document", "rank"):
             raise ValueError(f"passage_order must be 'document' or 'rank', got {passage_order!r}")
+        if unsupported not in UNSUPPORTED_MODES:
+            raise ValueError(f"unsupported must be one of {', '.join(map(repr, UNSUPPORTED_MODES))}, got {unsupported!r}")
         if follow_up not in FOLLOW_UP_MODES:
             raise ValueError(f"follow_up must be one of {', '.join(map(repr, FOLLOW_UP_MODES))}, got {follow_up!r}")
         self.generation = dict(generation)
         GenerationConfig().merged(self.generation)  # a bad setting fails here, naming it
         self.passage_order = passage_order
         self.follow_up = follow_up
+        self.unsupported = unsupported
         self.retriever = retriever
         self.llm = llm
         self.system_prompt = system_prompt
@@ -451,14 +474,17 @@ class DocumentQA:
         """The answer of a LangChain model that is not ragspec's: its streamed text, then the ``Answer``."""
         chat = isinstance(self.llm, BaseChatModel)
         prompt: Any = [(m["role"], m["content"]) for m in request.messages] if chat else plain_prompt(request.messages)
-        text, finish = "", "stop"
+        text, finish, shown = "", "stop", WholeWordText()
         for chunk in self.llm.stream(prompt):
             delta = chunk if isinstance(chunk, str) else chunk.text
             finish = str((getattr(chunk, "response_metadata", None) or {}).get("finish_reason") or finish)
             if delta:
                 text += delta
-                yield delta
-        yield self._answer(request, text, finish, None)
+                if safe := shown.add(delta):
+                    yield safe
+        if tail := shown.finish(text, finish):
+            yield tail
+        yield self._answer(request, shown.shown, finish, None)
 
     def _generate(
         self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
@@ -468,17 +494,24 @@ class DocumentQA:
             return
         options = request.options
         generator = self.llm.load(options.model)
+        shown = WholeWordText()  # a cut answer shows no partial word (the tokens are the generator's, untouched)
         with generator.stream(request.prompt_ids, options.config, references=options.references) as stream:
             if on_start is not None:
                 on_start(stream.stats)
-            yield from stream
-        assert stream.result is not None
-        yield self._answer(request, stream.result.text, stream.result.finish_reason, stream.result.stats)
+            for delta in stream:
+                if safe := shown.add(delta):
+                    yield safe
+        result = stream.result
+        assert result is not None
+        if tail := shown.finish(result.text, result.finish_reason):
+            yield tail
+        yield self._answer(request, shown.shown, result.finish_reason, result.stats)
 
     def _answer(self, request: _Request, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
         numbers, rule = choose_citations(text, request.passages, request.question)
-        citations = [self._citation(n, request.passages[n - 1]) for n in numbers]
-        return Answer(
+        citations = [self._citation(n, request.passages[n - 1], text) for n in numbers]
+        missing = tuple(missing_facts(text, [p.page_content for p in request.passages], request.question))
+        answer = Answer(
             question=request.question,
             text=text,
             citations=citations,
@@ -491,23 +524,35 @@ class DocumentQA:
             dropped_turns=request.dropped_turns,
             retrieval_query=request.retrieval_query,
             query_stats=request.query_stats,
+            missing_facts=missing,
         )
+        if citations or self.unsupported == "flag":
+            return answer
+        return dataclasses.replace(answer, text=answer.note, generated_text=text)
 
-    def _citation(self, number: int, passage: Document) -> Citation:
+    def _citation(self, number: int, passage: Document, answer: str) -> Citation:
+        """The citation of ``passage``, showing the sentence(s) ``answer`` drew from (else the passage's start)."""
         meta = passage.metadata
-        text = passage.page_content.strip()
+        content = passage.page_content
+        start, end = drawn_sentences(answer, content)
+        if end == 0:
+            start = len(content) - len(content.lstrip())
+            end = len(content.rstrip())
+        text = content[start:end]
         if len(text) > self.snippet_chars:
             cut = text.rfind(" ", 0, self.snippet_chars)
             text = text[: cut if cut > self.snippet_chars // 2 else self.snippet_chars].rstrip() + "…"
+        passage_start = meta.get("start_index")
         return Citation(
             number=number,
             source=str(meta.get("source", "")),
-            start_index=meta.get("start_index"),
+            start_index=passage_start,
             page=meta.get("page"),
             title=meta.get("title"),
             text=text,
             chunk_id=meta.get("chunk_id") or passage.id,
             section=str(meta["location"]) if meta.get("location") else None,
+            offset=passage_start + start if isinstance(passage_start, int) else None,
         )
 
     def _prompt_ids(

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from langchain_core.documents import Document
 
-from ragspec.citations import choose_citations, cited_numbers, copied_numbers, on_topic_numbers
+from ragspec.citations import (
+    choose_citations,
+    cited_numbers,
+    copied_numbers,
+    drawn_sentences,
+    on_topic_numbers,
+    sentence_spans,
+)
 
 FERRY = "The Larkspur ferry leaves Dunmore harbour at 7:15 every morning. The crossing to Gannet Island takes forty minutes."
 BAKERY = "The Quillon bakery on Mill Street sells rye bread on Tuesdays only. Marta Quillon opened it in 1987."
@@ -35,7 +42,10 @@ def test_copied_numbers():
 
 
 def test_citation_rule_order():
-    assert choose_citations("At 7:15 [3].", PASSAGES) == ([3], "cited")
+    assert choose_citations("At 7:15 [1].", PASSAGES) == ([1], "cited")
+    assert choose_citations("At 7:15 [3].", PASSAGES, check_facts=False) == ([3], "cited")
+    assert choose_citations("At 7:15 [3].", PASSAGES) == ([3, 1], "cited")  # passage 3 does not say 7:15; 1 does
+    assert choose_citations("At 7:16 [3].", PASSAGES) == ([], "missing_facts")  # none does
     assert choose_citations("lends telescopes to its members for two weeks", PASSAGES) == ([3], "copied")
     assert choose_citations("I do not know.", PASSAGES) == ([], "unsupported")
     assert choose_citations("Anything", []) == ([], "unsupported")
@@ -102,5 +112,41 @@ def test_an_answer_that_restates_the_question_is_judged_on_the_words_it_adds():
 
 def test_a_cited_marker_on_an_off_topic_passage_falls_through_to_the_next_rule():
     answer = "The crossing takes forty minutes in calm weather [1]."
-    assert choose_citations(answer, TIMETABLE) == ([1], "cited")
+    assert choose_citations(answer, TIMETABLE) == ([1, 2], "cited")  # "forty" is passage 2's, which it cites too
     assert choose_citations(answer, TIMETABLE, "How long does the crossing take?") == ([2], "copied")
+
+
+# -- the answer's facts ----------------------------------------------------------------------------------
+FLOOD = [
+    doc("The great flood of 1871. On the night of 14 November 1871 the dam gave way. Twenty-three people died.", "a"),
+    doc("The Lantern Walk is held on the Saturday closest to 14 November. Ada Pellow rode down the valley.", "b"),
+]
+
+
+def test_an_answer_whose_facts_no_matching_passage_holds_is_not_supported():
+    question = "How many people died in the flood?"
+    assert choose_citations("Twenty-three people died in the flood of 1871.", FLOOD, question) == ([1], "overlap")
+    assert choose_citations("23 people died in the flood of 1871.", FLOOD, question) == ([1], "overlap")  # digits = words
+    # The same words with a number no passage holds: the rules match passage 1, the facts do not.
+    assert choose_citations("Twenty-four people died in the flood of 1871.", FLOOD, question) == ([], "missing_facts")
+    assert choose_citations("Twenty-four people died in the flood of 1871.", FLOOD, question, check_facts=False)[0] == [1]
+    # A name the passages lack, in an answer that otherwise copies one.
+    answer = "On the night of 14 November 1871 the dam gave way, said Mayor Quint."
+    assert choose_citations(answer, FLOOD, "When did the dam give way?") == ([], "missing_facts")
+
+
+def test_facts_from_a_second_passage_the_answer_draws_on_cite_it_too():
+    answer = "On the night of 14 November 1871 the dam gave way; Ada Pellow rode down the valley."
+    assert choose_citations(answer, FLOOD, "When did the dam give way?") == ([1, 2], "copied")
+
+
+def test_drawn_sentences_are_the_ones_holding_the_answer_s_words():
+    passage = FLOOD[0].page_content
+    start, end = drawn_sentences("It was twenty-three.", passage)
+    assert passage[start:end] == "Twenty-three people died."
+    start, end = drawn_sentences("The flood of 1871 came in November when the dam gave way.", passage)
+    assert passage[start:end] == "On the night of 14 November 1871 the dam gave way."
+    start, end = drawn_sentences("The great flood of 1871 came in November when the dam gave way.", passage)
+    assert passage[start:end] == "The great flood of 1871. On the night of 14 November 1871 the dam gave way."  # two
+    assert drawn_sentences("Nothing alike here.", passage) == (0, 0)
+    assert sentence_spans("  One. Two!\n\nThree 4.5 ") == [(2, 6), (7, 11), (13, 22)]

@@ -5,18 +5,25 @@ The real default model answering over real files is in the integration tests at 
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.retrievers import BaseRetriever
 
 from ragspec.lc import ChatRagSpec
 from ragspec.pipeline import Answer, ContextBudgetWarning, DocumentQA
+from ragspec.engine.text import whole_words
 from ragspec.prompts import QA_CHAT_PROMPT, format_passages, qa_messages
 
 FERRY = "The Larkspur ferry leaves Dunmore harbour at 7:15 every morning. The crossing to Gannet Island takes forty minutes."
@@ -46,9 +53,30 @@ class FixedRetriever(BaseRetriever):
         return list(self.passages)[:k]
 
 
+class FixedChat(BaseChatModel):
+    """A LangChain chat model that streams ``text`` word by word and ends with ``finish``."""
+
+    text: str
+    finish: str = "stop"
+
+    @property
+    def _llm_type(self) -> str:
+        return "fixed"
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        raise AssertionError("DocumentQA streams")
+
+    def _stream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        for piece in re.findall(r"\s*\S+", self.text):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        yield ChatGenerationChunk(message=AIMessageChunk(content="", response_metadata={"finish_reason": self.finish}))
+
+
 @pytest.fixture
 def qa(lc_tiny_generator) -> DocumentQA:
-    return DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=12))
+    """Answers whose text is the model's words, flagged when unsupported (the random model's always are)."""
+    return DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=12),
+                      unsupported="flag")  # fmt: skip
 
 
 # -- prompts ------------------------------------------------------------------------------------
@@ -100,7 +128,8 @@ def test_ask_answers_from_the_numbered_prompt(qa, lc_tiny_generator):
     want = lc_tiny_generator.generate(tok.encode(text, add_special_tokens=False), max_new_tokens=12)
     answer = qa.ask("When does it leave?")
     assert isinstance(answer, Answer)
-    assert answer.text == want.text
+    assert answer.text == whole_words(want.text)  # cut at max_tokens: up to its last whole word
+    assert answer.stats.new_tokens == want.stats.new_tokens == 12  # the generator's tokens, untouched
     assert answer.passages == PASSAGES
     assert answer.stats.prompt_tokens == want.stats.prompt_tokens
     assert answer.finish_reason == "length"
@@ -116,6 +145,16 @@ def test_citations_describe_their_passage(lc_tiny_generator, monkeypatch):
     [c] = qa.ask("When does it leave?").citations
     assert (c.number, c.source, c.start_index, c.page, c.title, c.chunk_id) == (1, "/docs/ferry.txt", 0, None, None, "c-ferry")
     assert c.text == FERRY
+
+
+def test_a_citation_shows_the_sentence_the_answer_drew_from_with_its_offset():
+    chat = FixedChat(text="It takes forty minutes to cross to Gannet Island.")
+    passages = [doc(FERRY, "/docs/ferry.txt", start_index=500), doc(LIBRARY, "/docs/library.pdf", page=3)]
+    answer = DocumentQA(FixedRetriever(passages=passages), chat).ask("How long is the crossing?")
+    [c] = answer.citations
+    assert c.text == "The crossing to Gannet Island takes forty minutes."  # not the passage's first sentence
+    assert c.offset == 500 + FERRY.index("The crossing") and c.start_index == 500 and c.location == f"char {c.offset}"
+    assert FERRY[c.offset - 500 :].startswith(c.text)
 
 
 def test_citation_fields_and_snippet(lc_tiny_generator, monkeypatch):
@@ -350,3 +389,78 @@ def test_qa_defaults_fill_only_what_the_llm_leaves_at_its_defaults(lc_tiny_gener
     assert DocumentQA(FixedRetriever(passages=PASSAGES), llm, generation={})._prepare("When?", None, {}).options.config.repetition_stop == 0
     with pytest.raises(ValueError, match="repetition_stop"):
         DocumentQA(FixedRetriever(passages=PASSAGES), llm, generation={"repetition_stop": 1})
+
+
+# -- unsupported answers and clean ends ----------------------------------------------------------------
+MERCURY = "The boiling point of mercury is 4.1875 degrees Celsius."
+
+
+def test_an_unsupported_answer_abstains_by_default_and_keeps_the_model_s_words():
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=MERCURY))
+    with qa.stream("What is the boiling point of mercury?") as stream:
+        deltas = list(stream)
+    answer = stream.answer
+    assert "".join(deltas) == MERCURY == answer.generated_text == answer.model_text  # a stream never takes text back
+    assert not answer.supported and answer.text == answer.note
+    assert answer.note.startswith("I don't know: no passage backs this answer") and "4.1875" in answer.note
+    assert answer.missing_facts == ("4.1875", "celsius")
+    flagged = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=MERCURY), unsupported="flag").ask("q?")
+    assert flagged.text == MERCURY and flagged.generated_text is None and not flagged.supported and flagged.note
+    backed = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text="It sells rye bread on Tuesdays only.")).ask(
+        "When does the Quillon bakery sell rye bread?")
+    assert backed.supported and backed.text == "It sells rye bread on Tuesdays only." and backed.note == ""
+    with pytest.raises(ValueError, match="unsupported must be one of 'abstain', 'flag'"):
+        DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=MERCURY), unsupported="hide")
+
+
+def test_a_number_in_words_in_the_passage_backs_the_same_number_in_digits():
+    passages = [doc("The water reached the town at two. Twenty-three people died.", "/docs/flood.txt")]
+    qa = DocumentQA(FixedRetriever(passages=passages), FixedChat(text="The number of people who died was 23."))
+    answer = qa.ask("How many people died in it?", history=[("When did the flood hit?", "In 1871.")])
+    assert answer.supported and answer.text.endswith("was 23.") and answer.citations[0].text == "Twenty-three people died."
+
+
+def test_the_runnables_show_the_flag_in_what_they_stream_and_return():
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=MERCURY))
+    *deltas, last = list(qa.as_runnable().stream("What is the boiling point of mercury?"))
+    assert "".join(deltas) == MERCURY + "\n\n" + last.note and isinstance(last, Answer) and last.text == last.note
+    assert qa.as_runnable().invoke("What is the boiling point of mercury?").text == last.note
+    chat = qa.as_chat_runnable()
+    message = chat.invoke({"question": "What is the boiling point of mercury?", "history": []})
+    assert message.content == last.note and message.response_metadata["supported"] is False
+    assert message.response_metadata["note"] == last.note and message.response_metadata["missing_facts"] == ["4.1875", "celsius"]
+    chunks = list(chat.stream({"question": "What is the boiling point of mercury?"}))
+    whole = chunks[0]
+    for chunk in chunks[1:]:
+        whole += chunk
+    assert whole.content == MERCURY + "\n\n" + last.note and whole.response_metadata["supported"] is False
+    conversation = qa.conversation()
+    assert conversation.ask("What is the boiling point of mercury?").text == last.note
+    assert conversation.turns[-1].answer == last.note  # the history holds what was shown
+    # With unsupported="flag" the streamed text is the model's words alone; the Answer flags them.
+    flag = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=MERCURY), unsupported="flag")
+    *deltas, last = list(flag.as_runnable().stream("What is the boiling point of mercury?"))
+    assert "".join(deltas) == MERCURY and not last.supported
+
+
+async def test_the_async_runnable_streams_the_flag_too():
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=MERCURY))
+    chunks = [c async for c in qa.as_runnable().astream("What is the boiling point of mercury?")]
+    assert "".join(c for c in chunks[:-1]) == MERCURY + "\n\n" + chunks[-1].note
+
+
+@pytest.mark.parametrize(
+    ("text", "finish", "shown"),
+    [
+        ("Robert Boyle refined his work by refining his work by re", "repetition", "Robert Boyle refined his work by refining his work by"),
+        ("The answer is: The", "length", "The answer is:"),
+        ("It is twenty-thr", "length", "It is"),
+        ("It is 23.", "length", "It is 23."),
+        ("It ends by itself", "stop", "It ends by itself"),
+    ],
+)
+def test_a_cut_answer_never_shows_a_partial_word(text, finish, shown):
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), FixedChat(text=text, finish=finish), unsupported="flag")
+    with qa.stream("q?") as stream:
+        deltas = list(stream)
+    assert "".join(deltas) == stream.answer.text == shown and stream.answer.finish_reason == finish
