@@ -30,9 +30,10 @@ say it either way."""
 
 def unsupported_note(rule: str, missing: Sequence[str] = ()) -> str:
     """The flag of an answer no passage backs, for people: "I don't know: ..." and why, from its citation rule."""
-    if rule == "missing_facts":
-        reason = (f"no passage holds {', '.join(missing[:4])}, which it states" if missing
-                  else "the passages it matches do not hold the numbers or names it states")  # fmt: skip
+    if missing:  # what a reader would take from it, and no passage says
+        reason = f"no passage holds {', '.join(missing[:4])}, which it states"
+    elif rule == "missing_facts":
+        reason = "the passages it matches do not hold the numbers or names it states"
     elif rule == "off_topic":
         reason = "the passages it matches are not about the question"
     else:

@@ -416,7 +416,7 @@ def test_an_unsupported_answer_abstains_by_default_and_keeps_the_model_s_words()
 def test_a_number_in_words_in_the_passage_backs_the_same_number_in_digits():
     passages = [doc("The water reached the town at two. Twenty-three people died.", "/docs/flood.txt")]
     qa = DocumentQA(FixedRetriever(passages=passages), FixedChat(text="The number of people who died was 23."))
-    answer = qa.ask("How many people died in it?", history=[("When did the flood hit?", "In 1871.")])
+    answer = qa.ask("How many people died in it?", history=[("user", "When did the flood hit?"), ("assistant", "In 1871.")])
     assert answer.supported and answer.text.endswith("was 23.") and answer.citations[0].text == "Twenty-three people died."
 
 
