@@ -26,26 +26,33 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
 
 
-def workload(limit: int | None) -> list[tuple[str, list[tuple[str, str]]]]:
-    """Conversations as ``(id, [(turn id, question), ...])``; a single question is a one-turn conversation."""
+def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Conversations as ``(id, [(turn id, question), ...])`` (a single question is a one-turn conversation):
+    all of them, or those of ``ids`` in that order."""
     mine = json.loads((DATA / "support_questions.json").read_text())
     theirs = json.loads((DATA / "conversations.json").read_text())["conversations"]
     convs = [(q["id"], [(q["id"], q["question"])]) for q in mine["questions"]]
     for conv in mine["conversations"] + theirs:
         convs.append((conv["id"], [(f"{conv['id']}-{i + 1}", t["question"]) for i, t in enumerate(conv["turns"])]))
-    return convs[:limit]
+    if ids is None:
+        return convs
+    by_id = dict(convs)
+    unknown = [i for i in ids if i not in by_id]
+    if unknown:
+        raise SystemExit(f"no conversation or question {', '.join(unknown)}")
+    return [(i, by_id[i]) for i in ids]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--conversations", type=int, default=None, help="only the first N (single questions count as one)")
+    parser.add_argument("--ids", default=None, help="only these conversations or single questions, comma-separated, in order")
     args = parser.parse_args()
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
                                unsupported="flag")  # fmt: skip
     rows = []
-    for conv_id, turns in workload(args.conversations):
+    for conv_id, turns in workload(args.ids.split(",") if args.ids else None):
         conversation = qa.conversation()
         for index, (turn_id, question) in enumerate(turns):
             answer = conversation.ask(question)

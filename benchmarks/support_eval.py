@@ -5,10 +5,12 @@ greedy, ``QA_DEFAULTS``):
 
 - ``benchmarks/data/qa_labels.json``: the 51 answers of ``docs/bench/qa_defaults.json`` (39 bundled
   questions, 12 the corpus cannot answer);
-- ``benchmarks/data/support_labels.json``: the answers in ``benchmarks/data/support_answers.json``
-  (made by ``benchmarks/support_answers.py``): questions written for this measurement before any answer
-  was seen (``benchmarks/data/support_questions.json``: single questions and three-turn conversations)
-  and the follow-up conversations of ``benchmarks/data/conversations.json``, every turn.
+- ``benchmarks/data/support_labels.json``: the same questions' answers with ``repeat_penalty=1.1``
+  (the other setting of ``docs/bench/qa_defaults.json``; those equal to the first set's left out), and
+  the answers in ``benchmarks/data/support_answers.json`` (made by ``benchmarks/support_answers.py``):
+  questions written for this measurement before any answer was seen
+  (``benchmarks/data/support_questions.json``: single questions and three-turn conversations) and
+  the follow-up conversations of ``benchmarks/data/conversations.json``, every turn.
 
 Each label says whether the answer is right (it says what a passage says and nothing false; "partial"
 and "wrong" are not right) and which passage holds the answer. For the citation rules before and after
@@ -76,24 +78,30 @@ def _stored_cases() -> list[Case]:
             for label in labels]  # fmt: skip
 
 
-def _new_cases() -> list[Case]:
-    """The answers of benchmarks/support_answers.json with the labels of support_labels.json."""
-    labels = {row["id"]: row for row in json.loads((DATA / "support_labels.json").read_text())["labels"]}
-    cases = []
+def _labelled_cases() -> list[Case]:
+    """The answers labelled in support_labels.json: the bundled questions' answers with a repeat penalty
+    (docs/bench/qa_defaults.json, a prefix of the stored text: cut by the stop) and the new answers
+    (benchmarks/data/support_answers.json)."""
+    stored = json.loads((REPO / "docs" / "bench" / "qa_defaults.json").read_text())["settings"]["repeat_penalty=1.1"]["answers"]
+    asked = {q["id"]: q["question"] for q in json.loads(QUESTIONS.read_text())["questions"]}
+    asked |= {q["id"]: q["question"] for q in json.loads((DATA / "unanswerable.json").read_text())["questions"]}
+    answers = {("repeat_penalty", a["id"]): {**a, "question": asked[a["id"]], "group": "bundled"} for a in stored}
     for a in json.loads((DATA / "support_answers.json").read_text())["answers"]:
-        label = labels.get(a["id"])
-        if label is None or label["text"] != a["text"]:
-            continue  # unlabelled, or labelled for another text: not counted
-        group = "new questions" if a["turn"] == 1 and a["id"] == a["conversation"] else (
-            "first turns" if a["turn"] == 1 else "follow-ups")  # fmt: skip
-        cases.append(Case(a["id"], group, a["question"], a["text"], [Document(p["text"]) for p in a["passages"]],
+        group = "new questions" if a["id"] == a["conversation"] else ("first turns" if a["turn"] == 1 else "follow-ups")
+        answers[("new", a["id"])] = {**a, "group": group}
+    cases = []
+    for label in json.loads((DATA / "support_labels.json").read_text())["labels"]:
+        a = answers.get((label["set"], label["id"]))
+        if a is None or not a["text"].startswith(label["text"]) or (label["set"] == "new" and a["text"] != label["text"]):
+            continue  # labelled for another text: not counted
+        cases.append(Case(label["id"], a["group"], a["question"], label["text"], [Document(p["text"]) for p in a["passages"]],
                           label["verdict"] == "right", label.get("passage")))  # fmt: skip
     return cases
 
 
 def cases(limit: int | None = None) -> list[Case]:
-    """Every labelled answer (the first ``limit`` of each set)."""
-    return _stored_cases()[:limit] + _new_cases()[:limit]
+    """Every labelled answer (the first ``limit`` of each file's labels)."""
+    return _stored_cases()[:limit] + _labelled_cases()[:limit]
 
 
 _DIGITS = re.compile(r"\d+(?:[.:,]\d+)*")
@@ -143,7 +151,7 @@ def table(result: dict[str, dict[str, dict[str, str]]]) -> str:
     """The report as a Markdown table: one row per rule set and group."""
     keys = ["answers", "right", "supported_precision", "supported_recall", "cited_passage_precision",
             "cited_passage_recall", "dont_know_on_right_number_word_answers"]  # fmt: skip
-    lines = ["| rules | answers | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+    lines = ["| rules | group | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
              "|---|---|" + "---|" * len(keys)]  # fmt: skip
     for name, groups in result.items():
         for group, row in groups.items():

@@ -36,6 +36,8 @@ def unsupported_note(rule: str, missing: Sequence[str] = ()) -> str:
         reason = "the passages it matches do not hold the numbers or names it states"
     elif rule == "off_topic":
         reason = "the passages it matches are not about the question"
+    elif rule == "restates":
+        reason = "it only repeats the question"
     else:
         reason = "no passage holds its words"
     return f"I don't know: no passage backs this answer ({reason}), so it may be a guess."

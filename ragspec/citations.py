@@ -18,8 +18,22 @@ question's content words (not stop words or question words such as "how"), compa
 or verb ending, occur both in the answer and in that passage. A small model that cannot answer often
 copies a passage that is beside the point ("Where can visitors park?" answered with the archive's
 opening hours). The next rule is tried when none of a rule's passages is on topic; when no rule's is,
-the answer cites nothing and its rule is ``"off_topic"`` (``benchmarks/qa_defaults.py`` measures the
-rules against hand labels).
+the answer cites nothing and its rule is ``"off_topic"``.
+
+Matching words is not backing facts: "The boiling point of mercury is 4.1875 degrees Celsius." can share
+a passage's words and still state what no passage says. So (``check_facts``, on by default) a passage is
+cited only when
+
+- the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
+- the sentences of the passage it drew its words from (``drawn_sentences``, with one sentence either
+  side) are about the question, as above, not only the passage somewhere;
+- the cited passages, with the question, hold the answer's facts (``ragspec.facts``): its numbers, with
+  number words as digits ("23" = "Twenty-three", "1000" = "1,000"), and its names (capitalized words that
+  do not start a sentence). Another passage the rules found the answer drawing on is cited too when it
+  holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``.
+
+``benchmarks/support_eval.py`` measures the rules, with and without these checks, against hand labels
+(README, "Answers you can check").
 """
 
 from __future__ import annotations
@@ -132,9 +146,12 @@ def choose_citations(
 ) -> tuple[list[int], str]:
     """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
     whose passages are on topic (checked when ``question`` is given) and, with ``check_facts``, hold the
-    answer's facts; ``([], "missing_facts")`` when on-topic passages were found but none held the facts,
-    ``([], "off_topic")`` when rules found passages but none on topic, ``([], "unsupported")`` when no
-    rule found any."""
+    answer's facts in sentences about the question. With no citations the rule says why:
+    ``"restates"`` (the answer adds nothing to the question), ``"missing_facts"`` (on-topic passages
+    were found but none held the facts), ``"off_topic"`` (rules found passages but none on topic),
+    ``"unsupported"`` (no rule found any)."""
+    if check_facts and question and restates(text, question):
+        return [], "restates"
     evidence = (
         ("cited", cited_numbers(text, len(passages))),
         ("copied", copied_numbers(text, passages)),
@@ -144,7 +161,10 @@ def choose_citations(
     drawn_from = sorted({n for _, numbers in evidence for n in numbers})
     lacking = False
     for rule, numbers in evidence:
-        if kept := on_topic_numbers(text, question, passages, numbers) if question else numbers:
+        kept = on_topic_numbers(text, question, passages, numbers) if question else list(numbers)
+        if check_facts and question:
+            kept = [n for n in kept if _drawn_on_topic(text, question, passages[n - 1].page_content)]
+        if kept:
             if not check_facts:
                 return kept, rule
             if backed := _backing(text, passages, question, kept, drawn_from):
@@ -153,6 +173,29 @@ def choose_citations(
     if lacking:
         return [], "missing_facts"
     return [], "off_topic" if any(numbers for _, numbers in evidence) else "unsupported"
+
+
+_FILLER = frozenset("answer question passage passages document documents".split())
+
+
+def restates(text: str, question: str) -> bool:
+    """Whether ``text`` adds no word to ``question`` but question and filler words ("The answer is: Ada
+    Pellow." to "Who was Ada Pellow?")."""
+    return not _stems(text, _QUESTION_WORDS | _FILLER) - _stems(question, _QUESTION_WORDS)
+
+
+def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0.5) -> bool:
+    """Whether the sentences of ``passage`` the answer drew from (``drawn_sentences``), with one sentence
+    either side, hold, together with the answer, at least ``min_share`` of the question's content words:
+    the answer is about the question where it takes its words, not only somewhere in the passage."""
+    wanted = _stems(question, _QUESTION_WORDS)
+    start, end = drawn_sentences(text, passage)
+    spans = sentence_spans(passage)
+    inside = [i for i, (s, e) in enumerate(spans) if s >= start and e <= end]
+    if not wanted or not inside:
+        return not wanted
+    window = passage[spans[max(0, inside[0] - 1)][0] : spans[min(len(spans) - 1, inside[-1] + 1)][1]]
+    return len(wanted & _stems(text, _QUESTION_WORDS) & _stems(window, _QUESTION_WORDS)) >= min_share * len(wanted)
 
 
 def _backing(text: str, passages: Sequence[Document], question: str, kept: list[int], drawn_from: list[int]) -> list[int]:

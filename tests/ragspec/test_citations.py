@@ -150,3 +150,21 @@ def test_drawn_sentences_are_the_ones_holding_the_answer_s_words():
     assert passage[start:end] == "The great flood of 1871. On the night of 14 November 1871 the dam gave way."  # two
     assert drawn_sentences("Nothing alike here.", passage) == (0, 0)
     assert sentence_spans("  One. Two!\n\nThree 4.5 ") == [(2, 6), (7, 11), (13, 22)]
+
+
+def test_an_answer_that_only_repeats_the_question_backs_nothing():
+    passages = [doc("Ada Pellow, the keeper of the toll house, rode down the valley to wake the town.", "a")]
+    question = "Who was Ada Pellow and why is she remembered?"
+    assert choose_citations("The answer is: Ada Pellow.", passages, question) == ([], "restates")
+    assert choose_citations("The answer is: Ada Pellow.", passages, question, check_facts=False)[0] == [1]
+    assert choose_citations("Ada Pellow was the keeper of the toll house.", passages, question) == ([1], "copied")
+
+
+def test_the_sentences_an_answer_draws_from_must_be_about_the_question():
+    passage = doc("Tidepool is a single static binary. Put it on your PATH. Install it with brew. "
+                  "The prune command deletes old snapshots. Always run prune with --dry-run first.", "a")  # fmt: skip
+    answer = "Tidepool is a single static binary, so prune snapshots."  # its words come from the first sentence
+    question = "Does tidepool prune snapshots?"
+    assert choose_citations(answer, [passage], question, check_facts=False) == ([1], "copied")  # the passage is on topic
+    assert choose_citations(answer, [passage], question) == ([], "off_topic")  # the sentences it drew from are not
+    assert choose_citations("The prune command deletes old snapshots.", [passage], question) == ([1], "copied")
