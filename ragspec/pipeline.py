@@ -4,7 +4,11 @@
 (``ragspec.prompts``), and generates the answer with the speculative generator, handing each
 passage to the drafter as its own reference so that copied spans cost one forward for many
 tokens. The answer comes with citations, chosen by the rules of ``ragspec.citations``
-(``choose_citations``); a passage is never cited just for being retrieved.
+(``choose_citations``); a passage is never cited just for being retrieved. An answer no passage
+backs (``Answer.supported`` False) shows its flag, ``Answer.note``, in ``Answer.text`` by default
+(``unsupported="abstain"``; see ``DocumentQA``). An answer cut by ``max_tokens`` or the repetition
+stop shows its text up to its last whole word (``ragspec.engine.text.WholeWordText``); the
+generator's tokens are untouched.
 
 Passages that do not fit the model's context window together with the answer budget are
 dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
