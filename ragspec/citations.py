@@ -27,7 +27,8 @@ cited only when
 - the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
 - the sentences of the passage it drew its words from (``drawn_sentences``, with one sentence either
   side) are about the question, as above, not only the passage somewhere;
-- the cited passages, with the question, hold the answer's facts (``ragspec.facts``): its numbers, with
+- the cited passages' sentences it drew from (with one either side), with the question, hold the
+  answer's facts (``ragspec.facts``): its numbers, with
   number words as digits ("23" = "Twenty-three", "1000" = "1,000"), and its names (capitalized words that
   do not start a sentence). Another passage the rules found the answer drawing on is cited too when it
   holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``.
@@ -184,29 +185,40 @@ def restates(text: str, question: str) -> bool:
     return not _stems(text, _QUESTION_WORDS | _FILLER) - _stems(question, _QUESTION_WORDS)
 
 
-def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0.5) -> bool:
-    """Whether the sentences of ``passage`` the answer drew from (``drawn_sentences``), with one sentence
-    either side, hold, together with the answer, at least ``min_share`` of the question's content words:
-    the answer is about the question where it takes its words, not only somewhere in the passage."""
-    wanted = _stems(question, _QUESTION_WORDS)
+def _drawn_window(text: str, passage: str) -> str:
+    """The sentences of ``passage`` that ``text`` drew from (``drawn_sentences``), with one sentence either
+    side; ``""`` when it drew from none."""
     start, end = drawn_sentences(text, passage)
     spans = sentence_spans(passage)
     inside = [i for i, (s, e) in enumerate(spans) if s >= start and e <= end]
-    if not wanted or not inside:
-        return not wanted
-    window = passage[spans[max(0, inside[0] - 1)][0] : spans[min(len(spans) - 1, inside[-1] + 1)][1]]
+    if end == 0 or not inside:
+        return ""
+    return passage[spans[max(0, inside[0] - 1)][0] : spans[min(len(spans) - 1, inside[-1] + 1)][1]]
+
+
+def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0.5) -> bool:
+    """Whether the sentences of ``passage`` the answer drew from (``_drawn_window``) hold, together with
+    the answer, at least ``min_share`` of the question's content words: the answer is about the question
+    where it takes its words, not only somewhere in the passage."""
+    wanted = _stems(question, _QUESTION_WORDS)
+    if not wanted:
+        return True
+    window = _drawn_window(text, passage)
     return len(wanted & _stems(text, _QUESTION_WORDS) & _stems(window, _QUESTION_WORDS)) >= min_share * len(wanted)
 
 
 def _backing(text: str, passages: Sequence[Document], question: str, kept: list[int], drawn_from: list[int]) -> list[int]:
     """``kept`` and the other passages the answer draws from that hold facts of it ``kept`` lacks, when
-    together with the question they hold all of its facts; else ``[]``."""
-    missing = facts.missing_facts(text, [passages[n - 1].page_content for n in kept], question)
+    together with the question they hold all of its facts, each in the sentences the answer drew from
+    there (``_drawn_window``: "14 November" elsewhere in the passage does not back "closed on 14 November
+    1979"); else ``[]``."""
+    windows = {n: _drawn_window(text, passages[n - 1].page_content) for n in {*kept, *drawn_from}}
+    missing = facts.missing_facts(text, [windows[n] for n in kept], question)
     cited = list(kept)
     for n in drawn_from:
         if not missing:
             break
-        if n not in cited and len(still := facts.unheld(missing, [passages[n - 1].page_content])) < len(missing):
+        if n not in cited and len(still := facts.unheld(missing, [windows[n]])) < len(missing):
             cited.append(n)
             missing = still
     return [] if missing else cited

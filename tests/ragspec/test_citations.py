@@ -168,3 +168,12 @@ def test_the_sentences_an_answer_draws_from_must_be_about_the_question():
     assert choose_citations(answer, [passage], question, check_facts=False) == ([1], "copied")  # the passage is on topic
     assert choose_citations(answer, [passage], question) == ([], "off_topic")  # the sentences it drew from are not
     assert choose_citations("The prune command deletes old snapshots.", [passage], question) == ([1], "copied")
+
+
+def test_facts_count_only_in_the_sentences_the_answer_drew_from():
+    passage = doc("The last woollen mill, Bracken Mill, closed in 1979. Its building stood empty for years. "
+                  "It became flats. It became a museum. The Lantern Walk is held near 14 November.", "a")  # fmt: skip
+    question = "When did the last woollen mill close?"
+    assert choose_citations("The last woollen mill closed in 1979.", [passage], question) == ([1], "overlap")
+    # "14 November" is in the passage, but not where the answer took its words from.
+    assert choose_citations("The last woollen mill closed on 14 November 1979.", [passage], question) == ([], "missing_facts")
