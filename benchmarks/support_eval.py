@@ -108,14 +108,14 @@ _DIGITS = re.compile(r"\d+(?:[.:,]\d+)*")
 
 
 def spelled_differently(case: Case) -> bool:
-    """A right answer with a number its passage writes otherwise ("23" against "Twenty-three")."""
+    """A right answer with a number its passage writes otherwise: in digits in one, in words (or with a
+    thousands separator) in the other ("23" against "Twenty-three")."""
     if case.passage is None or not case.right:
         return False
     passage = case.passages[case.passage - 1].page_content
-    as_written = set(_DIGITS.findall(passage)) | set(_DIGITS.findall(case.text))
-    return any(n in words(passage) and n not in as_written for n in answer_facts(case.text).numbers) or any(
-        n in words(case.text) and n not in as_written for n in answer_facts(passage).numbers & set(words(case.text))
-    )
+    as_digits = [set(_DIGITS.findall(t)) for t in (case.text, passage)]
+    shared = answer_facts(case.text).numbers & set(words(passage))
+    return any((n in as_digits[0]) != (n in as_digits[1]) for n in shared)
 
 
 def share(n: int, of: int) -> str:

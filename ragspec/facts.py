@@ -11,7 +11,7 @@ thousand"`` = ``"9000"``, ``"three hundred and forty-two"`` = ``"342"``) and tho
 here rather than taken from a library: text2num 3.1 (the maintained one on PyPI) is made for speech
 transcripts and leaves "one" and "two" as words in every context tried ("two players", "for two
 weeks"), while it turns "five" into "5"; a passage saying "two to five players" and an answer saying
-"2 to 5" would then disagree. The check needs the same digits on both sides, and twenty lines do that.
+"2 to 5" would then disagree. The check needs the same digits on both sides, which a few dozen lines give.
 """
 
 from __future__ import annotations
