@@ -460,8 +460,7 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
             where = " · ".join(x for x in (c.title, c.location) if x)
             out.write(f"  [{c.number}] {c.source}" + (f" ({where})" if where else "") + "\n")
     if not finished.supported:
-        out.write("\nI don't know: no passage backs this answer (none holds it as an answer to your question), "
-                  "so it may be a guess; check it yourself.\n")
+        out.write(f"\n{finished.note} Check it against your documents.\n")
     if stats:
         out.write(f"\n{_speed_line(finished.stats)}\n")
     out.flush()

@@ -182,7 +182,7 @@ class Collection:
 
                 llm = self.source if self.source is not None else ChatRagSpec(model=self.model, max_tokens=self.max_tokens, backend=self.backend)
                 try:
-                    self._qa = DocumentQA.from_index(self.index_dir, llm=llm, k=self.k)
+                    self._qa = DocumentQA.from_index(self.index_dir, llm=llm, k=self.k, unsupported="flag")  # the apps show the note
                 except IndexNotFoundError as e:
                     raise AppError(f"no index at {self.index_dir}: build one with 'ragspec ingest'") from e
             return self._qa

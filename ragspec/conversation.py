@@ -226,7 +226,8 @@ class Conversation:
 
 def answer_message(answer: Answer) -> AIMessage:
     """An ``Answer`` as an ``AIMessage``: its text, and in ``response_metadata`` the passages first shown
-    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it, the retrieval query."""
+    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it (``supported``, and
+    ``note``: why not), the retrieval query."""
     return AIMessage(answer.text, response_metadata=_metadata(answer))
 
 
@@ -235,6 +236,8 @@ def _metadata(answer: Answer) -> dict[str, Any]:
         PASSAGES_KEY: write_passages(answer.passages[answer.earlier_passages :]),
         "citations": [c.as_dict() for c in answer.citations],
         "supported": answer.supported,
+        "note": answer.note,
+        "missing_facts": list(answer.missing_facts),
         "retrieval_query": answer.retrieval_query,
         "dropped_turns": answer.dropped_turns,
         "finish_reason": answer.finish_reason,
@@ -278,6 +281,8 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
     token; ``ainvoke`` streams too, so ``astream_events`` shows its deltas as ``on_chain_stream``
     events. A consumer that stops early (``break`` then ``aclose``, a cancelled task) stops the
     generation and frees the model.
+    When the answer abstained, the last chunk carries its flag (``Answer.stream_flag``): the streamed
+    message then says it is unbacked.
     """
 
     name = "DocumentQAChat"
@@ -307,7 +312,7 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
             for delta in stream:
                 yield AIMessageChunk(delta)
         assert stream.answer is not None
-        yield AIMessageChunk("", response_metadata=_metadata(stream.answer))
+        yield AIMessageChunk(stream.answer.stream_flag, response_metadata=_metadata(stream.answer))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
         message: AIMessageChunk | None = None
@@ -333,4 +338,4 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
             async for delta in deltas:
                 yield AIMessageChunk(delta)
         assert stream.answer is not None
-        yield AIMessageChunk("", response_metadata=_metadata(stream.answer))
+        yield AIMessageChunk(stream.answer.stream_flag, response_metadata=_metadata(stream.answer))

@@ -121,14 +121,16 @@ async def new_conversation(request: Request, web: WebState = Depends(web_state))
 
 
 def _done(answer: Answer, session: Session) -> dict[str, Any]:
-    """The ``done`` event: the text, as sanitized HTML of its Markdown too, whether a passage backs it,
-    the citations (each with its whole passage, for the page's passage panel) and the generation's stats."""
+    """The ``done`` event: the text, as sanitized HTML of its Markdown too, whether a passage backs it
+    (``supported``; ``note``, the flag shown when not), the citations (each with its whole passage for the
+    page's passage panel, and ``quote``: the sentences the answer drew from) and the generation's stats."""
     return {
         "text": answer.text,
         "html": render_answer(answer.text),
         "supported": answer.supported,
+        "note": answer.note,
         "citations": [
-            _shown({**c.as_dict(), "text": answer.passages[c.number - 1].page_content.strip()}, session)
+            _shown({**c.as_dict(), "quote": c.text, "text": answer.passages[c.number - 1].page_content.strip()}, session)
             for c in answer.citations
         ],
         "stats": answer.stats.as_dict(),

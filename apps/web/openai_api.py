@@ -879,7 +879,8 @@ class Answer:
         request = self.job.request
         finish = _finish(self.finish_reason)
         if request.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": self.text}
+            shown = self.result.text if self.job.retrieved is not None and self.result is not None else self.text
+            message: dict[str, Any] = {"role": "assistant", "content": shown}  # an abstaining retrieval answer: its note
             if request.tools:
                 calls = self._calls()
                 pieces = [*calls.add(self.text), *calls.flush()]
@@ -954,6 +955,8 @@ class Answer:
             else:
                 async for delta in self.run():
                     yield sse_data(self.chunk(delta))
+                if self.job.retrieved is not None and self.result is not None and self.result.stream_flag:
+                    yield sse_data(self.chunk(self.result.stream_flag))  # an abstaining retrieval answer's note
             yield sse_data({**self.chunk(None, finish or _finish(self.finish_reason)), "ragspec": self.extension()})
             if request.include_usage:
                 yield sse_data({**self.chunk(None), "choices": [], "usage": self.usage()})

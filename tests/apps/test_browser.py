@@ -143,7 +143,7 @@ def test_an_unsupported_answer_is_marked_on_the_page(browser: object, tmp_path: 
         page = browser.new_page()  # type: ignore[attr-defined]
         upload_and_ask(page, server.url, "timetable.txt", b"Ferry at 7:15.", "What is the capital of Peru?")
         page.wait_for_selector(".citations .unsupported")
-        assert "I don't know: no passage backs this answer" in page.inner_text(".citations")
+        assert "I don't know: no passage backs this answer (no passage holds its words)" in page.inner_text(".citations")
         assert page.query_selector(".citation") is None
         page.close()
 
@@ -162,6 +162,7 @@ def test_an_answer_s_markdown_is_rendered_and_hostile_html_in_it_does_not_run(br
         assert len(page.query_selector_all(".answer li")) == 4
         page.click(".answer .cite-ref")  # the [1] marker is still a button that opens the passage
         page.wait_for_selector("#passage:not([hidden])")
+        assert page.inner_text("#passage-text mark") == "passage of doc"  # the sentences the answer drew from, marked
         for a in page.query_selector_all(".answer a"):
             a.click()
         page.wait_for_timeout(300)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import os
 import re
 import subprocess
@@ -181,6 +183,25 @@ def test_an_unsupported_answer_is_said_to_be_unsupported(
     monkeypatch.setattr(cli, "_collection", lambda args: FakeCollection())
     assert cli.main(["ask", "ferries?"]) == 0
     assert "I don't know" not in capsys.readouterr().out
+
+
+class MercuryCollection:
+    """Answers with a number no passage holds."""
+
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        yield Token("It boils at 4.1875 degrees.", 0.1, 7, 1)
+        yield dataclasses.replace(fake_answer("It boils at 4.1875 degrees."), missing_facts=("4.1875",))
+
+
+def test_ask_and_chat_say_which_facts_no_passage_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_collection", lambda args: MercuryCollection())
+    assert cli.main(["ask", "What is the boiling point of mercury?"]) == 0
+    assert "I don't know: no passage backs this answer (no passage holds 4.1875, which it states)" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is the boiling point of mercury?\nAnd of water?\n"))
+    assert cli.main(["chat"]) == 0
+    assert capsys.readouterr().out.count("no passage holds 4.1875, which it states") == 2
 
 
 @pytest.mark.integration

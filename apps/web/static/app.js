@@ -184,7 +184,11 @@ function openPassage(citation, button) {
   if (button) button.classList.add("active");
   $("passage-title").textContent = `[${citation.number}] ${citation.title || citation.source.split("/").pop()}`;
   $("passage-source").textContent = [citation.source, citation.location].filter(Boolean).join(" · ");
-  $("passage-text").textContent = citation.text;
+  // The sentences the answer drew from (citation.quote, cut with "…" when long) marked in the passage.
+  const quote = (citation.quote || "").replace(/…$/, "");
+  const at = quote ? citation.text.indexOf(quote) : -1;
+  $("passage-text").replaceChildren(...(at < 0 ? [citation.text] : [
+    citation.text.slice(0, at), el("mark", {}, quote), citation.text.slice(at + quote.length)]));
   $("passage").hidden = false;
 }
 $("passage-close").addEventListener("click", () => { $("passage").hidden = true; });
@@ -307,7 +311,7 @@ async function readAnswer(question, answer, stats, citeList, signal, onToken) {
         }));
         if (data.supported === false) {
           citeList.append(el("li", { class: "unsupported" },
-            "I don't know: no passage backs this answer (none holds it as an answer to your question), so it may be a guess. Check it against your documents."));
+            (data.note || "I don't know: no passage backs this answer, so it may be a guess.") + " Check it against your documents."));
         }
         stats.innerHTML = statsLine(data.stats);
       } else if (event === "error") {
