@@ -316,9 +316,12 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
         message: AIMessageChunk | None = None
-        async for chunk in self.astream(input, config, **kwargs):
-            message = chunk if message is None else message + chunk
-        assert message is not None
+        last: AIMessageChunk | None = None
+        async for last in self.astream(input, config, **kwargs):
+            message = last if message is None else message + last
+        assert message is not None and last is not None
+        if last.content:  # the answer abstained: the stream ended with its flag, ``invoke`` gives the note alone
+            return AIMessage(last.response_metadata["note"], response_metadata=last.response_metadata)
         return message_chunk_to_message(message)  # type: ignore[return-value]
 
     async def astream(  # type: ignore[override]

@@ -76,7 +76,7 @@ def test_a_v1_conversation_is_retrieved_and_answered_as_the_python_api_does(clie
     second = qa.ask(FOLLOW_UP, history=[first.as_turn()], max_tokens=6)
     assert second.retrieval_query == f"{FIRST} {FOLLOW_UP}" and second.earlier_passages == len(first.passages) > 0
 
-    one = ask(client, [{"role": "user", "content": FIRST}])
+    one = ask(client, [{"role": "user", "content": FIRST}], cache_salt="alice")  # one client: its prefixes are reused
     assert one["choices"][0]["message"]["content"] == first.text
     retrieval = one["ragspec"]["retrieval"]
     assert retrieval["query"] == FIRST and retrieval["passages"] == len(first.passages) and retrieval["history_turns"] == 0
@@ -85,7 +85,7 @@ def test_a_v1_conversation_is_retrieved_and_answered_as_the_python_api_does(clie
 
     conversation = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": one["choices"][0]["message"]["content"]},
                     {"role": "user", "content": FOLLOW_UP}]  # fmt: skip
-    two = ask(client, conversation)
+    two = ask(client, conversation, cache_salt="alice")
     assert two["choices"][0]["message"]["content"] == second.text
     retrieval = two["ragspec"]["retrieval"]
     assert retrieval["query"] == second.retrieval_query  # retrieved with the conversation, not the bare follow-up
