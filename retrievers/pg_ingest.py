@@ -40,7 +40,8 @@ from retrievers.errors import DimensionMismatchError, FileSkippedError, NothingT
 from retrievers.faiss_store import FaissVectorStore
 from retrievers.ingest import ChunkingSettings, Progress, SyncReport, _chunk_file, _nothing_message, _Tracker
 from retrievers.loaders import DEFAULT_MAX_FILE_BYTES, SkippedFile, file_digest, find_files
-from retrievers.pg_store import DEFAULT_COLLECTION, PgVectorStore
+from retrievers.pg_store import PgVectorStore
+from retrievers.store_url import DEFAULT_COLLECTION
 
 __all__ = ["DEFAULT_INGEST_LOCK_TIMEOUT_S", "sync_collection"]
 
@@ -133,16 +134,17 @@ class _Sync:
         old_files, old_settings = self._manifest()
         rebuild = bool(old_files) and old_settings != self.settings
         if rebuild:
-            report.rebuilt = f"the chunking settings changed ({old_settings} -> {self.settings})"
+            before = old_settings or {}
+            changes = ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in self.settings.items() if before.get(k) != v)
+            report.rebuilt = f"the chunking settings changed ({changes})"
         files, unwalked = find_files(paths, include, exclude)
         report.skipped.extend(unwalked)
         digests = self._scan(list(dict.fromkeys(str(f) for f in files)))
         for path, (sha, _) in digests.items():
             before = old_files.get(path)
-            group = report.new if before is None else report.unchanged if before == sha and not rebuild else report.changed
-            group.append(path)
+            (report.new if before is None else report.unchanged if before == sha else report.changed).append(path)
         report.removed = [path for path in old_files if path not in digests]
-        read = [*report.new, *report.changed]
+        read = list(digests) if rebuild else [*report.new, *report.changed]
         chunked = self._chunk(read, digests)
         if not chunked and not report.unchanged:
             raise NothingToIndexError(_nothing_message(paths, report.skipped, Path(self.store.collection), bool(old_files)))

@@ -51,22 +51,16 @@ from retrievers.embeddings import embed_chunks, embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexMismatchError, IndexNotFoundError, RetrieverError
 from retrievers.hybrid import reciprocal_rank_fusion, relative_score_fusion
 from retrievers.pg_filters import filter_sql
+from retrievers.store_url import DEFAULT_COLLECTION, is_database_url
 from retrievers.types import MetadataFilter, ScoredDocument, check_filter
 
-__all__ = ["DEFAULT_COLLECTION", "HnswSettings", "PgStoreError", "PgVectorStore", "is_database_url"]
+__all__ = ["HnswSettings", "PgStoreError", "PgVectorStore"]
 
-DEFAULT_COLLECTION = "default"
-SCHEMES = ("postgresql://", "postgres://")
 _LOCK_CLASS = 0x52_41_47  # "RAG": the first key of ragspec's advisory locks (the second is the collection id)
 _SCHEMA_LOCK = 0  # second key of the lock that serializes creating tables
 _MAX_NAME = 200
 _BM25_K1 = 1.5  # BM25Retriever's defaults, so both stores rank keywords alike
 _BM25_B = 0.75
-
-
-def is_database_url(target: object) -> bool:
-    """Whether `target` names a PostgreSQL database (``postgresql://`` or ``postgres://``) rather than an index folder."""
-    return isinstance(target, str) and target.startswith(SCHEMES)
 
 
 class PgStoreError(RetrieverError):
@@ -111,7 +105,7 @@ class PgVectorStore(VectorStore):
         >>> store = PgVectorStore("postgresql://app@db/rag", default_embeddings(), collection="handbook")
         >>> store.add_documents(chunks)
         >>> store.hybrid_search("how do I rotate keys?", k=4, filter={"file_type": "md"})
-        >>> retriever = store.as_hybrid_retriever(k=4)     # what DocumentQA uses
+        >>> retriever = PgHybridRetriever(store=store, k=4)     # what DocumentQA.from_store uses
 
     The collection is created on the first write (its dimension is the first vectors'); opening
     one that exists checks the embedding model's fingerprint and dimension against it.
@@ -561,12 +555,6 @@ class PgVectorStore(VectorStore):
         for hits in sides.values():
             hits.sort(key=lambda h: (-h.score, h.document.id))
         return sides["d"], sides["l"]
-
-    def as_hybrid_retriever(self, **kwargs: Any) -> Any:
-        """A `PgHybridRetriever` over this store (``k``, ``fetch_k``, ``fusion``... as `HybridRetriever`)."""
-        from retrievers.pg_retriever import PgHybridRetriever
-
-        return PgHybridRetriever(store=self, **kwargs)
 
     # --- construction -------------------------------------------------------------------
 
