@@ -9,7 +9,8 @@ filter's *shape* (which operators, nested how); keys and operands reach the serv
 - ``$eq``/``$ne``/``$in``/``$nin``: JSON equality (``1`` equals ``1.0``), plus Python's ``True == 1``
   and ``False == 0`` at the top level of a value; a missing field matches no condition on it.
 - ``$gt``/``$gte``/``$lt``/``$lte``: numbers with numbers (``numeric``), strings with strings by code
-  point (``COLLATE "C"``), never one with the other, never booleans.
+  point (``COLLATE "C"``), never one with the other, never booleans (a ``CASE`` checks the type first:
+  SQL's ``AND`` does not promise to evaluate its left side first).
 - A key that is not a string matches nothing (stored metadata keys are strings).
 
 Callable filters cannot run in the database: they raise `FilterError`.
@@ -93,11 +94,11 @@ class _Translation:
             if "\x00" in operand:
                 raise FilterError(f"{op} on {key!r}: {operand!r} holds a NUL character, which PostgreSQL text cannot hold")
             return sql.SQL(
-                "(jsonb_typeof({c} -> {k}) = 'string' AND ({c} ->> {k}) COLLATE \"C\" {s} {v})"
+                "(CASE WHEN jsonb_typeof({c} -> {k}) = 'string' THEN ({c} ->> {k}) COLLATE \"C\" {s} {v} ELSE FALSE END)"
             ).format(c=column, k=name, s=symbol, v=self.bind(operand))
         if isinstance(operand, float) and not math.isfinite(operand):
             raise FilterError(f"{op} on {key!r} takes a finite number, got {operand!r}")
-        return sql.SQL("(jsonb_typeof({c} -> {k}) = 'number' AND ({c} -> {k})::numeric {s} {v}::numeric)").format(
+        return sql.SQL("(CASE WHEN jsonb_typeof({c} -> {k}) = 'number' THEN ({c} -> {k})::numeric {s} {v}::numeric ELSE FALSE END)").format(
             c=column, k=name, s=symbol, v=self.bind(repr(operand) if isinstance(operand, float) else str(operand))
         )
 
