@@ -128,6 +128,8 @@ class _Sync:
         self.batch_size = batch_size
         self.tracker = tracker
         self.report = report
+        self.embedded: set[str] = set()
+        """Keys embedded by this sync."""
 
     def run(self, paths: list[str | Path], include: Sequence[str] | None, exclude: Sequence[str] | None) -> None:
         report = self.report
@@ -148,8 +150,10 @@ class _Sync:
         chunked = self._chunk(read, digests)
         if not chunked and not report.unchanged:
             raise NothingToIndexError(_nothing_message(paths, report.skipped, Path(self.store.collection), bool(old_files)))
-        pending = self._count_new(chunked)
-        self.tracker.start("embed", chunks_total=pending)
+        keys = list({ref.key for record, _ in chunked.values() for ref in record.refs})
+        known = _existing(self.store, keys) if keys and self.store.collection_id is not None else set()
+        report.duplicates = report.chunks_read - len(keys)
+        self.tracker.start("embed", chunks_total=len(keys) - len(known))
         for path in report.removed:
             self._apply(path, None, {})
         for path, (record, texts) in chunked.items():
@@ -164,6 +168,7 @@ class _Sync:
                     self._apply(path, None, {})
         if rebuild or old_settings != self.settings:
             self._record_settings()
+        report.reused = len(known - self.embedded)
         report.saved = bool(report.removed or chunked or rebuild)
         report.passages, report.files = len(self.store), len(self._manifest()[0])
 
@@ -216,12 +221,6 @@ class _Sync:
             chunked[path] = (chunks.record, chunks.texts)
             self.report.chunks_read += chunks.record.chunks
         return chunked
-
-    def _count_new(self, chunked: dict[str, tuple[FileRecord, dict[str, str]]]) -> int:
-        keys = list({ref.key for record, _ in chunked.values() for ref in record.refs})
-        if not keys or self.store.collection_id is None:
-            return len(keys)
-        return len(keys) - len(_existing(self.store, keys))
 
     # -- one file ------------------------------------------------------------------------------
 
@@ -282,12 +281,10 @@ class _Sync:
             store.update_metadata(conn, relabel)
             if self.report.rebuilt is None:
                 conn.execute("UPDATE ragspec_collections SET settings = %s WHERE id = %s", (Jsonb(self.settings), store.collection_id))
-        embedded = {d.id for d in embed}
+        self.embedded.update(str(d.id) for d in embed)
         self.report.embedded += len(embed)
-        self.report.reembedded += sum(1 for key in embedded if key in stored)
+        self.report.reembedded += sum(1 for d in embed if d.id in stored)
         self.report.removed_chunks += len(gone)
-        self.report.reused += sum(1 for key in new_refs if key in stored and key not in embedded)
-        self.report.duplicates += (record.chunks - len(new_refs)) if record is not None else 0
 
     def _state(
         self, path: str, new_keys: list[str]
