@@ -138,7 +138,11 @@ class PgVectorStore(VectorStore):
                                     kwargs={"autocommit": False})  # fmt: skip
         self._id: int | None = None
         self._dim: int | None = None
-        self._open_collection()
+        try:
+            self._open_collection()
+        except BaseException:
+            self._pool.close()
+            raise
 
     # --- basics -------------------------------------------------------------------------
 
@@ -281,21 +285,21 @@ class PgVectorStore(VectorStore):
         t = self._tables()
         statement = sql.SQL(
             "INSERT INTO {chunks} (id, text, metadata, embedding, tsv, length) "
-            "SELECT %(id)s, %(text)s, %(metadata)s, %(embedding)s, v.tsv, "
+            "SELECT r.id, r.text, r.metadata, r.embedding, v.tsv, "
             "(SELECT coalesce(sum(array_length(u.positions, 1)), 0) FROM unnest(v.tsv) u) "
-            "FROM (SELECT to_tsvector(%(config)s::regconfig, %(context)s) AS tsv) v "
+            "FROM unnest(%(id)s::text[], %(text)s::text[], %(metadata)s::jsonb[], %(embedding)s::vector[], %(context)s::text[]) "
+            "AS r(id, text, metadata, embedding, context) "
+            "CROSS JOIN LATERAL (SELECT to_tsvector(%(config)s::regconfig, r.context) AS tsv) v "
             "ON CONFLICT (id) DO UPDATE SET text = EXCLUDED.text, metadata = EXCLUDED.metadata, "
             "embedding = EXCLUDED.embedding, tsv = EXCLUDED.tsv, length = EXCLUDED.length"
         ).format(chunks=t.chunks)
-        params = [
-            {"id": row.id, "text": row.text, "metadata": Jsonb(row.metadata), "embedding": row.vector,
-             "config": self.text_search_config,
-             "context": contextual_text(Document(page_content=row.text, metadata=row.metadata))}
-            for row in rows
-        ]  # fmt: skip
+        params = {  # one statement for the whole batch: the rows travel as arrays
+            "id": ids, "text": [row.text for row in rows], "metadata": [Jsonb(row.metadata) for row in rows],
+            "embedding": [row.vector for row in rows], "config": self.text_search_config,
+            "context": [contextual_text(Document(page_content=row.text, metadata=row.metadata)) for row in rows],
+        }  # fmt: skip
         try:
-            with conn.cursor() as cur:
-                cur.executemany(statement, params)
+            conn.execute(statement, params)
         except psycopg.errors.ProgramLimitExceeded as e:
             raise PgStoreError(
                 f"a document is too large for PostgreSQL's full-text index ({e.diag.message_primary}); split it into "

@@ -119,7 +119,9 @@ def test_two_ingests_at_once_take_turns_and_agree(tmp_path: Path, pg_url: str) -
 
     def ingest() -> None:
         try:
-            results.append(sync_collection([docs], pg_url, emb, chunking=CHUNKING)[1])
+            store, report = sync_collection([docs], pg_url, emb, chunking=CHUNKING)
+            store.close()
+            results.append(report)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
