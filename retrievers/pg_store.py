@@ -61,6 +61,8 @@ _SCHEMA_LOCK = 0  # second key of the lock that serializes creating tables
 _MAX_NAME = 200
 _BM25_K1 = 1.5  # BM25Retriever's defaults, so both stores rank keywords alike
 _BM25_B = 0.75
+_COMMON_FLOOR = 2000  # a query term in more chunks than this and than _COMMON_SHARE of them finds no candidates
+_COMMON_SHARE = 0.05  # by itself (it still scores them): see `keyword_search`
 
 
 class PgStoreError(RetrieverError):
@@ -480,7 +482,15 @@ class PgVectorStore(VectorStore):
         )
 
     def keyword_search(self, query: str, k: int = 4, filter: MetadataFilter | None = None) -> list[ScoredDocument]:  # noqa: A002
-        """Top-k by BM25 over the full-text index (only documents sharing a term with the query)."""
+        """Top-k by BM25 over the full-text index (only documents sharing a term with the query).
+
+        BM25 is computed exactly (Lucene's idf, k1 = 1.5, b = 0.75, as `BM25Retriever`) for every
+        candidate. Candidates are the chunks holding a query term, except that in a large collection a
+        term found in more than 2000 chunks and more than 5% of them does not make a chunk a candidate
+        by itself (when every query term is that common, all of them do): scoring every chunk that
+        holds "use" or "data" would cost a scan of the collection per query, for chunks that term
+        alone ranks low. In collections of 2000 chunks or fewer this never applies.
+        """
         return self._hybrid_rows(query, None, k, filter)[1]
 
     def hybrid_search(
@@ -531,7 +541,9 @@ class PgVectorStore(VectorStore):
             "  FROM ragspec_collections WHERE id = %(collection)s), "
             "q AS (SELECT DISTINCT w.lexeme, tm.df FROM unnest(to_tsvector(%(config)s::regconfig, %(query)s)) w "
             "  JOIN {terms} tm ON tm.lexeme = w.lexeme), "
-            "tsq AS (SELECT string_agg('''' || replace(replace(lexeme, '\\', '\\\\'), '''', '''''') || '''', ' | ')::tsquery AS q FROM q), "
+            "rare AS (SELECT q.lexeme FROM q, stats s WHERE q.df <= greatest(%(common_floor)s, %(common_share)s * s.n)), "
+            "seeds AS (SELECT lexeme FROM rare UNION ALL SELECT lexeme FROM q WHERE NOT EXISTS (SELECT 1 FROM rare)), "
+            "tsq AS (SELECT string_agg('''' || replace(replace(lexeme, '\\', '\\\\'), '''', '''''') || '''', ' | ')::tsquery AS q FROM seeds), "
             "matched AS (SELECT c.id, c.tsv, c.length FROM {chunks} c, tsq WHERE c.tsv @@ tsq.q AND {where}), "
             "lexical AS (SELECT m.id, sum(ln(1 + (s.n - q.df + 0.5) / (q.df + 0.5)) * array_length(u.positions, 1) "
             "    / (array_length(u.positions, 1) + %(k1)s * (1 - %(b)s + %(b)s * m.length / s.avgdl))) AS score "
@@ -549,7 +561,7 @@ class PgVectorStore(VectorStore):
         else:
             body = sql.SQL("SELECT 'l', l.id, l.score, c.text, c.metadata FROM lexical l JOIN {chunks} c ON c.id = l.id").format(**parts)
         params.update({"collection": self._id, "config": self.text_search_config, "query": query, "fetch": fetch,
-                       "k1": _BM25_K1, "b": _BM25_B})  # fmt: skip
+                       "k1": _BM25_K1, "b": _BM25_B, "common_floor": _COMMON_FLOOR, "common_share": _COMMON_SHARE})  # fmt: skip
         with self._transaction(write=False) as conn:
             self._search_settings(conn, fetch, exact=False)
             rows = conn.execute(lexical + body, params).fetchall()

@@ -201,6 +201,18 @@ def test_keyword_search_is_bm25_over_the_stored_lexemes_and_follows_every_write(
     store.close()
 
 
+def test_a_term_in_most_of_a_large_collection_does_not_make_candidates_alone(pg_url: str) -> None:
+    store = PgVectorStore(pg_url, DeterministicFakeEmbedding(size=8))
+    filler = [f"alpha filler{i}" for i in range(2100)]
+    store.add_embeddings([*filler, "alpha beta one", "alpha beta two"], np.ones((2102, 8)), None,
+                         [*(f"f{i}" for i in range(2100)), "b1", "b2"])  # fmt: skip
+    hits = store.keyword_search("alpha beta", k=10)
+    assert [h.document.id for h in hits] == ["b1", "b2"]  # "alpha" (in every chunk) still scores them
+    assert hits[0].score > store.keyword_search("beta", k=1)[0].score
+    assert len(store.keyword_search("alpha", k=10)) == 10  # a query of common terms only still finds chunks
+    store.close()
+
+
 @pytest.mark.parametrize("fusion", ["relative_score", "rrf"])
 def test_hybrid_search_fuses_the_two_sides_as_the_faiss_hybrid_does(pg_url: str, fusion: str) -> None:
     rng = random.Random(9)
