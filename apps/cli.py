@@ -106,6 +106,34 @@ def _generator_options(p: argparse.ArgumentParser) -> None:
                         "other local users cannot see in the process list)")
 
 
+def _embeddings_options(p: argparse.ArgumentParser) -> None:
+    """Embeddings from a serving engine instead of the bundled model in this process."""
+    g = p.add_argument_group("remote embeddings (an OpenAI-compatible /v1/embeddings: ragspec serve, vLLM, ...)")
+    g.add_argument("--embeddings-url", metavar="URL",
+                   help="embed passages and questions on this server, e.g. http://gpu-box:8000/v1; the index records "
+                        "the model's name and refuses another")
+    g.add_argument("--embeddings-model", metavar="NAME", help="the server's name for the embedding model (required with --embeddings-url)")
+    g.add_argument("--embeddings-api-key", metavar="KEY",
+                   help="the server's API key (default: the RAGSPEC_EMBEDDINGS_API_KEY environment variable)")
+
+
+def _embeddings(args: argparse.Namespace) -> Any:
+    """The ``--embeddings-*`` options as ``RemoteEmbeddings``; None without ``--embeddings-url``."""
+    if not args.embeddings_url:
+        for flag in ("embeddings_model", "embeddings_api_key"):
+            if getattr(args, flag):
+                raise CLIError(f"--{flag.replace('_', '-')} needs --embeddings-url")
+        return None
+    if not args.embeddings_model:
+        raise CLIError("--embeddings-url needs --embeddings-model NAME (the server's name for the model)")
+    from retrievers.remote_embeddings import RemoteEmbeddings
+
+    try:
+        return RemoteEmbeddings(args.embeddings_url, args.embeddings_model, api_key=args.embeddings_api_key)
+    except ValueError as e:
+        raise CLIError(str(e)) from e
+
+
 def _store_options(p: argparse.ArgumentParser) -> None:
     """``--store`` and ``--collection``: the documents in PostgreSQL instead of an index folder (docs/scale-out.md)."""
     p.add_argument("--store", metavar="URL", default=None,
@@ -143,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"skip files larger than this many MiB, each with its reason (default: {DEFAULT_MAX_FILE_MB:g})")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
     _store_options(ingest)
+    _embeddings_options(ingest)
 
     def answer_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder made by 'ragspec ingest' (default: {DEFAULT_INDEX})")
@@ -150,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"most tokens per answer (default: {DEFAULT_MAX_TOKENS})")
         p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
         _store_options(p)
+        _embeddings_options(p)
         g = p.add_argument_group("penalties (over the answer's own tokens: quoting the passages is not punished)")
         for flag, kind, help_ in PENALTY_FLAGS:
             g.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X", help=help_)
@@ -175,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
     serve.add_argument("-i", "--index", default=None, help="an index every session can ask before uploading its own")
     _store_options(serve)
+    _embeddings_options(serve)
     serve.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
                        help=f"most tokens per answer (default: {DEFAULT_MAX_TOKENS})")
     serve.add_argument("--max-upload-mb", type=_positive, default=10, help="largest uploaded file in MiB (default: 10)")
@@ -306,6 +337,7 @@ def _ingest(args: argparse.Namespace) -> int:
             args.paths,
             target,
             collection=collection,
+            embeddings=_embeddings(args),
             include=args.include,
             exclude=args.exclude,
             chunk_size=args.chunk_size,
@@ -428,7 +460,7 @@ def _collection(args: argparse.Namespace) -> Collection:
     options = _penalties(args)
     _quiet_model_loading()
     qa = Collection(target, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args),
-                    backend=args.backend, options=options, collection=collection)
+                    backend=args.backend, options=options, collection=collection, embeddings=_embeddings(args))
     if is_database_url(target):
         qa.load()  # reach the database now: a wrong URL or collection fails before the model loads
     return qa
@@ -607,10 +639,13 @@ def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection 
 
     target, collection = _target(args, default=None)
     if target is None:
+        if args.embeddings_url:
+            raise CLIError("--embeddings-url embeds for --index or --store; give one of them")
         return None
     if not is_database_url(target) and not Path(target).is_dir():
         raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
-    preload = Collection(target, max_tokens=args.max_tokens, source=remote, collection=collection, **local)
+    preload = Collection(target, max_tokens=args.max_tokens, source=remote, collection=collection,
+                         embeddings=_embeddings(args), **local)
     if is_database_url(target):
         preload.load()  # reach the database now, not at the first question
     return preload

@@ -28,6 +28,7 @@ from ragspec.engine.text import question_text
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
+    from langchain_core.embeddings import Embeddings
 
     from ragspec.answers import Answer, AnswerStream
     from ragspec.pipeline import GenerationSource
@@ -73,6 +74,7 @@ def update_index(
     max_file_bytes: int | None = None,
     progress: Callable[[SyncProgress], None] | None = None,
     collection: str | None = None,
+    embeddings: Embeddings | None = None,
 ) -> IndexSummary:
     """Create the index in ``index_dir`` from ``paths``, or bring an existing one up to date, and save it.
 
@@ -85,7 +87,8 @@ def update_index(
 
     ``index_dir`` may be a ``postgresql://`` URL: the files then go into ``collection`` (default
     ``"default"``) of that database (``retrievers.pg_ingest.sync_collection``: one transaction per
-    file, ingests into one collection take turns).
+    file, ingests into one collection take turns). ``embeddings`` (default: the bundled model) embed
+    the new passages, e.g. ``retrievers.remote_embeddings.RemoteEmbeddings`` on a serving engine.
     """
     if not paths:
         raise AppError("no files or folders given")
@@ -98,6 +101,7 @@ def update_index(
     from retrievers.store_url import is_database_url
 
     chunking = ChunkingSettings(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    embeddings = embeddings or default_embeddings()
     limit = DEFAULT_MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
     options: dict[str, Any] = {"include": include, "exclude": exclude, "chunking": chunking, "max_file_bytes": limit,
                                "progress": progress}  # fmt: skip
@@ -105,13 +109,13 @@ def update_index(
         if is_database_url(index_dir):
             from retrievers.pg_ingest import sync_collection
 
-            store, report = sync_collection(list(paths), str(index_dir), default_embeddings(), collection=collection or "default", **options)
+            store, report = sync_collection(list(paths), str(index_dir), embeddings, collection=collection or "default", **options)
             store.close()
             files = [*report.new, *report.changed, *report.unchanged]
         else:
             if collection is not None:
                 raise AppError("a collection names a set of documents in a database; an index folder holds one")
-            faiss_store, report = sync_index(list(paths), index_dir, default_embeddings(), **options)
+            faiss_store, report = sync_index(list(paths), index_dir, embeddings, **options)
             files = list(faiss_store.catalog.files) if faiss_store.catalog is not None else []
     except NothingToIndexError as e:
         raise AppError(str(e)) from e
@@ -167,6 +171,7 @@ class Collection:
         backend: str = "auto",
         options: Mapping[str, Any] | None = None,
         collection: str | None = None,
+        embeddings: Embeddings | None = None,
     ) -> None:
         request_max_tokens(max_tokens)
         if k < 1:
@@ -178,6 +183,8 @@ class Collection:
         self.index_dir: str | Path = str(index_dir) if is_database_url(index_dir) else Path(index_dir)
         """The index folder, or the ``postgresql://`` URL of the database holding ``collection``."""
         self.collection = collection
+        self.embeddings = embeddings
+        """Embed the questions (None: the bundled model); the index's model, as it was built with."""
         self.max_tokens = max_tokens
         self.k = k
         self.model = model
@@ -202,7 +209,9 @@ class Collection:
 
                 llm = self.source if self.source is not None else ChatRagSpec(model=self.model, max_tokens=self.max_tokens, backend=self.backend)
                 try:
-                    self._qa = DocumentQA.from_store(self.index_dir, collection=self.collection, llm=llm, k=self.k)
+                    self._qa = DocumentQA.from_store(
+                        self.index_dir, collection=self.collection, llm=llm, k=self.k, embeddings=self.embeddings
+                    )
                 except IndexNotFoundError as e:
                     from retrievers.store_url import safe_label
 
