@@ -48,56 +48,20 @@ from psycopg_pool import ConnectionPool
 
 from retrievers.chunking import contextual_text
 from retrievers.embeddings import embed_chunks, embeddings_fingerprint
-from retrievers.errors import DimensionMismatchError, IndexMismatchError, IndexNotFoundError, RetrieverError
+from retrievers.errors import DimensionMismatchError, IndexMismatchError
 from retrievers.hybrid import reciprocal_rank_fusion, relative_score_fusion
 from retrievers.pg_filters import filter_sql
+from retrievers.pg_schema import LOCK_CLASS, SCHEMA_LOCK, HnswSettings, PgStoreError, Tables, create_tables, ensure_schema
 from retrievers.store_url import DEFAULT_COLLECTION, is_database_url
 from retrievers.types import MetadataFilter, ScoredDocument, check_filter
 
 __all__ = ["HnswSettings", "PgStoreError", "PgVectorStore"]
 
-_LOCK_CLASS = 0x52_41_47  # "RAG": the first key of ragspec's advisory locks (the second is the collection id)
-_SCHEMA_LOCK = 0  # second key of the lock that serializes creating tables
 _MAX_NAME = 200
 _BM25_K1 = 1.5  # BM25Retriever's defaults, so both stores rank keywords alike
 _BM25_B = 0.75
 _COMMON_FLOOR = 2000  # a query term in more chunks than this and than _COMMON_SHARE of them finds no candidates
 _COMMON_SHARE = 0.05  # by itself (it still scores them): see `keyword_search`
-
-
-class PgStoreError(RetrieverError):
-    """The database refused a change or a query; the message says what to fix. Nothing was changed."""
-
-
-@dataclass(frozen=True)
-class HnswSettings:
-    """pgvector's HNSW index (cosine), fixed when a collection is created, and its search breadth."""
-
-    m: int = 16
-    """Graph neighbours per node (pgvector's default)."""
-    ef_construction: int = 64
-    """Candidate list while building (pgvector's default)."""
-    ef_search: int = 100
-    """Candidate list while searching (raised to the number of rows asked for); pgvector's default is 40."""
-
-    def __post_init__(self) -> None:
-        if not 2 <= self.m <= 100 or not 4 <= self.ef_construction <= 1000 or not 1 <= self.ef_search <= 1000:
-            raise ValueError(f"HnswSettings needs 2 <= m <= 100, 4 <= ef_construction <= 1000, 1 <= ef_search <= 1000; got {self}")
-        if self.ef_construction < 2 * self.m:
-            raise ValueError(f"ef_construction must be at least 2 * m (pgvector), got {self}")
-
-
-@dataclass(frozen=True)
-class _Tables:
-    chunks: sql.Identifier
-    terms: sql.Identifier
-    files: sql.Identifier
-    refs: sql.Identifier
-
-    @classmethod
-    def of(cls, collection_id: int) -> _Tables:
-        n = int(collection_id)
-        return cls(*(sql.Identifier(f"ragspec_{kind}_{n}") for kind in ("chunks", "terms", "files", "refs")))
 
 
 class PgVectorStore(VectorStore):
@@ -135,7 +99,7 @@ class PgVectorStore(VectorStore):
         self.hnsw = hnsw or HnswSettings()
         self.text_search_config = text_search_config
         self.check_embeddings = check_embeddings
-        _ensure_schema(url)
+        ensure_schema(url)
         self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, configure=register_vector, open=True,
                                     kwargs={"autocommit": False})  # fmt: skip
         self._id: int | None = None
@@ -197,12 +161,12 @@ class PgVectorStore(VectorStore):
         with self._pool.connection() as conn:
             with conn.transaction():
                 if write and self._id is not None:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LOCK_CLASS, self._id))
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, self._id))
                 yield conn
 
-    def _tables(self) -> _Tables:
+    def _tables(self) -> Tables:
         assert self._id is not None
-        return _Tables.of(self._id)
+        return Tables.of(self._id)
 
     def __len__(self) -> int:
         if self._id is None:
@@ -388,7 +352,7 @@ class PgVectorStore(VectorStore):
         if dimension < 1 or dimension > 16000:
             raise ValueError(f"pgvector's vector type holds 1 to 16000 dimensions, got {dimension}")
         with self._pool.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LOCK_CLASS, _SCHEMA_LOCK))
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, SCHEMA_LOCK))
             row = conn.execute("SELECT id FROM ragspec_collections WHERE name = %s", (self.collection,)).fetchone()
             if row is None:
                 conn.execute("SELECT %s::regconfig", (self.text_search_config,))  # an unknown configuration fails here
@@ -398,7 +362,7 @@ class PgVectorStore(VectorStore):
                     (self.collection, embeddings_fingerprint(self._embedding), dimension, self.text_search_config),
                 ).fetchone()
                 assert row is not None
-                _create_tables(conn, _Tables.of(int(row[0])), dimension, self.hnsw)
+                create_tables(conn, Tables.of(int(row[0])), dimension, self.hnsw)
         self._open_collection()
 
     # --- reading ------------------------------------------------------------------------
@@ -623,53 +587,3 @@ def _check_storable(doc_id: str, text: str, metadata: dict[str, Any]) -> None:
         ) from e
     if "\\u0000" in encoded:
         raise ValueError(f"metadata of document {doc_id!r} holds a NUL character, which PostgreSQL's jsonb cannot store")
-
-
-_SCHEMA = """
-CREATE EXTENSION IF NOT EXISTS vector;
-CREATE TABLE IF NOT EXISTS ragspec_collections (
-    id serial PRIMARY KEY,
-    name text NOT NULL UNIQUE,
-    embedding text NOT NULL,
-    dimension integer NOT NULL,
-    text_config text NOT NULL,
-    settings jsonb,
-    chunk_count bigint NOT NULL DEFAULT 0,
-    total_length bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-"""
-
-
-def _ensure_schema(url: str) -> None:
-    """The extension and the collections table, created once (a lock keeps two first users from racing)."""
-    try:
-        with psycopg.connect(url, autocommit=False) as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LOCK_CLASS, _SCHEMA_LOCK))
-            exists = conn.execute(
-                "SELECT to_regclass('ragspec_collections') IS NOT NULL AND EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector')"
-            ).fetchone()
-            if not (exists and exists[0]):
-                conn.execute(_SCHEMA)
-    except psycopg.OperationalError as e:
-        raise PgStoreError(f"cannot connect to the database ({str(e).strip().splitlines()[0] if str(e).strip() else e}); check the URL and that the server runs") from e
-    except psycopg.errors.FeatureNotSupported as e:
-        raise PgStoreError(f"the database has no pgvector ({e}); install the extension (CREATE EXTENSION vector)") from e
-
-
-def _create_tables(conn: psycopg.Connection[Any], t: _Tables, dimension: int, hnsw: HnswSettings) -> None:
-    """A new collection's tables and indexes (DDL takes no bound parameters: the numbers are validated ints)."""
-    numbers = {"dim": sql.Literal(int(dimension)), "m": sql.Literal(int(hnsw.m)), "ef": sql.Literal(int(hnsw.ef_construction))}
-    names = {"chunks": t.chunks, "terms": t.terms, "files": t.files, "refs": t.refs}
-    for statement in (
-        "CREATE TABLE {chunks} (id text PRIMARY KEY, text text NOT NULL, metadata jsonb NOT NULL, "
-        "embedding vector({dim}) NOT NULL, tsv tsvector NOT NULL, length integer NOT NULL)",
-        "CREATE INDEX ON {chunks} USING hnsw (embedding vector_cosine_ops) WITH (m = {m}, ef_construction = {ef})",
-        "CREATE INDEX ON {chunks} USING gin (tsv)",
-        "CREATE TABLE {terms} (lexeme text PRIMARY KEY, df bigint NOT NULL)",
-        "CREATE TABLE {files} (path text PRIMARY KEY, sha256 text NOT NULL, size bigint NOT NULL, chunks integer NOT NULL)",
-        "CREATE TABLE {refs} (path text NOT NULL REFERENCES {files} ON DELETE CASCADE, position integer NOT NULL, "
-        "key text NOT NULL, text_sha text NOT NULL, metadata jsonb NOT NULL, PRIMARY KEY (path, position))",
-        "CREATE INDEX ON {refs} (key)",
-    ):
-        conn.execute(sql.SQL(statement).format(**names, **numbers))
