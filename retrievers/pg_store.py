@@ -164,12 +164,18 @@ class PgVectorStore(VectorStore):
                     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, self._id))
                 yield conn
 
+    def _missing(self) -> bool:
+        """Whether the collection does not exist (yet): another process may have created it since this one looked."""
+        if self._id is None:
+            self._open_collection()
+        return self._id is None
+
     def _tables(self) -> Tables:
         assert self._id is not None
         return Tables.of(self._id)
 
     def __len__(self) -> int:
-        if self._id is None:
+        if self._missing():
             return 0
         with self._transaction(write=False) as conn:
             row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self._tables().chunks)).fetchone()
@@ -298,7 +304,7 @@ class PgVectorStore(VectorStore):
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
         """Delete chunks by id (unknown ids are ignored); ``ids=None`` empties the collection (its manifest too)."""
-        if self._id is None:
+        if self._missing():
             return True
         with self._transaction(write=True) as conn:
             if ids is None:
@@ -369,7 +375,7 @@ class PgVectorStore(VectorStore):
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """Documents for the ids that exist, in the order asked."""
-        if self._id is None or not ids:
+        if self._missing() or not ids:
             return []
         with self._transaction(write=False) as conn:
             rows = conn.execute(
@@ -381,7 +387,7 @@ class PgVectorStore(VectorStore):
 
     def documents(self, filter: MetadataFilter | None = None) -> list[Document]:  # noqa: A002
         """All stored documents (those passing `filter`), by id."""
-        if self._id is None:
+        if self._missing():
             check_filter(filter)
             return []
         where, params = filter_sql(filter)
@@ -399,7 +405,7 @@ class PgVectorStore(VectorStore):
     ) -> list[tuple[Document, float]]:
         """The k nearest documents with cosine similarity (higher is closer)."""
         check_filter(filter)
-        if k <= 0 or self._id is None:
+        if k <= 0 or self._missing():
             return []
         return self.similarity_search_with_score_by_vector(self._embedding.embed_query(query), k=k, filter=filter, **kwargs)
 
@@ -413,7 +419,7 @@ class PgVectorStore(VectorStore):
     ) -> list[tuple[Document, float]]:
         """Nearest by cosine through the HNSW index (``exact=True``: a full scan, the reference for its recall)."""
         where, params = filter_sql(filter)
-        if k <= 0 or self._id is None:
+        if k <= 0 or self._missing():
             return []
         vector = self._query_vector(embedding)
         statement = sql.SQL(
@@ -471,7 +477,7 @@ class PgVectorStore(VectorStore):
     ) -> list[ScoredDocument]:
         """Dense and BM25 candidates (`fetch_k` each) from one statement, fused as `HybridRetriever` fuses them."""
         check_filter(filter)
-        if k <= 0 or self._id is None:
+        if k <= 0 or self._missing():
             return []
         fetch = max(fetch_k, k)
         dense, lexical = self._hybrid_rows(query, self._embedding.embed_query(query), fetch, filter)
@@ -494,7 +500,7 @@ class PgVectorStore(VectorStore):
     ) -> tuple[list[ScoredDocument], list[ScoredDocument]]:
         """The dense (when `vector` is given) and BM25 candidates, best first, in one round trip."""
         where, params = filter_sql(filter)
-        if fetch <= 0 or self._id is None:
+        if fetch <= 0 or self._missing():
             return [], []
         if "\x00" in query:
             raise ValueError("the query holds a NUL character; remove it")

@@ -300,3 +300,17 @@ def test_a_ten_megabyte_chunk_is_stored_intact_or_refused_without_a_trace(pg_url
         store.add_texts([varied, "next"], ids=["varied", "next"])
     assert sorted(d.id for d in store.documents()) == ["big", "small"]  # the failed batch left nothing behind
     store.close()
+
+
+def test_a_second_replica_searches_what_the_first_wrote_without_a_rebuild(pg_url: str) -> None:
+    emb = DeterministicFakeEmbedding(size=8)
+    writer = PgVectorStore(pg_url, emb, collection="shared")
+    reader = PgVectorStore(pg_url, emb, collection="shared")  # another pool: as another `ragspec serve --store`
+    retriever = PgHybridRetriever(store=reader, k=2)
+    assert retriever.invoke("lighthouse keeper") == []
+    writer.add_documents([Document(id="l", page_content="the lighthouse keeper trims the wick")])
+    assert [d.id for d in retriever.invoke("lighthouse keeper")] == ["l"]
+    writer.delete(["l"])
+    assert retriever.invoke("lighthouse keeper") == []
+    writer.close()
+    reader.close()
