@@ -204,11 +204,16 @@ def test_a_killed_ingest_leaves_a_consistent_store_that_the_next_one_completes(t
 
 
 def test_a_file_postgresql_cannot_hold_is_skipped_with_its_reason(tmp_path: Path, pg_url: str) -> None:
+    import json
+
     docs = write_corpus(tmp_path)
-    (docs / "nul.txt").write_bytes(b"Text with a NUL \x00 byte inside it.\n")
+    cell = {"cell_type": "markdown", "metadata": {}, "source": ["# Notes\n", "A NUL \u0000 inside a notebook cell."]}
+    (docs / "nul.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    (docs / "nul.txt").write_bytes(b"Text with a NUL \x00 byte inside it.\n")  # the loader refuses it as binary
     store, report = sync_collection([docs], pg_url, Counting(size=8), chunking=CHUNKING)
     reasons = {Path(s.path).name: s.reason for s in report.skipped}
-    assert "nul.txt" in reasons and ("NUL" in reasons["nul.txt"] or "binary" in reasons["nul.txt"])
-    assert all(Path(d.metadata["source"]).name != "nul.txt" for d in store.documents())
+    assert "NUL character, which PostgreSQL text cannot store" in reasons["nul.ipynb"] and "binary" in reasons["nul.txt"]
+    assert {Path(d.metadata["source"]).name for d in store.documents()} == {"a.md", "b.txt", "c.md", "it's \"odd\"; DROP TABLE--.md"}
+    assert len(report.new) == 4 and report.files == 4
     check_consistent(store)
     store.close()
