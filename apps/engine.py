@@ -251,16 +251,49 @@ class Collection:
 
         qa = self.load()
         earlier = history[-self.history_turns :] if self.history_turns else ()
-        turns = [Turn(q, a, self._shown.get((q.strip(), a), ())) for q, a in earlier]
+        turns = [Turn(q, a, self.shown(q, a)) for q, a in earlier]
         options = {**self.options, "max_tokens": self.max_tokens, **(options or {})}
         return qa.stream(question, history=turns, k=k, **options)
 
     def remember(self, answer: Answer) -> None:
-        """Keep the passages ``answer`` was first shown with, for when a later history holds it."""
+        """Keep the passages ``answer`` was first shown with, for when a later history holds it.
+
+        Over a collection in PostgreSQL they are kept in the database too (``PgVectorStore.remember``),
+        so another replica of the app lays out a follow-up to this answer exactly as this one would.
+        """
+        passages = answer.as_turn().passages
         with self._lock:
-            self._shown[(answer.question.strip(), answer.text)] = answer.as_turn().passages
+            self._shown[(answer.question.strip(), answer.text)] = passages
             while len(self._shown) > _REMEMBERED:
                 self._shown.popitem(last=False)
+        shared = self._shared_memory()
+        if shared is not None:
+            shared.remember(_turn_key(answer.question, answer.text), passages)
+
+    def shown(self, question: str, answer: str) -> tuple[Document, ...]:
+        """The passages the answer ``answer`` to ``question`` was first shown with (here or, over PostgreSQL,
+        by any replica); empty when unknown."""
+        with self._lock:
+            kept = self._shown.get((question.strip(), answer))
+        if kept is not None:
+            return kept
+        shared = self._shared_memory()
+        found = shared.recall(_turn_key(question, answer)) if shared is not None else None
+        return tuple(found or ())
+
+    def _shared_memory(self) -> Any:
+        """The `PgVectorStore` behind this collection (what replicas share), or None for an index folder."""
+        from retrievers.store_url import is_database_url
+
+        if not is_database_url(self.index_dir):
+            return None
+        return getattr(self.load().retriever, "store", None)
+
+
+def _turn_key(question: str, answer: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{question.strip()}\x00{answer}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 _REMEMBERED = 256

@@ -48,11 +48,12 @@ class Tables:
     terms: sql.Identifier
     files: sql.Identifier
     refs: sql.Identifier
+    memo: sql.Identifier
 
     @classmethod
     def of(cls, collection_id: int) -> Tables:
         n = int(collection_id)
-        return cls(*(sql.Identifier(f"ragspec_{kind}_{n}") for kind in ("chunks", "terms", "files", "refs")))
+        return cls(*(sql.Identifier(f"ragspec_{kind}_{n}") for kind in ("chunks", "terms", "files", "refs", "memo")))
 
 
 _SCHEMA = """
@@ -90,7 +91,7 @@ def ensure_schema(url: str) -> None:
 def create_tables(conn: psycopg.Connection[Any], t: Tables, dimension: int, hnsw: HnswSettings) -> None:
     """A new collection's tables and indexes (DDL takes no bound parameters: the numbers are validated ints)."""
     numbers = {"dim": sql.Literal(int(dimension)), "m": sql.Literal(int(hnsw.m)), "ef": sql.Literal(int(hnsw.ef_construction))}
-    names = {"chunks": t.chunks, "terms": t.terms, "files": t.files, "refs": t.refs}
+    names = {"chunks": t.chunks, "terms": t.terms, "files": t.files, "refs": t.refs, "memo": t.memo}
     for statement in (
         "CREATE TABLE {chunks} (id text PRIMARY KEY, text text NOT NULL, metadata jsonb NOT NULL, "
         "embedding vector({dim}) NOT NULL, tsv tsvector NOT NULL, length integer NOT NULL)",
@@ -101,5 +102,6 @@ def create_tables(conn: psycopg.Connection[Any], t: Tables, dimension: int, hnsw
         "CREATE TABLE {refs} (path text NOT NULL REFERENCES {files} ON DELETE CASCADE, position integer NOT NULL, "
         "key text NOT NULL, text_sha text NOT NULL, metadata jsonb NOT NULL, PRIMARY KEY (path, position))",
         "CREATE INDEX ON {refs} (key)",
+        "CREATE TABLE {memo} (key text PRIMARY KEY, value jsonb NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
     ):
         conn.execute(sql.SQL(statement).format(**names, **numbers))

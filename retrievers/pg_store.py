@@ -55,8 +55,10 @@ from retrievers.pg_schema import LOCK_CLASS, SCHEMA_LOCK, HnswSettings, PgStoreE
 from retrievers.store_url import DEFAULT_COLLECTION, is_database_url
 from retrievers.types import MetadataFilter, ScoredDocument, check_filter
 
-__all__ = ["HnswSettings", "PgStoreError", "PgVectorStore"]
+__all__ = ["MEMO_ENTRIES", "HnswSettings", "PgStoreError", "PgVectorStore"]
 
+MEMO_ENTRIES = 10_000
+"""Entries `PgVectorStore.remember` keeps per collection (the oldest go first)."""
 _MAX_NAME = 200
 _BM25_K1 = 1.5  # BM25Retriever's defaults, so both stores rank keywords alike
 _BM25_B = 0.75
@@ -309,7 +311,7 @@ class PgVectorStore(VectorStore):
         with self._transaction(write=True) as conn:
             if ids is None:
                 t = self._tables()
-                for table in (t.refs, t.files, t.chunks, t.terms):
+                for table in (t.refs, t.files, t.chunks, t.terms, t.memo):
                     conn.execute(sql.SQL("DELETE FROM {}").format(table))
                 conn.execute(
                     "UPDATE ragspec_collections SET chunk_count = 0, total_length = 0, settings = NULL WHERE id = %s", (self._id,)
@@ -541,6 +543,39 @@ class PgVectorStore(VectorStore):
         for hits in sides.values():
             hits.sort(key=lambda h: (-h.score, h.document.id))
         return sides["d"], sides["l"]
+
+    # --- what an app remembers across replicas --------------------------------------------
+
+    def remember(self, key: str, documents: Sequence[Document]) -> None:
+        """Keep `documents` under `key` in the collection's memo table, shared by every process using the
+        collection (the newest `MEMO_ENTRIES` are kept). ``apps.engine.Collection`` keeps there the
+        passages each answer was first shown with, so that any replica lays out a follow-up alike."""
+        if self._missing():
+            return
+        for doc in documents:
+            _check_storable(str(doc.id or ""), doc.page_content, doc.metadata)
+        value = Jsonb([{"id": d.id, "text": d.page_content, "metadata": d.metadata} for d in documents])
+        memo = self._tables().memo
+        with self._transaction(write=False) as conn:
+            conn.execute(
+                sql.SQL("INSERT INTO {} (key, value) VALUES (%s, %s) "
+                        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, at = clock_timestamp()").format(memo),
+                (key, value),
+            )  # fmt: skip
+            conn.execute(
+                sql.SQL("DELETE FROM {m} WHERE key IN (SELECT key FROM {m} ORDER BY at DESC, key OFFSET %s)").format(m=memo),
+                (MEMO_ENTRIES,),
+            )
+
+    def recall(self, key: str) -> list[Document] | None:
+        """What `remember` kept under `key`, or None."""
+        if self._missing():
+            return None
+        with self._transaction(write=False) as conn:
+            row = conn.execute(sql.SQL("SELECT value FROM {} WHERE key = %s").format(self._tables().memo), (key,)).fetchone()
+        if row is None:
+            return None
+        return [Document(id=d["id"], page_content=d["text"], metadata=d["metadata"]) for d in row[0]]
 
     # --- construction -------------------------------------------------------------------
 

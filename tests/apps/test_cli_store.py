@@ -92,3 +92,27 @@ def test_store_usage_errors_are_one_line(argv: list[str], message: str, capsys: 
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("ragspec: error: ") and message in err and len(err.splitlines()) == 1 and "secret" not in err
+
+
+def test_a_follow_up_on_another_replica_is_laid_out_with_the_passages_first_shown(
+    docs: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``Collection`` remembers of an answer (the passages it was first shown with) is in the database,
+    so a second replica (a second ``Collection`` over the same collection) builds the follow-up's turn alike."""
+    from tests.apps.fakes import fake_answer
+
+    counting_embeddings(monkeypatch)
+    monkeypatch.setattr(cli, "_quiet_model_loading", lambda: None)
+    ingest_lines(capsys, str(docs), "--store", pg_url, "--collection", "notes", "--no-progress")
+    first = Collection(pg_url, collection="notes", k=2)
+    second = Collection(pg_url, collection="notes", k=2)
+    answer = fake_answer("It leaves at 9 [1].", [("note3.md", "Note 3", "The ferry number 3 leaves at 9 in the morning.")],
+                         question="When does ferry 3 leave?")  # fmt: skip
+    assert second.shown("When does ferry 3 leave?", answer.text) == ()
+    first.remember(answer)
+    shown = second.shown(" When does ferry 3 leave? ", answer.text)
+    assert [(d.page_content, d.metadata["source"]) for d in shown] == [
+        ("The ferry number 3 leaves at 9 in the morning.", "note3.md")
+    ]
+    assert shown == first.shown("When does ferry 3 leave?", answer.text)
+    assert second.shown("When does ferry 3 leave?", "another answer") == ()

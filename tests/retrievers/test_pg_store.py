@@ -314,3 +314,20 @@ def test_a_second_replica_searches_what_the_first_wrote_without_a_rebuild(pg_url
     assert retriever.invoke("lighthouse keeper") == []
     writer.close()
     reader.close()
+
+
+def test_the_memo_is_shared_bounded_and_per_collection(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import retrievers.pg_store as pg_store
+
+    monkeypatch.setattr(pg_store, "MEMO_ENTRIES", 3)
+    emb = DeterministicFakeEmbedding(size=8)
+    one, other = PgVectorStore(pg_url, emb, collection="one"), PgVectorStore(pg_url, emb, collection="other")
+    for store in (one, other):
+        store.add_texts(["a passage"])
+    passage = Document(id="p'; --", page_content="the ferry leaves at noon", metadata={"source": "a.md", "page": 2})
+    for i in range(5):
+        one.remember(f"k{i}", [passage])
+    assert [one.recall(f"k{i}") is not None for i in range(5)] == [False, False, True, True, True]
+    assert one.recall("k4") == [passage] and other.recall("k4") is None
+    one.close()
+    other.close()
