@@ -106,6 +106,18 @@ def _generator_options(p: argparse.ArgumentParser) -> None:
                         "other local users cannot see in the process list)")
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: an option it does not know is its own usage error ("usage: ragspec ask ..."),
+    naming the option, rather than the top-level usage after the next word was taken as an argument."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            unknown = [a for a in extras if a.startswith("-")] or extras
+            self.error(f"unrecognized arguments: {' '.join(unknown)} (see '{self.prog} --help')")
+        return namespace, extras
+
+
 def _embeddings_options(p: argparse.ArgumentParser) -> None:
     """Embeddings from a serving engine instead of the bundled model in this process."""
     g = p.add_argument_group("remote embeddings (an OpenAI-compatible /v1/embeddings: ragspec serve, vLLM, ...)")
@@ -153,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ragspec import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
 
     ingest = commands.add_parser("ingest", help="index files and folders into a persistent index (incremental)",
                                  description="Load, chunk and embed files and folders into an index on disk. Run it again "
@@ -218,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trusted-host", action="append", default=[], metavar="NAME",
                        help="also answer requests whose Host is NAME, e.g. the name a reverse proxy forwards "
                             "(repeatable; default: localhost names and the bound address)")
+    serve.add_argument("--shared-prefix-cache", action="store_true",
+                       help="let every web session and /v1 client reuse each other's cached prompt prefixes (faster, "
+                            "but a user can then probe another's prompts); default: each session, and each /v1 "
+                            "cache_salt, has its own (docs/threat-model.md)")
     serve.add_argument("--max-queue", type=_non_negative, default=16, metavar="N",
                        help="requests that may wait for the model (web questions and /v1 calls together); "
                             "more get a 429 with Retry-After (default: 16)")
@@ -521,8 +537,7 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
             where = " · ".join(x for x in (c.title, c.location) if x)
             out.write(f"  [{c.number}] {c.source}" + (f" ({where})" if where else "") + "\n")
     if not finished.supported:
-        out.write("\nI don't know: no passage backs this answer (none holds it as an answer to your question), "
-                  "so it may be a guess; check it yourself.\n")
+        out.write(f"\n{finished.note} Check it against your documents.\n")
     if stats:
         out.write(f"\n{_speed_line(finished.stats)}\n")
     out.flush()
@@ -605,6 +620,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout,
         concurrency=args.concurrency or (4 if remote is not None else 8 if args.engine == "vllm" else 1),
+        shared_prefix_cache=args.shared_prefix_cache,
     )
     if allow_folders and not is_loopback(args.host):
         print(f"{PROG}: warning: --allow-folders on {args.host}: anyone with the API key can index server folders", file=sys.stderr)

@@ -39,8 +39,10 @@ def show(qa: DocumentQA, question: str) -> Answer:
     assert answer is not None
     print()
     for c in answer.citations:
-        where = f"{Path(c.source).name}" + (f", char {c.start_index}" if c.start_index is not None else "")
-        print(f"   [{c.number}] {where}: {c.text[:90].strip()}...")
+        where = ", ".join(x for x in (Path(c.source).name, c.location) if x)
+        print(f"   [{c.number}] {where}: {c.text}")
+    if not answer.supported:
+        print(f"   {answer.note}")
     s = answer.stats
     print(f"   {s.new_tokens} tokens ({ENDS.get(answer.finish_reason, answer.finish_reason)}) in {s.wall_s:.2f} s ({s.decode_tokens_per_s:.1f} tok/s decode), "
           f"{s.tokens_per_forward:.2f} tokens per forward, {s.acceptance_rate:.0%} of drafted tokens accepted")

@@ -210,13 +210,26 @@ class Collection:
                 llm = self.source if self.source is not None else ChatRagSpec(model=self.model, max_tokens=self.max_tokens, backend=self.backend)
                 try:
                     self._qa = DocumentQA.from_store(
-                        self.index_dir, collection=self.collection, llm=llm, k=self.k, embeddings=self.embeddings
+                        self.index_dir, collection=self.collection, llm=llm, k=self.k, embeddings=self.embeddings,
+                        unsupported="flag",  # the apps show the note
                     )
                 except IndexNotFoundError as e:
                     from retrievers.store_url import safe_label
 
                     raise AppError(f"nothing at {safe_label(str(self.index_dir), self.collection)}: build it with 'ragspec ingest'") from e
             return self._qa
+
+    def documents(self) -> list[str]:
+        """The files the index was built from (as ``ragspec ingest`` recorded them), read from its manifest
+        without loading it; ``[]`` for an index saved without a file catalog."""
+        from retrievers import IndexNotFoundError
+        from retrievers.persistence import read_manifest
+
+        try:
+            files = read_manifest(self.index_dir).get("ingest", {}).get("files", {})
+        except IndexNotFoundError as e:
+            raise AppError(f"no index at {self.index_dir}: build one with 'ragspec ingest'") from e
+        return sorted(files) if isinstance(files, dict) else []
 
     def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Generator[Event, None, None]:
         """``Token`` events as the answer is generated, then the ``Answer``.

@@ -32,7 +32,8 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from ragspec.lc import ChatRagSpec
-from ragspec.pipeline import QA_DEFAULTS, DocumentQA, choose_citations
+from ragspec.citations import choose_citations
+from ragspec.pipeline import QA_DEFAULTS, DocumentQA
 from ragspec.remote import load_tokenizer
 from ragspec.engine.text import RepeatGuard, sentence_end_tokens
 

@@ -1,5 +1,5 @@
-"""What ``DocumentQA`` answers with: the ``Answer`` with its ``Citation``s, and the ``AnswerStream`` that
-delivers it delta by delta.
+"""What ``DocumentQA`` answers with: the ``Answer`` with its ``Citation``s, and the ``AnswerStream`` (and
+``AsyncAnswerStream``) that delivers it delta by delta.
 
 In a module of their own so that ``ragspec.conversation`` (which records answers as turns) and
 ``ragspec.pipeline`` (which makes them) both use them without importing each other.
@@ -8,18 +8,41 @@ In a module of their own so that ``ragspec.conversation`` (which records answers
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
 
+from ragspec.bridge import iterate_in_thread
 from ragspec.prompts import Turn
 
 if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
 
-__all__ = ["Answer", "AnswerStream", "Citation"]
+__all__ = ["UNSUPPORTED_MODES", "Answer", "AnswerStream", "AsyncAnswerStream", "Citation", "unsupported_note"]
+
+UNSUPPORTED_MODES = ("abstain", "flag")
+"""What ``DocumentQA(unsupported=...)`` does with an answer no passage backs: ``"abstain"`` puts its
+``note`` ("I don't know: ..." and why) in ``Answer.text`` (the model's words stay in
+``Answer.generated_text``), ``"flag"`` keeps the model's words in ``text``; ``supported`` and ``note``
+say it either way."""
+
+
+def unsupported_note(rule: str, missing: Sequence[str] = ()) -> str:
+    """The flag of an answer no passage backs, for people: "I don't know: ..." and why, from its citation rule."""
+    if missing:  # what a reader would take from it, and no passage says
+        reason = f"no passage holds {', '.join(missing[:4])}, which it states"
+    elif rule == "missing_facts":
+        reason = "the passages it matches do not hold the numbers or names it states"
+    elif rule == "off_topic":
+        reason = "the passages it matches are not about the question"
+    elif rule == "restates":
+        reason = "it only repeats the question"
+    else:
+        reason = "no passage holds its words"
+    return f"I don't know: no passage backs this answer ({reason}), so it may be a guess."
 
 
 @dataclass(frozen=True)
@@ -34,19 +57,24 @@ class Citation:
     page: int | None
     title: str | None
     text: str
-    """The start of the passage, for display."""
+    """The sentence(s) of the passage the answer drew from (the start of the passage when no sentence
+    shares the answer's words), for display; ``start_index`` and ``page`` are where they are."""
     chunk_id: str | None
     section: str | None = None
     """The slide, sheet or section of a converted file (``"slide 3 (Outlook)"``, ``"sheet Budget"``), when the loader recorded one."""
+    offset: int | None = None
+    """Character offset of ``text`` (the sentences shown) in its document (on its ``page`` for a PDF), when
+    the chunker recorded the passage's."""
 
     @property
     def location(self) -> str:
-        """Where in its source the passage is, for people: ``"page 3"``, ``"slide 2 (Outlook)"``, ``"char 1520"`` or ``""``."""
+        """Where in its source the cited words are, for people: ``"page 3"``, ``"slide 2 (Outlook)"``, ``"char 1520"`` or ``""``."""
         if self.page is not None:
             return f"page {self.page}"  # 1-based, as the PDF loader records it
         if self.section:
             return self.section
-        return f"char {self.start_index}" if self.start_index is not None else ""
+        at = self.offset if self.offset is not None else self.start_index
+        return f"char {at}" if at is not None else ""
 
     def as_dict(self) -> dict[str, object]:
         """The fields and ``location``, for JSON."""
@@ -80,12 +108,35 @@ class Answer:
     """What the passages were retrieved with: the question, or for a follow-up the query made from the conversation."""
     query_stats: GenerationStats | None = None
     """The generation that rewrote a follow-up into ``retrieval_query`` (``follow_up="rewrite"``)."""
+    generated_text: str | None = None
+    """The model's words, when ``text`` is not them (``DocumentQA(unsupported="abstain")`` on an unsupported answer)."""
+    missing_facts: tuple[str, ...] = ()
+    """Numbers and names the answer states that no passage of the prompt holds (``ragspec.facts``)."""
 
     @property
     def supported(self) -> bool:
         """Whether a passage backs the answer: it cites one by number, copies a substantial span of one,
-        or uses mostly one passage's words (see the module docstring)."""
+        or uses mostly one passage's words, that passage is about the question, and it holds the answer's
+        numbers and names (``ragspec.citations``)."""
         return bool(self.citations)
+
+    @property
+    def model_text(self) -> str:
+        """The model's words, whatever ``text`` shows."""
+        return self.text if self.generated_text is None else self.generated_text
+
+    @property
+    def note(self) -> str:
+        """``""`` for a supported answer; else its flag, "I don't know: no passage backs this answer (why), so
+        it may be a guess." (``unsupported_note``): what every surface shows with it, and what
+        ``DocumentQA(unsupported="abstain")`` puts in ``text``."""
+        return "" if self.supported else unsupported_note(self.citation_rule, self.missing_facts)
+
+    @property
+    def stream_flag(self) -> str:
+        """What a stream of this answer adds after the model's words so that the streamed text carries the
+        flag: the ``note`` on a new paragraph when the answer abstained (``generated_text`` is set), else ``""``."""
+        return f"\n\n{self.note}" if self.generated_text is not None and self.note else ""
 
     def as_turn(self) -> Turn:
         """This exchange as an earlier turn of the conversation (with the passages first shown with it)."""
@@ -133,3 +184,23 @@ class AnswerStream:
     def close(self) -> None:
         """Stop generating; frees the model for the next request."""
         self._events.close()
+
+
+class AsyncAnswerStream:
+    """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
+
+    Retrieval and generation run in a worker thread, so the event loop never blocks. A consumer that
+    stops early (cancelled, or ``aclose()`` of ``aiter(stream)``) stops the generation and frees the model.
+    """
+
+    def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
+        self._make_events = make_events
+        self.answer: Answer | None = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async with aclosing(iterate_in_thread(self._make_events)) as events:  # closing it stops the generation
+            async for event in events:
+                if isinstance(event, Answer):
+                    self.answer = event
+                else:
+                    yield event

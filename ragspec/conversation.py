@@ -13,20 +13,22 @@ them. ``follow_up_query`` makes the retrieval query (``DocumentQA(follow_up=...)
 ``Conversation`` (``DocumentQA.conversation()``) keeps its own turns, with the passages each one
 first showed, so that every prompt extends the previous one (``ragspec.prompts``) and the prefix
 cache computes only the new turn. ``ChatQARunnable`` (``DocumentQA.as_chat_runnable()``) is the
-same over LangChain messages, for ``RunnableWithMessageHistory``: its ``AIMessage`` carries the
-passages in ``response_metadata``, so a history store that keeps messages keeps them too.
+same over LangChain messages, e.g. in a LangGraph graph whose checkpointer keeps the conversation:
+its ``AIMessage`` carries the passages in ``response_metadata``, so a store that keeps messages
+keeps them too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from langchain_core.documents import Document
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, message_chunk_to_message
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import Answer, AnswerStream
+from ragspec.answers import Answer, AnswerStream, AsyncAnswerStream
 from ragspec.engine.config import GenerationConfig
 from ragspec.prompts import Turn, chat_prompt_ids
 
@@ -162,11 +164,15 @@ def follow_up_query(
 
 
 class Answerer(Protocol):
-    """What a conversation and the chat runnable ask: ``DocumentQA``'s ``ask`` and ``stream``."""
+    """What a conversation and the chat runnable ask: ``DocumentQA``'s ``ask``, ``stream`` and ``astream``."""
 
     def ask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer: ...
 
     def stream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AnswerStream: ...
+
+    def astream(
+        self, question: str, *, history: History = (), k: int | None = None, **options: Any
+    ) -> AsyncAnswerStream: ...
 
 
 class Conversation:
@@ -220,7 +226,8 @@ class Conversation:
 
 def answer_message(answer: Answer) -> AIMessage:
     """An ``Answer`` as an ``AIMessage``: its text, and in ``response_metadata`` the passages first shown
-    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it, the retrieval query."""
+    with the question (``PASSAGES_KEY``), the citations, whether a passage backs it (``supported``, and
+    ``note``: why not), the retrieval query."""
     return AIMessage(answer.text, response_metadata=_metadata(answer))
 
 
@@ -229,6 +236,8 @@ def _metadata(answer: Answer) -> dict[str, Any]:
         PASSAGES_KEY: write_passages(answer.passages[answer.earlier_passages :]),
         "citations": [c.as_dict() for c in answer.citations],
         "supported": answer.supported,
+        "note": answer.note,
+        "missing_facts": list(answer.missing_facts),
         "retrieval_query": answer.retrieval_query,
         "dropped_turns": answer.dropped_turns,
         "finish_reason": answer.finish_reason,
@@ -237,9 +246,12 @@ def _metadata(answer: Answer) -> dict[str, Any]:
 
 def chat_input(value: object, question_key: str = "question", history_key: str = "history") -> tuple[str, History]:
     """``(question, history)`` from a chat runnable's input: ``{"question": ..., "history": [...]}``, a list
-    of messages ending with the question, or a question string."""
+    of messages ending with the question, a LangGraph ``MessagesState`` (``{"messages": [...]}``, the
+    same list), or a question string."""
     if isinstance(value, str):
         return value, ()
+    if isinstance(value, Mapping) and question_key not in value and "messages" in value:
+        value = value["messages"]
     if isinstance(value, Mapping):
         question = value.get(question_key)
         if isinstance(question, BaseMessage):
@@ -252,19 +264,25 @@ def chat_input(value: object, question_key: str = "question", history_key: str =
         return value[-1].text, list(value[:-1])
     raise ValueError(
         f"the chat runnable takes {{{question_key!r}: str, {history_key!r}: [messages]}}, a list of messages ending "
-        f"with the question, or a question string; got {type(value).__name__}"
+        f"with the question (or {{'messages': [...]}}), or a question string; got {type(value).__name__}"
     )
 
 
 class ChatQARunnable(Runnable[Any, AIMessage]):
-    """``DocumentQA`` over chat messages (``DocumentQA.as_chat_runnable()``), for ``RunnableWithMessageHistory``::
+    """``DocumentQA`` over chat messages (``DocumentQA.as_chat_runnable()``), e.g. as a LangGraph node
+    whose checkpointer keeps the conversation (docs/conversations.md)::
 
-        chat = RunnableWithMessageHistory(qa.as_chat_runnable(), get_session_history,
-                                          input_messages_key="question", history_messages_key="history")
-        chat.invoke({"question": "Who founded it?"}, config={"configurable": {"session_id": "a"}})
+        chat = qa.as_chat_runnable()
+        chat.invoke([HumanMessage("When did the flood hit?"), AIMessage("In 1871."), HumanMessage("Who warned them?")])
 
-    Input: see ``chat_input``. ``invoke`` returns an ``AIMessage`` (``answer_message``); ``stream``
-    yields ``AIMessageChunk`` text deltas and a last chunk with the ``response_metadata``.
+    Input: see ``chat_input``. ``invoke``/``ainvoke`` return an ``AIMessage`` (``answer_message``);
+    ``stream``/``astream`` yield ``AIMessageChunk`` text deltas and a last chunk with the
+    ``response_metadata``. The async calls generate in a worker thread (``ragspec.bridge``), token by
+    token; ``ainvoke`` streams too, so ``astream_events`` shows its deltas as ``on_chain_stream``
+    events. A consumer that stops early (``break`` then ``aclose``, a cancelled task) stops the
+    generation and frees the model.
+    When the answer abstained, the last chunk carries its flag (``Answer.stream_flag``): the streamed
+    message then says it is unbacked.
     """
 
     name = "DocumentQAChat"
@@ -294,4 +312,30 @@ class ChatQARunnable(Runnable[Any, AIMessage]):
             for delta in stream:
                 yield AIMessageChunk(delta)
         assert stream.answer is not None
-        yield AIMessageChunk("", response_metadata=_metadata(stream.answer))
+        yield AIMessageChunk(stream.answer.stream_flag, response_metadata=_metadata(stream.answer))
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        message: AIMessageChunk | None = None
+        async for chunk in self.astream(input, config, **kwargs):
+            message = chunk if message is None else message + chunk
+        assert message is not None
+        return message_chunk_to_message(message)  # type: ignore[return-value]
+
+    async def astream(  # type: ignore[override]
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessageChunk]:
+        async def one() -> AsyncIterator[Any]:
+            yield input
+
+        async with aclosing(self._atransform_stream_with_config(one(), self._achunks, config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _achunks(self, inputs: AsyncIterator[Any], **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
+        question, history = chat_input(await anext(inputs), self.question_key, self.history_key)
+        stream = self.qa.astream(question, history=history, **kwargs)
+        async with aclosing(aiter(stream)) as deltas:  # closed at once when the consumer stops: frees the model
+            async for delta in deltas:
+                yield AIMessageChunk(delta)
+        assert stream.answer is not None
+        yield AIMessageChunk(stream.answer.stream_flag, response_metadata=_metadata(stream.answer))

@@ -3,28 +3,12 @@
 ``DocumentQA`` retrieves the top passages for a question, numbers them in a prompt
 (``ragspec.prompts``), and generates the answer with the speculative generator, handing each
 passage to the drafter as its own reference so that copied spans cost one forward for many
-tokens. The answer comes with citations, chosen by this rule:
-
-1. the passages the answer cites by number (``[2]``, ``[1, 3]``), in order of first mention;
-2. otherwise the passages the answer copies a substantial span from: a run of
-   ``min(6, words in the answer)`` consecutive words (at least 4, two of them not stop words
-   such as "the" or "is") that the passage also holds, in rank order;
-3. otherwise the passage that holds the most of the answer's content words (words that are not
-   stop words), when it holds at least two thirds of them and at least two: a short answer
-   ("It had five arches.") rarely copies six words but uses the passage's own; failing that, the
-   same over the words the answer adds to the question's (an answer that restates the question,
-   "The trial period at Kestrel Lane Bakery Cooperative is six months.", is judged on "cooperative
-   six months");
-4. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
-   passage is shown to back it. A passage is never cited just for being retrieved.
-
-A passage chosen by 1-3 is kept only if the answer is about the question: at least half of the
-question's content words (not stop words or question words such as "how"), compared without a plural
-or verb ending, occur both in the answer and in that passage. A small model that cannot answer often
-copies a passage that is beside the point ("Where can visitors park?" answered with the archive's
-opening hours). The next rule is tried when none of a rule's passages is on topic; when no rule's is,
-the answer cites nothing and its rule is ``"off_topic"`` (``benchmarks/qa_defaults.py`` measures the
-rules against hand labels).
+tokens. The answer comes with citations, chosen by the rules of ``ragspec.citations``
+(``choose_citations``); a passage is never cited just for being retrieved. An answer no passage
+backs (``Answer.supported`` False) shows its flag, ``Answer.note``, in ``Answer.text`` by default
+(``unsupported="abstain"``; see ``DocumentQA``). An answer cut by ``max_tokens`` or the repetition
+stop shows its text up to its last whole word (``ragspec.engine.text.WholeWordText``); the
+generator's tokens are untouched.
 
 Passages that do not fit the model's context window together with the answer budget are
 dropped from the lowest rank up; if the top passage alone is too long it is truncated. Either
@@ -43,11 +27,10 @@ budget are dropped, oldest first (``Answer.dropped_turns``, and a ``ContextBudge
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import re
 import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -58,7 +41,9 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import Answer, AnswerStream, Citation
+from ragspec.answers import UNSUPPORTED_MODES, Answer, AnswerStream, AsyncAnswerStream, Citation
+from ragspec.citations import choose_citations, drawn_sentences
+from ragspec.facts import missing_facts
 from ragspec.bridge import iterate_in_thread
 from ragspec.conversation import (
     FOLLOW_UP_MODES,
@@ -72,7 +57,7 @@ from ragspec.conversation import (
 from ragspec.engine.config import CallOptions, GenerationConfig, request_config
 from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
-from ragspec.engine.text import question_text
+from ragspec.engine.text import WholeWordText, question_text
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
@@ -108,30 +93,14 @@ class ContextBudgetWarning(UserWarning):
     """Passages were dropped or truncated to fit the model's context window."""
 
 
-class AsyncAnswerStream:
-    """``async for`` over the answer's text deltas; ``answer`` is set once it is exhausted.
-
-    Retrieval and generation run in a worker thread, so the event loop never blocks.
-    """
-
-    def __init__(self, make_events: Callable[[], Generator[str | Answer, None, None]]) -> None:
-        self._make_events = make_events
-        self.answer: Answer | None = None
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        async for event in iterate_in_thread(self._make_events):
-            if isinstance(event, Answer):
-                self.answer = event
-            else:
-                yield event
-
-
 class DocumentQARunnable(Runnable[str, Answer]):
     """``DocumentQA`` as a LangChain ``Runnable``: a question string in, an ``Answer`` out.
 
     ``invoke``/``ainvoke``/``batch``/``abatch`` return ``Answer`` objects. ``stream``/``astream``
     (and ``transform`` inside a chain) yield the answer's text deltas as ``str`` chunks and end
-    with one ``Answer`` chunk (text, citations, passages, stats)::
+    with one ``Answer`` chunk (text, citations, passages, stats); before it, when the answer abstained
+    (``DocumentQA(unsupported="abstain")``, the default) a text chunk with its flag
+    (``Answer.stream_flag``), so the streamed text never carries an unbacked answer unmarked::
 
         for chunk in qa.as_runnable().stream("When does the ferry leave?"):
             if isinstance(chunk, str):
@@ -181,27 +150,38 @@ class DocumentQARunnable(Runnable[str, Answer]):
         async def one() -> AsyncIterator[str]:
             yield input
 
-        async for chunk in self.atransform(one(), config, **kwargs):
-            yield chunk
+        async with aclosing(self.atransform(one(), config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def atransform(  # type: ignore[override]
         self, input: AsyncIterator[str], config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[str | Answer]:
-        async for chunk in self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs):
-            yield chunk
+        async with aclosing(self._atransform_stream_with_config(input, self._aanswer_stream, config, **kwargs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     def _answer_stream(self, chunks: Iterator[str], k: int | None = None, **options: Any) -> Iterator[str | Answer]:
         with self.qa.stream(_question(chunks), k=k, **options) as stream:
             yield from stream
         assert stream.answer is not None
-        yield stream.answer
+        yield from _with_flag(stream.answer)
 
     async def _aanswer_stream(
         self, chunks: AsyncIterator[str], k: int | None = None, **options: Any
     ) -> AsyncIterator[str | Answer]:
         question = _question([c async for c in chunks])
-        async for event in iterate_in_thread(lambda: self.qa._events(question, k, options)):
-            yield event
+        async with aclosing(iterate_in_thread(lambda: self.qa._events(question, k, options))) as events:
+            async for event in events:
+                for chunk in _with_flag(event) if isinstance(event, Answer) else (event,):
+                    yield chunk
+
+
+def _with_flag(answer: Answer) -> Iterator[str | Answer]:
+    """The last chunks of a streamed answer: its ``stream_flag`` (when it abstained), then the ``Answer``."""
+    if answer.stream_flag:
+        yield answer.stream_flag
+    yield answer
 
 
 def _question(chunks: Iterable[object]) -> str:
@@ -253,6 +233,7 @@ class DocumentQA:
         passage_order: str = "rank",
         follow_up: str = "combine",
         generation: Mapping[str, Any] = QA_DEFAULTS,
+        unsupported: str = "abstain",
     ) -> None:
         """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM``, ``LocalModel`` or ``RemoteModel``; its settings
         (model, max_tokens, stop, sampling, speculative) apply to every answer. Default:
@@ -267,7 +248,15 @@ class DocumentQA:
         earlier turns is retrieved: ``"combine"`` (with the recent questions), ``"rewrite"`` (the
         model first rewrites it into a standalone question) or ``"question"`` (on its own).
         ``generation``: settings (``GenerationConfig`` names) for the llm's settings it leaves at their
-        defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own."""
+        defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own.
+
+        ``unsupported``: what ``Answer.text`` holds when no passage backs the answer (``Answer.supported``
+        False): ``"abstain"`` (the default), "I don't know" and why, with the model's words kept in
+        ``Answer.generated_text``; or ``"flag"``, the model's words. The default is what a reader of
+        ``.text`` wants, such as a LangChain chain that passes it on: the default model answers most
+        questions wrongly, and an unbacked answer reads as confidently as a backed one, so the text
+        should not carry it unmarked. A stream (``stream``) yields the model's words as they come (it
+        never takes text back); its ``Answer`` then says whether they are backed (``note``)."""
         if not isinstance(retriever, BaseRetriever):
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
@@ -285,12 +274,15 @@ class DocumentQA:
             raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
         if passage_order not in ("document", "rank"):
             raise ValueError(f"passage_order must be 'document' or 'rank', got {passage_order!r}")
+        if unsupported not in UNSUPPORTED_MODES:
+            raise ValueError(f"unsupported must be one of {', '.join(map(repr, UNSUPPORTED_MODES))}, got {unsupported!r}")
         if follow_up not in FOLLOW_UP_MODES:
             raise ValueError(f"follow_up must be one of {', '.join(map(repr, FOLLOW_UP_MODES))}, got {follow_up!r}")
         self.generation = dict(generation)
         GenerationConfig().merged(self.generation)  # a bad setting fails here, naming it
         self.passage_order = passage_order
         self.follow_up = follow_up
+        self.unsupported = unsupported
         self.retriever = retriever
         self.llm = llm
         self.system_prompt = system_prompt
@@ -416,8 +408,12 @@ class DocumentQA:
         return AnswerStream(lambda on_start: self._generate(request, on_start), request.passages)
 
     async def aask(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> Answer:
-        """``ask`` in a worker thread."""
-        return await asyncio.to_thread(lambda: self.ask(question, history=history, k=k, **options))
+        """``ask`` in a worker thread; cancelling the call stops the generation (see ``AsyncAnswerStream``)."""
+        stream = self.astream(question, history=history, k=k, **options)
+        async for _ in stream:
+            pass
+        assert stream.answer is not None
+        return stream.answer
 
     def astream(self, question: str, *, history: History = (), k: int | None = None, **options: Any) -> AsyncAnswerStream:
         """``stream`` for asyncio (see ``AsyncAnswerStream``)."""
@@ -428,8 +424,8 @@ class DocumentQA:
         return Conversation(self, history)
 
     def as_chat_runnable(self, question_key: str = "question", history_key: str = "history") -> ChatQARunnable:
-        """This pipeline over chat messages, an ``AIMessage`` out (for ``RunnableWithMessageHistory``;
-        see ``ragspec.conversation.ChatQARunnable``)."""
+        """This pipeline over chat messages, an ``AIMessage`` out (e.g. a LangGraph node with a
+        checkpointer; see ``ragspec.conversation.ChatQARunnable``)."""
         return ChatQARunnable(self, question_key, history_key)
 
     def as_runnable(self) -> DocumentQARunnable:
@@ -493,14 +489,17 @@ class DocumentQA:
         """The answer of a LangChain model that is not ragspec's: its streamed text, then the ``Answer``."""
         chat = isinstance(self.llm, BaseChatModel)
         prompt: Any = [(m["role"], m["content"]) for m in request.messages] if chat else plain_prompt(request.messages)
-        text, finish = "", "stop"
+        text, finish, shown = "", "stop", WholeWordText()
         for chunk in self.llm.stream(prompt):
             delta = chunk if isinstance(chunk, str) else chunk.text
             finish = str((getattr(chunk, "response_metadata", None) or {}).get("finish_reason") or finish)
             if delta:
                 text += delta
-                yield delta
-        yield self._answer(request, text, finish, None)
+                if safe := shown.add(delta):
+                    yield safe
+        if tail := shown.finish(text, finish):
+            yield tail
+        yield self._answer(request, shown.shown, finish, None)
 
     def _generate(
         self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
@@ -510,17 +509,24 @@ class DocumentQA:
             return
         options = request.options
         generator = self.llm.load(options.model)
+        shown = WholeWordText()  # a cut answer shows no partial word (the tokens are the generator's, untouched)
         with generator.stream(request.prompt_ids, options.config, references=options.references) as stream:
             if on_start is not None:
                 on_start(stream.stats)
-            yield from stream
-        assert stream.result is not None
-        yield self._answer(request, stream.result.text, stream.result.finish_reason, stream.result.stats)
+            for delta in stream:
+                if safe := shown.add(delta):
+                    yield safe
+        result = stream.result
+        assert result is not None
+        if tail := shown.finish(result.text, result.finish_reason):
+            yield tail
+        yield self._answer(request, shown.shown, result.finish_reason, result.stats)
 
     def _answer(self, request: _Request, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
         numbers, rule = choose_citations(text, request.passages, request.question)
-        citations = [self._citation(n, request.passages[n - 1]) for n in numbers]
-        return Answer(
+        citations = [self._citation(n, request.passages[n - 1], text) for n in numbers]
+        missing = tuple(missing_facts(text, [p.page_content for p in request.passages], request.question))
+        answer = Answer(
             question=request.question,
             text=text,
             citations=citations,
@@ -533,23 +539,35 @@ class DocumentQA:
             dropped_turns=request.dropped_turns,
             retrieval_query=request.retrieval_query,
             query_stats=request.query_stats,
+            missing_facts=missing,
         )
+        if citations or self.unsupported == "flag":
+            return answer
+        return dataclasses.replace(answer, text=answer.note, generated_text=text)
 
-    def _citation(self, number: int, passage: Document) -> Citation:
+    def _citation(self, number: int, passage: Document, answer: str) -> Citation:
+        """The citation of ``passage``, showing the sentence(s) ``answer`` drew from (else the passage's start)."""
         meta = passage.metadata
-        text = passage.page_content.strip()
+        content = passage.page_content
+        start, end = drawn_sentences(answer, content)
+        if end == 0:
+            start = len(content) - len(content.lstrip())
+            end = len(content.rstrip())
+        text = content[start:end]
         if len(text) > self.snippet_chars:
             cut = text.rfind(" ", 0, self.snippet_chars)
             text = text[: cut if cut > self.snippet_chars // 2 else self.snippet_chars].rstrip() + "…"
+        passage_start = meta.get("start_index")
         return Citation(
             number=number,
             source=str(meta.get("source", "")),
-            start_index=meta.get("start_index"),
+            start_index=passage_start,
             page=meta.get("page"),
             title=meta.get("title"),
             text=text,
             chunk_id=meta.get("chunk_id") or passage.id,
             section=str(meta["location"]) if meta.get("location") else None,
+            offset=passage_start + start if isinstance(passage_start, int) else None,
         )
 
     def _prompt_ids(
@@ -623,106 +641,3 @@ def _document_position(passage: Document) -> tuple[str, int, int]:
     meta = passage.metadata
     start, page = meta.get("start_index"), meta.get("page")
     return (str(meta.get("source", "")), page if isinstance(page, int) else -1, start if isinstance(start, int) else -1)
-
-
-_MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
-_WORD = re.compile(r"\w+")
-
-
-def cited_numbers(text: str, n_passages: int) -> list[int]:
-    """Passage numbers cited as ``[n]`` / ``[n, m]`` in ``text``, valid ones only, in order of first mention."""
-    found: list[int] = []
-    for match in _MARKER.finditer(text):
-        for number in (int(x) for x in re.split(r"\s*[,;]\s*", match.group(1))):
-            if 1 <= number <= n_passages and number not in found:
-                found.append(number)
-    return found
-
-
-_STOP_WORDS = frozenset(
-    "a an and are as at be been but by do does for from had has have he her his i if in is it its "
-    "not of on or she so than that the their them then there they this to was we were what when "
-    "which who will with you your".split()
-)
-
-
-def copied_numbers(
-    text: str, passages: Sequence[Document], max_run: int = 6, min_run: int = 4, min_content: int = 2
-) -> list[int]:
-    """Passages that hold a run of ``min(max_run, words in text)`` consecutive words of ``text``
-    (at least ``min_run``, with at least ``min_content`` words that are not stop words), in rank order."""
-    words = [w.lower() for w in _WORD.findall(text)]
-    run = min(max_run, len(words))
-    if run < min_run:
-        return []
-    answer_runs = {
-        tuple(words[i : i + run])
-        for i in range(len(words) - run + 1)
-        if sum(w not in _STOP_WORDS for w in words[i : i + run]) >= min_content
-    }
-    if not answer_runs:
-        return []
-    found = []
-    for number, passage in enumerate(passages, start=1):
-        pw = [w.lower() for w in _WORD.findall(passage.page_content)]
-        if any(tuple(pw[i : i + run]) in answer_runs for i in range(len(pw) - run + 1)):
-            found.append(number)
-    return found
-
-
-def overlap_numbers(
-    text: str, passages: Sequence[Document], min_share: float = 2 / 3, min_words: int = 2, ignore: str = ""
-) -> list[int]:
-    """The passages holding the most of ``text``'s content words (leaving out the words of ``ignore``),
-    when that is at least ``min_share`` of them and at least ``min_words`` (ties: all of them, in rank order)."""
-    wanted = {w.lower() for w in _WORD.findall(text)} - _STOP_WORDS - {w.lower() for w in _WORD.findall(ignore)}
-    if len(wanted) < min_words:
-        return []
-    held = [len(wanted & {w.lower() for w in _WORD.findall(p.page_content)}) for p in passages]
-    best = max(held, default=0)
-    if best < max(min_words, min_share * len(wanted)):
-        return []
-    return [number for number, n in enumerate(held, start=1) if n == best]
-
-
-_QUESTION_WORDS = _STOP_WORDS | frozenset("how why where whom whose can could should would did many much".split())
-
-
-def _stem(word: str) -> str:
-    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching a question's words."""
-    if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
-        word = word[:-1]
-    for ending in ("ing", "ed"):
-        if word.endswith(ending) and len(word) - len(ending) >= 4:
-            return word[: -len(ending)]
-    return word
-
-
-def _stems(text: str, stop_words: frozenset[str]) -> set[str]:
-    return {_stem(w) for w in (w.lower() for w in _WORD.findall(text)) if w not in stop_words}
-
-
-def on_topic_numbers(text: str, question: str, passages: Sequence[Document], numbers: Sequence[int], min_share: float = 0.5) -> list[int]:
-    """Those of ``numbers`` whose passage holds, together with ``text``, at least ``min_share`` of the
-    question's content words (all of ``numbers`` when the question has none)."""
-    wanted = _stems(question, _QUESTION_WORDS)
-    if not wanted:
-        return list(numbers)
-    about = wanted & _stems(text, _QUESTION_WORDS)
-    return [n for n in numbers if len(about & _stems(passages[n - 1].page_content, _QUESTION_WORDS)) >= min_share * len(wanted)]
-
-
-def choose_citations(text: str, passages: Sequence[Document], question: str = "") -> tuple[list[int], str]:
-    """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
-    whose passages are on topic (checked when ``question`` is given); ``([], "off_topic")`` when rules
-    found passages but none on topic, ``([], "unsupported")`` when no rule found any."""
-    evidence = (
-        ("cited", cited_numbers(text, len(passages))),
-        ("copied", copied_numbers(text, passages)),
-        ("overlap", overlap_numbers(text, passages)),
-        ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
-    )
-    for rule, numbers in evidence:
-        if kept := on_topic_numbers(text, question, passages, numbers) if question else numbers:
-            return kept, rule
-    return [], "off_topic" if any(numbers for _, numbers in evidence) else "unsupported"

@@ -22,8 +22,13 @@ speculative statistics (forwards, drafted and accepted tokens, by source), which
 they include the network and the server's queue. Other servers report no forwards
 (``forward_passes`` stays 0).
 
-Errors: 429 (the server's queue is full) is retried after its ``Retry-After`` until
-``busy_timeout_s`` has passed, then ``GeneratorBusyError``, as a busy local generator does; a
+Errors: a request that cannot reach the server (connection refused, a timeout) or that it answers
+408, 409 or 5xx is sent again up to ``max_retries`` times (default 2), after 0.5 s, 1 s, 2 s, ...
+(or the server's ``Retry-After``), as OpenAI's client does; never once an answer has started
+streaming (that would repeat text). ``timeout_s`` bounds each wait for the server: to connect
+(at most 10 s) and for each piece of an answer. 429 (the server's queue is full) is retried after
+its ``Retry-After`` until ``busy_timeout_s`` has passed, then ``GeneratorBusyError``, as a busy
+local generator does; a
 prompt over the context window is ``PromptTooLongError``; anything else the server refuses is a
 ``RemoteGenerationError`` with the server's message. The API key is sent as
 ``Authorization: Bearer KEY`` and never appears in a message, a log or a ``repr``.
@@ -56,6 +61,7 @@ from ragspec.engine.results import (
     SourceStats,
     Generator,
 )
+from ragspec.engine.tenancy import current_cache_scope, scope_salt
 from ragspec.engine.text import StopTextAssembler, clean_text
 
 if TYPE_CHECKING:
@@ -170,6 +176,7 @@ class RemoteGenerator(Generator):
         prompt_format: str = "tokens",
         timeout_s: float = 300.0,
         busy_timeout_s: float = 300.0,
+        max_retries: int = 2,
         config: GenerationConfig | None = None,
     ) -> None:
         if prompt_format not in PROMPT_FORMATS:
@@ -179,6 +186,9 @@ class RemoteGenerator(Generator):
         for name, value in (("timeout_s", timeout_s), ("busy_timeout_s", busy_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be a whole number >= 0, got {max_retries!r}")
+        self.max_retries = max_retries
         self.base_url = api_base(base_url)
         self.model = model
         self.prompt_format = prompt_format
@@ -269,8 +279,8 @@ class RemoteGenerator(Generator):
         Arguments are checked here; the request is sent on the first ``next``.
         """
         config = (config if config is not None else self.config).merged(options)
-        response_format = _response_format(config)
         info = self._served()
+        constrained = _constraint_fields(config, info.server)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -300,8 +310,9 @@ class RemoteGenerator(Generator):
                 body[name] = getattr(config, name)
         if config.repeat_penalty != 1:  # llama.cpp's and ragspec's names (llama.cpp's window also holds the prompt)
             body["repeat_penalty"], body["repeat_last_n"] = config.repeat_penalty, config.repeat_last_n
-        if response_format is not None:
-            body["response_format"] = response_format  # ragspec and vLLM constrain completions with it
+        body.update(constrained)
+        if info.server in ("vllm", "ragspec"):  # their prefix caches are salted per user (ragspec.engine.tenancy)
+            body["cache_salt"] = scope_salt(current_cache_scope())
         if info.server == "vllm":
             body["return_token_ids"] = True  # the answer's own ids, not the text encoded again here
         if info.server == "ragspec":  # extensions only where they are understood
@@ -390,15 +401,37 @@ class RemoteGenerator(Generator):
         return GenerationResult(text, ids, _finish_reason(finish or "length", remote_finish, stop_reason, config), stats,
                                 self.model_name)
 
+    def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """``request``'s response, sent again after a failure to connect or a 408/409/5xx, up to ``max_retries`` times."""
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._client.send(request, stream=stream)
+            except httpx.TransportError as e:
+                if last:
+                    raise RemoteGenerationError(
+                        f"could not reach the generator at {self.base_url}: {_describe_error(e)}"
+                        + (f" (tried {attempt + 1} times)" if attempt else "")
+                    ) from e
+                time.sleep(_backoff(attempt, None))
+                continue
+            except httpx.HTTPError as e:
+                raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+            if last or not (response.status_code in (408, 409) or response.status_code >= 500):
+                return response
+            try:
+                response.read()
+            finally:
+                response.close()
+            time.sleep(_backoff(attempt, response))
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+
     def _open_stream(self, body: dict[str, Any]) -> Any:
         """The streamed response of ``POST /completions``, retrying a full queue (429) up to ``busy_timeout_s``."""
         deadline = time.monotonic() + self.busy_timeout_s
         while True:
             request = self._client.build_request("POST", f"{self.base_url}/completions", json=body)
-            try:
-                response = self._client.send(request, stream=True)
-            except httpx.HTTPError as e:
-                raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+            response = self._send(request, stream=True)
             if response.status_code == 200:
                 return _Closing(response)
             try:
@@ -416,10 +449,7 @@ class RemoteGenerator(Generator):
             self._raise_for(response)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._client.request(method, f"{self.base_url}{path}", **kwargs)
-        except httpx.HTTPError as e:
-            raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+        response = self._send(self._client.build_request(method, f"{self.base_url}{path}", **kwargs))
         if response.status_code != 200:
             self._raise_for(response)
         return response
@@ -464,6 +494,7 @@ class RemoteModel:
     prompt_format: str = "tokens"
     timeout_s: float = 300.0
     busy_timeout_s: float = 300.0
+    max_retries: int = 2
     config: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
@@ -488,6 +519,7 @@ class RemoteModel:
                     prompt_format=settings.prompt_format,
                     timeout_s=settings.timeout_s,
                     busy_timeout_s=settings.busy_timeout_s,
+                    max_retries=settings.max_retries,
                     config=settings.config,
                 )
             return generator
@@ -545,18 +577,27 @@ def _sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def _response_format(config: GenerationConfig) -> dict[str, Any] | None:
-    """A JSON constraint as OpenAI's ``response_format``; other grammars cannot travel (``ValueError``)."""
+def _constraint_fields(config: GenerationConfig, server: str) -> dict[str, Any]:
+    """The request fields that carry ``config.constraint`` to ``server``: JSON as OpenAI's
+    ``response_format`` (ragspec and vLLM constrain completions with it); to vLLM, a Lark grammar
+    (the tool-call format of ``ragspec.engine.tool_calls`` is one) or a regex as its own
+    ``structured_outputs`` (vLLM hands a grammar with llguidance's ``%json`` to its llguidance
+    back end). Anything else is a ``ConstraintError``: the server has no way to take it."""
+    from ragspec.engine.constraints import ConstraintError
+
     constraint = config.constraint
     if constraint is None:
-        return None
+        return {}
     if constraint.kind == "json":
-        return {"type": "json_object"}
+        return {"response_format": {"type": "json_object"}}
     if constraint.kind == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": "output", "schema": json.loads(constraint.source)}}
-    raise ValueError(
-        f"a {constraint.kind} constraint cannot be sent to a remote generator: OpenAI's API carries JSON Schemas "
-        "(response_format) only; use a JSON Schema, or generate locally"
+        schema = json.loads(constraint.source)
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}}
+    if server == "vllm" and constraint.kind in ("lark", "regex"):
+        return {"structured_outputs": {"grammar" if constraint.kind == "lark" else "regex": constraint.source}}
+    raise ConstraintError(
+        f"a {constraint.kind} constraint cannot be sent to this generator: its OpenAI API carries JSON Schemas "
+        "(response_format) only (vLLM also takes grammars and regexes); use a JSON Schema, or generate locally"
     )
 
 
@@ -631,6 +672,13 @@ def _error_message(body: Mapping[str, Any]) -> str:
         return error[:500]
     detail = body.get("detail")
     return str(detail)[:500] if detail else ""
+
+
+def _backoff(attempt: int, response: httpx.Response | None) -> float:
+    """Seconds before retry ``attempt + 1``: the server's ``Retry-After`` when it sent one, else 0.5 s doubling, at most 8 s."""
+    if response is not None and response.headers.get("retry-after"):
+        return _retry_after(response)
+    return min(0.5 * 2**attempt, 8.0)
 
 
 def _retry_after(response: httpx.Response) -> float:

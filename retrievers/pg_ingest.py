@@ -207,7 +207,7 @@ class _Sync:
         for path in paths:
             done_before = self.tracker.snapshot.bytes_done
             try:
-                chunks = _chunk_file(path, digests[path], self.chunking, self.max_file_bytes, empty, self.tracker)
+                chunks = _chunk_file(path, self.chunking, self.max_file_bytes, empty, self.tracker)
             except FileSkippedError as e:
                 self.report.skipped.append(SkippedFile(e.path, e.reason))
                 chunks = None

@@ -19,6 +19,7 @@ from apps.web.queue import QueueFullError, QueueTimeoutError, Ticket
 from apps.web.sessions import Answerer, Session
 from apps.web.state import COOKIE, ApiError, WebState, display, web_state
 from apps.web.streaming import EventStream
+from ragspec.engine.tenancy import SHARED, in_cache_scope, scoped_key
 from ragspec.engine.text import question_text
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ async def _answer(web: WebState, session: Session, answerer: Answerer, question:
             yield sse("error", {"message": f"the server is busy: no model free after {config.queue_timeout_s:g} s, try again"})
             return
         history = list(session.history)
-        events = iterate_in_thread(lambda: answerer.stream(question, history))
+        scope = SHARED if config.shared_prefix_cache else scoped_key("web", session.id)  # see ragspec.engine.tenancy
+        events = iterate_in_thread(lambda: in_cache_scope(scope, lambda: answerer.stream(question, history)))
         deadline = time.monotonic() + config.answer_timeout_s
         try:
             while True:
@@ -119,14 +121,16 @@ async def new_conversation(request: Request, web: WebState = Depends(web_state))
 
 
 def _done(answer: Answer, session: Session) -> dict[str, Any]:
-    """The ``done`` event: the text, as sanitized HTML of its Markdown too, whether a passage backs it,
-    the citations (each with its whole passage, for the page's passage panel) and the generation's stats."""
+    """The ``done`` event: the text, as sanitized HTML of its Markdown too, whether a passage backs it
+    (``supported``; ``note``, the flag shown when not), the citations (each with its whole passage for the
+    page's passage panel, and ``quote``: the sentences the answer drew from) and the generation's stats."""
     return {
         "text": answer.text,
         "html": render_answer(answer.text),
         "supported": answer.supported,
+        "note": answer.note,
         "citations": [
-            _shown({**c.as_dict(), "text": answer.passages[c.number - 1].page_content.strip()}, session)
+            _shown({**c.as_dict(), "quote": c.text, "text": answer.passages[c.number - 1].page_content.strip()}, session)
             for c in answer.citations
         ],
         "stats": answer.stats.as_dict(),

@@ -49,6 +49,10 @@ class AppConfig:
     """Names accepted in the ``Host`` header; ``trusted_hosts_for(bind_address)`` makes the list."""
     api_key: str | None = field(default=None, repr=False)
     """When set, every ``/api/`` and ``/v1/`` request needs ``Authorization: Bearer KEY``."""
+    shared_prefix_cache: bool = False
+    """Let every web session and ``/v1`` client reuse each other's prompt prefixes (one user, or users who
+    may see each other's prompts); by default each session, and each ``/v1`` ``cache_salt``, has its own
+    (``ragspec.engine.tenancy``, docs/threat-model.md)."""
 
     def __post_init__(self) -> None:
         names = (

@@ -7,14 +7,19 @@ talks to the served model through these routes; docs/serving.md is the reference
   ``temperature`` (default 0, greedy: ragspec's default, not OpenAI's 1), ``top_p``, ``seed``,
   ``stop``, ``frequency_penalty``, ``presence_penalty``, and the extensions ``top_k``,
   ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``repetition_stop``, ``speculative`` and ``references``
-  (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
+  (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client), and
+  vLLM's ``cache_salt``: only requests with the same salt reuse each other's prompt prefixes
+  (``request_scope``; docs/threat-model.md).
   ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
   (``ragspec.engine.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
   list functions in the system turn and constrain the answer to well-formed calls with the same
   grammar as ``ChatRagSpec.bind_tools`` (``ragspec.engine.tool_calls``); calls come back as OpenAI's
   ``tool_calls`` (whole, and in stream deltas as each call completes), and ``tool`` messages and
   assistant ``tool_calls`` enter the conversation. ``retrieval`` (chat) answers the conversation over the
-  server's documents as ``DocumentQA`` does (``apps.web.retrieval_api``). A bad value is a 400 naming the parameter; so is
+  server's documents as ``DocumentQA`` does (``apps.web.retrieval_api``). ``prediction`` (OpenAI's Predicted
+  Outputs, ``{"type": "content", "content": ...}``) is drafted from as one more reference: the output is
+  unchanged, and ``usage.completion_tokens_details`` counts the prediction's drafted tokens the model
+  accepted and rejected (``prediction_details``). A bad value is a 400 naming the parameter; so is
   anything ragspec does not do yet (``n`` > 1, logprobs, ``logit_bias``, legacy ``functions``) and any
   argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
@@ -54,12 +59,15 @@ from apps.web.security import plain_error
 from apps.web.streaming import ClientGone, EventStream, unless_gone
 from ragspec.bridge import iterate_in_thread, next_before
 from ragspec.engine.config import DEFAULT_MAX_TOKENS, GenerationConfig, GenerationConfigError, request_config, request_max_tokens
+from ragspec.engine.tenancy import in_cache_scope
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "/v1/"
 MAX_STOP = 16
 MAX_REFERENCES = 64
+MAX_CACHE_SALT = 1024
+"""Longest ``cache_salt`` (vLLM's limit)."""
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -100,6 +108,9 @@ class ApiSettings:
     answer_timeout_s: float = 300.0
     embedding_model: str | None = None
     """The name ``/v1/embeddings`` answers to (``/v1/models`` lists it after the chat model); None: no embeddings."""
+    shared_prefix_cache: bool = False
+    """Every request reuses every other's prompt prefixes (``ragspec serve --shared-prefix-cache``); by
+    default only requests with the same ``cache_salt`` do (``request_scope``)."""
 
 
 class OpenAIError(Exception):
@@ -137,7 +148,7 @@ def error_object(status: int, message: str, *, param: str | None = None, code: s
         "error": {
             "message": clean_text(message),
             "type": ERROR_TYPES.get(status, "server_error"),
-            "param": param,
+            "param": None if param is None else clean_text(param),  # a name sent with a lone surrogate in it
             "code": code,
         }
     }
@@ -156,6 +167,8 @@ _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
     "top_k", "repeat_penalty", "repeat_last_n", "repetition_stop", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
+    "cache_salt",  # vLLM's
+    "prediction",
 }  # fmt: skip
 _CHAT_ONLY = {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
@@ -189,6 +202,15 @@ class ApiRequest:
     """Checked in shape only; compiled, like the tools' grammar, once the request holds the model (``compile_constraint``)."""
     retrieval: Retrieval | None = None
     """Answer over the server's documents (chat only; ``apps.web.retrieval_api``)."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: requests that send the same one (with the same API key) reuse each other's prompt prefixes."""
+    prediction: str | None = None
+    """Predicted Outputs' text: drafted from as the reference after ``references``."""
+
+    @property
+    def drafting_references(self) -> tuple[str | list[int], ...]:
+        """What the drafter copies from: ``references``, then the prediction."""
+        return self.references if self.prediction is None else (*self.references, self.prediction)
 
 
 def parse_request(body: object, *, chat: bool) -> ApiRequest:
@@ -236,9 +258,16 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
                                     response_format=format_kind is not None) if chat else None  # fmt: skip
     except RetrievalError as e:
         raise OpenAIError(400, str(e), param=e.param) from e
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT):
+        raise OpenAIError(400, f"cache_salt must be a string of 1 to {MAX_CACHE_SALT} characters", param="cache_salt")
+    prediction = _prediction(body.get("prediction"))
+    if prediction is not None and retrieval is not None:
+        raise OpenAIError(400, "prediction cannot be combined with retrieval (the answer's passages are its references)",
+                          param="prediction")
     return ApiRequest(
         chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel,
-        response_format, retrieval,
+        response_format, retrieval, salt, prediction,
     )
 
 
@@ -461,6 +490,24 @@ def _references(value: object) -> tuple[str | list[int], ...]:
     return tuple(out)
 
 
+def _prediction(value: object) -> str | None:
+    """OpenAI's ``prediction``: ``{"type": "content", "content": str or [{"type": "text", "text": str}, ...]}``."""
+    if value is None:
+        return None
+    shape = 'prediction must be {"type": "content", "content": "..."} (content: a string or a list of text parts)'
+    if not isinstance(value, dict) or value.get("type") != "content" or set(value) - {"type", "content"}:
+        raise OpenAIError(400, shape, param="prediction")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) and set(p) == {"type", "text"}
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise OpenAIError(400, shape, param="prediction")
+
+
 # -- prompt and config ------------------------------------------------------------------------------
 
 
@@ -483,6 +530,14 @@ def prepare(generator: Any, request: ApiRequest, settings: ApiSettings, document
     """
     from ragspec.prompts import chat_prompt_ids
 
+    if request.prediction is not None and not hasattr(generator, "drafter"):
+        raise OpenAIError(
+            400,
+            "prediction needs ragspec's own engine, which drafts from it and counts what it accepted; this server "
+            "generates on another server (--engine vllm or --generator-url): send the text as extra_body references",
+            param="prediction",
+            code="unsupported_parameter",
+        )
     tokenizer = generator.tokenizer
     vocab = len(tokenizer)
     if any(not isinstance(ref, str) and any(t >= vocab for t in ref) for ref in request.references):
@@ -596,10 +651,27 @@ def _finish(reason: str) -> str:
     return "length" if reason in ("length", "timeout") else "stop"
 
 
-def _usage(stats: Any, prompt_tokens: int) -> dict[str, int]:
+def _usage(stats: Any, prompt_tokens: int, prediction: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage``; with a ``prediction`` (its index among the drafting references) its details too."""
     completion = int(getattr(stats, "new_tokens", 0))
     prompt = int(getattr(stats, "prompt_tokens", 0) or prompt_tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if prediction is not None:
+        usage["completion_tokens_details"] = prediction_details(stats, prediction)
+    return usage
+
+
+def prediction_details(stats: Any, index: int) -> dict[str, int]:
+    """Predicted Outputs' counts from ragspec's drafting stats of the prediction (reference ``index``):
+    ``accepted_prediction_tokens``, tokens copied from the prediction as drafts that the model verified
+    and kept; ``rejected_prediction_tokens``, tokens copied from it that the model verified and refused
+    (each draft stops at the first refused token, so these are the refused token and what followed it in
+    that draft). Prediction tokens never proposed (no match, or the policy chose a shorter draft) count in
+    neither; neither changes ``completion_tokens``, which counts the output's tokens."""
+    drafts = getattr(stats, "by_reference", {}).get(index)
+    accepted = drafts.accepted if drafts is not None else 0
+    drafted = drafts.drafted if drafts is not None else 0
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
 
 
 def _ragspec(stats: Any, finish_reason: str, ticket: Ticket, model_name: str) -> dict[str, Any]:
@@ -614,12 +686,26 @@ def sse_data(payload: object) -> str:
 _Event = Union[str, Any]
 
 
+def request_scope(request: Request, api_request: ApiRequest, settings: ApiSettings) -> str:
+    """The cache scope of a ``/v1`` request (``ragspec.engine.tenancy``). One API key serves every client
+    of a server, so it cannot tell them apart: a client that sends a ``cache_salt`` (a secret of its
+    own, as vLLM asks) shares its prefixes with requests that send the same salt and key; one that
+    sends none gets a scope of its own and reuses nothing. ``shared_prefix_cache``: all share one."""
+    from ragspec.engine.tenancy import SHARED, private_scope, scoped_key
+
+    if settings.shared_prefix_cache:
+        return SHARED
+    if api_request.cache_salt is None:
+        return private_scope()
+    return scoped_key("v1", request.headers.get("authorization", ""), api_request.cache_salt)
+
+
 def _events(generator: Any, job: Job) -> Generator[_Event, None, None]:
-    """The live stats, the text deltas, then the result (for a worker thread)."""
+    """The live stats, the text deltas, then the result (for a worker thread, inside the request's cache scope)."""
     if job.retrieved is not None:
         yield from job.retrieved.events()
         return
-    with generator.stream(job.prompt_ids, job.config, references=job.request.references) as stream:
+    with generator.stream(job.prompt_ids, job.config, references=job.request.drafting_references) as stream:
         yield ("stats", stream.stats)
         yield from stream
     yield stream.result
@@ -714,7 +800,8 @@ def add_openai_routes(
         except BaseException:
             ticket.release()
             raise
-        events = iterate_in_thread(lambda: _events(gen, job))
+        scope = request_scope(request, api_request, settings)
+        events = iterate_in_thread(lambda: in_cache_scope(scope, lambda: _events(gen, job)))
         answer = Answer(job, ticket, events, gen.model_name, time.monotonic() + settings.answer_timeout_s)
         if api_request.stream:
             return EventStream(
@@ -773,8 +860,9 @@ class Answer:
             else:
                 self.result, self.stats, self.finish_reason = event, event.stats, event.finish_reason
 
-    def usage(self) -> dict[str, int]:
-        return _usage(self.stats, len(self.job.prompt_ids))
+    def usage(self) -> dict[str, Any]:
+        request = self.job.request
+        return _usage(self.stats, len(self.job.prompt_ids), None if request.prediction is None else len(request.references))
 
     def extension(self) -> dict[str, Any]:
         out = _ragspec(self.stats, self.finish_reason, self.ticket, self.model_name)
@@ -787,11 +875,12 @@ class Answer:
             async for _ in self.run():
                 pass
         except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
-            raise _generation_error(e) from e
+            raise _generation_error(e, self._constraint_param()) from e
         request = self.job.request
         finish = _finish(self.finish_reason)
         if request.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": self.text}
+            shown = self.result.text if self.job.retrieved is not None and self.result is not None else self.text
+            message: dict[str, Any] = {"role": "assistant", "content": shown}  # an abstaining retrieval answer: its note
             if request.tools:
                 calls = self._calls()
                 pieces = [*calls.add(self.text), *calls.flush()]
@@ -808,6 +897,10 @@ class Answer:
             "usage": self.usage(),
             "ragspec": self.extension(),
         }
+
+    def _constraint_param(self) -> str:
+        """The parameter the answer's grammar came from."""
+        return "tools" if self.job.request.tools and self.job.request.response_format is None else "response_format"
 
     def _calls(self) -> Any:
         """A ``ragspec.engine.tool_calls.CallStream`` for this answer's text."""
@@ -862,11 +955,13 @@ class Answer:
             else:
                 async for delta in self.run():
                     yield sse_data(self.chunk(delta))
+                if self.job.retrieved is not None and self.result is not None and self.result.stream_flag:
+                    yield sse_data(self.chunk(self.result.stream_flag))  # an abstaining retrieval answer's note
             yield sse_data({**self.chunk(None, finish or _finish(self.finish_reason)), "ragspec": self.extension()})
             if request.include_usage:
                 yield sse_data({**self.chunk(None), "choices": [], "usage": self.usage()})
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
-            error = _generation_error(e)
+            error = _generation_error(e, self._constraint_param())
             yield sse_data(error_object(error.status, error.message, code=error.code))
         finally:
             await self.events.aclose()  # stops the generation if the stream ended early
@@ -888,15 +983,15 @@ def _piece_delta(piece: Any) -> dict[str, Any]:
     return {"tool_calls": [{"index": piece.index, **_tool_call(piece)}]}
 
 
-def _generation_error(e: Exception) -> OpenAIError:
-    """An exception from the generator as an OpenAI error."""
+def _generation_error(e: Exception, constraint_param: str = "response_format") -> OpenAIError:
+    """An exception from the generator as an OpenAI error (a constraint's is a 400 naming ``constraint_param``)."""
     from ragspec.engine.constraints import ConstraintError
     from ragspec.engine.results import GeneratorBusyError, PromptTooLongError
 
     if isinstance(e, OpenAIError):
         return e
-    if isinstance(e, ConstraintError):  # found when the grammar meets the tokenizer, after the queue
-        return OpenAIError(400, f"response_format: {_first_line(str(e))}", param="response_format")
+    if isinstance(e, ConstraintError):  # found when the grammar meets the tokenizer or a remote generator, after the queue
+        return OpenAIError(400, f"{constraint_param}: {_first_line(str(e))}", param=constraint_param)
     if isinstance(e, PromptTooLongError):
         return OpenAIError(400, str(e), code="context_length_exceeded")
     if isinstance(e, GeneratorBusyError):

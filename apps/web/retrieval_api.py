@@ -1,14 +1,17 @@
 """Retrieval on ``/v1/chat/completions``: the conversation answered over the server's documents.
 
-A request with ragspec's extension ``"retrieval": true`` (or ``{"k": N}``, the passages to
-retrieve) is answered as ``DocumentQA.ask(question, history=...)`` answers it: the last user
+A request with ragspec's extension ``"retrieval": true`` (or ``{"k": N, "unsupported": "abstain"}``:
+the passages to retrieve, and what the message holds when no passage backs the answer) is answered as ``DocumentQA.ask(question, history=...)`` answers it: the last user
 message is the question, the earlier user and assistant messages are the conversation it is
 retrieved with (``follow_up``: the recent questions with it) and asked after, in the pipeline's
 prompt with its numbered passages. Earlier answers this server gave keep the passages they were
 first shown with (``apps.engine.Collection.remember``), so a follow-up's prompt extends the previous
 turn's and the prefix cache computes only the new turn. The documents are the index given with
-``ragspec serve --index``. The answer's citations, retrieval query and turn counts come in
-``ragspec.retrieval`` (docs/serving.md).
+``ragspec serve --index``. The answer's citations, retrieval query, turn counts and whether a passage
+backs it (``supported``, and ``note``: "I don't know: ..." and why) come in ``ragspec.retrieval``
+(docs/serving.md). With ``"unsupported": "abstain"`` an unbacked answer's message is that note (a
+stream, which cannot take back what it sent, ends with it on a new paragraph); with ``"flag"``, the
+default, the message is the model's words and ``supported`` says it is unbacked.
 
 The system prompt is the pipeline's, so system messages are refused, as are tool messages, tools
 and ``response_format``: a retrieval answer is text with citations.
@@ -16,9 +19,12 @@ and ``response_format``: a retrieval answer is text with citations.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ragspec.answers import UNSUPPORTED_MODES
 
 if TYPE_CHECKING:
     from ragspec.answers import Answer, AnswerStream
@@ -53,20 +59,28 @@ class Retrieval:
 
     k: int | None = None
     """Passages to retrieve; None: the server's default."""
+    unsupported: str = "flag"
+    """``"abstain"``: an answer no passage backs is replaced by its note; ``"flag"``: kept, with ``supported`` false."""
 
 
 def parse_retrieval(value: object, messages: object, *, tools: bool, response_format: bool) -> Retrieval | None:
     """The ``retrieval`` field (None when absent or false); ``RetrievalError`` for a request it cannot serve."""
     if value is None or value is False:
         return None
+    unsupported: object = "flag"
     if value is True:
         k = None
-    elif isinstance(value, dict) and set(value) <= {"k"}:
+    elif isinstance(value, dict) and set(value) <= {"k", "unsupported"}:
         k = value.get("k")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K):
             raise RetrievalError(f"retrieval.k must be an integer from 1 to {MAX_K}, got {k!r}", "retrieval.k")
+        unsupported = value.get("unsupported", "flag")
+        if unsupported not in UNSUPPORTED_MODES:
+            raise RetrievalError(
+                f"retrieval.unsupported must be one of {', '.join(map(repr, UNSUPPORTED_MODES))}", "retrieval.unsupported"
+            )
     else:
-        raise RetrievalError('retrieval must be true, false or {"k": N}', "retrieval")
+        raise RetrievalError('retrieval must be true, false or {"k": N, "unsupported": "abstain" or "flag"}', "retrieval")
     if tools:
         raise RetrievalError("a retrieval answer is text with citations: send tools without retrieval", "tools")
     if response_format:
@@ -80,7 +94,7 @@ def parse_retrieval(value: object, messages: object, *, tools: bool, response_fo
             )  # fmt: skip
         if role == "tool" or (isinstance(message, dict) and message.get("tool_calls")):
             raise RetrievalError(f"messages[{i}]: a retrieval conversation holds user and assistant text only", f"messages[{i}]")
-    return Retrieval(k)
+    return Retrieval(k, str(unsupported))
 
 
 def conversation(turns: Sequence[Mapping[str, str]]) -> tuple[str, list[tuple[str, str]]]:
@@ -106,14 +120,19 @@ class Retrieved:
 
     documents: Documents
     stream: AnswerStream
+    unsupported: str = "flag"
 
     def events(self) -> Generator[str | Answer, None, None]:
-        """The answer's text deltas, then its ``Answer`` (remembered with its passages); for a worker thread."""
+        """The answer's text deltas, then its ``Answer`` (remembered with its passages); for a worker thread.
+        With ``unsupported="abstain"`` an unbacked answer's ``text`` is its note (the message the client keeps)."""
         with self.stream as stream:
             yield from stream
-        if stream.answer is not None:
-            self.documents.remember(stream.answer)
-            yield stream.answer
+        answer = stream.answer
+        if answer is not None:
+            if self.unsupported == "abstain" and not answer.supported:
+                answer = dataclasses.replace(answer, text=answer.note, generated_text=answer.text)
+            self.documents.remember(answer)
+            yield answer
 
 
 def retrieve(
@@ -128,7 +147,7 @@ def retrieve(
             "retrieval",
         )  # fmt: skip
     question, history = conversation(turns)
-    return Retrieved(documents, documents.answer_stream(question, history, dict(options), k=retrieval.k))
+    return Retrieved(documents, documents.answer_stream(question, history, dict(options), k=retrieval.k), retrieval.unsupported)
 
 
 def extension(answer: Answer) -> dict[str, Any]:
@@ -137,6 +156,8 @@ def extension(answer: Answer) -> dict[str, Any]:
         "query": answer.retrieval_query,
         "citations": [c.as_dict() for c in answer.citations],
         "supported": answer.supported,
+        "note": answer.note,
+        "missing_facts": list(answer.missing_facts),
         "passages": len(answer.passages),
         "earlier_passages": answer.earlier_passages,
         "history_turns": answer.history_turns,

@@ -111,6 +111,12 @@ async def page() -> FileResponse:
     return FileResponse(STATIC / "index.html", media_type="text/html")
 
 
+@pages.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> FileResponse:
+    """The page's icon (an SVG; browsers ask for /favicon.ico whatever the page links)."""
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
+
 @pages.get("/api/health")
 async def health(web: WebState = Depends(web_state)) -> dict[str, Any]:
     # running counts a request until its generation has really stopped (a client that left
@@ -164,7 +170,8 @@ def create_app(
     app.state.config = config
     app.state.sessions = store
     app.state.backend = backend
-    app.state.web = WebState(config, store, queue, ProgressBoard(), backend, preload)
+    preloaded = tuple(preload.documents()) if isinstance(preload, Collection) else ()
+    app.state.web = WebState(config, store, queue, ProgressBoard(), backend, preload, preloaded)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(_SessionCookie, secure=config.secure_cookie)
     app.add_middleware(Guard, policy=config.security())  # outermost: nothing reaches the app unchecked
@@ -178,6 +185,7 @@ def create_app(
             queue_timeout_s=config.queue_timeout_s,
             answer_timeout_s=config.answer_timeout_s,
             embedding_model=embeddings.model_id,
+            shared_prefix_cache=config.shared_prefix_cache,
         ),
         documents=preload if isinstance(preload, Documents) else None,  # "retrieval" requests answer over it
     )

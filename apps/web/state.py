@@ -84,6 +84,8 @@ class WebState:
     progress: ProgressBoard
     backend: Backend
     preload: Answerer | None
+    preloaded_documents: tuple[str, ...] = ()
+    """The files of the preloaded index (``serve --index``), listed to sessions that have none of their own."""
 
     @property
     def gone(self) -> str:
@@ -139,6 +141,7 @@ class WebState:
             "notices": list(notices),
             "update": _update(summary),
             "preloaded": self.preload is not None,
+            "preloaded_documents": list(self.preloaded_documents) if not (summary and session) else [],
             "turns": len(session.history) if session else 0,
             **({"expired": True, "message": self.expired_message} if expired else {}),
         }

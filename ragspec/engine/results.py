@@ -53,6 +53,9 @@ class GenerationStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     by_source: dict[str, SourceStats] = field(default_factory=dict)
+    by_reference: dict[int, SourceStats] = field(default_factory=dict)
+    """Drafts copied from each reference, by its index in ``references`` (the ``"passage"`` source split up;
+    grammar-forced tokens excluded): ``/v1``'s Predicted Outputs counts come from the prediction's entry."""
     ttft_s: float = 0.0
     """Time to first token: prefill and the first token's decoding."""
     wall_s: float = 0.0

@@ -9,12 +9,15 @@ any of them is held back until the next tokens settle it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 _REPLACEMENT = "\ufffd"
+CUT_FINISH_REASONS = ("length", "repetition")
+"""Finish reasons of an answer that did not end by itself: ``max_tokens`` or the repetition stop cut it."""
 
 
 def clean_text(text: str) -> str:
@@ -203,3 +206,53 @@ class StopTextAssembler:
                     n = max(n, length)
                     break
         return n
+
+
+# The last word of a text with the white space before it (or the white space a text ends with): letters, digits, "_" and apostrophes, joined
+# by single hyphens, dots, colons or commas ("twenty-three", "don't", "11:30", "4.1875", "1,000").
+_LAST_WORD = re.compile(r"(?:\s*[\w'’]+(?:[-.:,][\w'’]+)*|\s*)\Z")
+
+
+_LONGEST_WORD = 256
+"""The longest last word ``whole_words`` recognises whole; a longer one is cut to its last 256 characters' word."""
+
+
+def whole_words(text: str) -> str:
+    """``text`` up to its last whole word: without its last word and the white space before it when it
+    ends in one (nothing after it says the word is complete), and without the white space it ends
+    with. ``"refining his work by re"`` -> ``"refining his work by"``; ``"It is 23."`` stays as it is."""
+    tail = max(0, len(text) - _LONGEST_WORD)  # searched from there only: linear in the text, whatever it holds
+    return text[: tail + _LAST_WORD.search(text, tail).start() - tail]  # type: ignore[union-attr]  # matches every text
+
+
+class WholeWordText:
+    """Holds back the last word of streamed text until what follows shows it complete, so that an
+    answer cut by ``max_tokens`` or the repetition stop never shows a partial word and nothing shown
+    is taken back.
+
+    ``add(delta)`` returns what is safe to show: the text up to its last whole word (``whole_words``).
+    ``finish(text, finish_reason)`` returns the rest of the answer's final text, which is ``text``
+    (all the kept tokens' text) when the answer ended by itself, and ``whole_words(text)`` when it was
+    cut (``CUT_FINISH_REASONS``), never shorter than what was shown. The deltas shown add up to ``text``
+    as ``finish`` leaves it.
+    """
+
+    def __init__(self) -> None:
+        self._text = ""
+        self.shown = ""
+        """What ``add`` and ``finish`` returned so far, together."""
+
+    def add(self, delta: str) -> str:
+        self._text += delta
+        return self._show(whole_words(self._text))
+
+    def finish(self, text: str, finish_reason: str) -> str:
+        """The last delta; ``self.shown`` is then the answer's final text."""
+        final = whole_words(text) if finish_reason in CUT_FINISH_REASONS else text
+        return self._show(final if len(final) >= len(self.shown) else self.shown)
+
+    def _show(self, safe: str) -> str:
+        if len(safe) <= len(self.shown) or not safe.startswith(self.shown):
+            return ""
+        delta, self.shown = safe[len(self.shown) :], safe
+        return delta

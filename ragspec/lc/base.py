@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from langchain_core.documents import Document
 from langchain_core.messages.ai import UsageMetadata
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
 from ragspec.engine.config import DEFAULT_MAX_TOKENS, CallOptions, GenerationConfig, call_options, check_backend
@@ -106,8 +106,8 @@ class RagSpecParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    model: str = "default"
-    """Target model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local model directory, a ``.gguf`` file, or a Hugging Face id available offline."""
+    model: str = Field(default="default", validation_alias=AliasChoices("model", "model_name"))
+    """Target model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local model directory, a ``.gguf`` file, or a Hugging Face id available offline (``model_name=`` is the same, as in ChatOpenAI)."""
     speculative: bool = True
     """Draft tokens from the references and verify them in one forward; ``False`` decodes one token per forward (same output, slower)."""
     max_draft: int = Field(default=16, ge=1, le=256)
@@ -148,6 +148,10 @@ class RagSpecParams(BaseModel):
     """With ``base_url``: the server's API key (default: the ``RAGSPEC_GENERATOR_API_KEY`` environment variable); never serialized."""
     tokenizer: str | None = None
     """With ``base_url``: the served model's tokenizer, which builds the prompt here (default: ``model``; ``"default"`` for ragspec's embedded model)."""
+    timeout: float | None = Field(default=None, gt=0)
+    """With ``base_url``: seconds to wait for the server (to connect, and between two pieces of an answer); default 300."""
+    max_retries: int | None = Field(default=None, ge=0)
+    """With ``base_url``: how often a request that could not reach the server, or that it answered 408/409/5xx before any text, is sent again (backing off 0.5 s, 1 s, 2 s, ...); default 2."""
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +162,8 @@ class RagSpecParams(BaseModel):
             return data
         known = {name for name, f in cls.model_fields.items()} | {
             f.alias for f in cls.model_fields.values() if f.alias
-        }
+        } | {choice for f in cls.model_fields.values() if isinstance(f.validation_alias, AliasChoices)
+             for choice in f.validation_alias.choices if isinstance(choice, str)}
         unknown = [k for k in data if k not in known]
         if not unknown:
             return data
@@ -215,6 +220,13 @@ class RagSpecParams(BaseModel):
             if self.generator is not None:
                 raise ValueError("pass either base_url (a remote generator) or generator (a local one), not both")
             api_base(self.base_url)  # a clear error for an address that is not http(s)://host[:port][/path]
+        else:
+            remote_only = [name for name in ("timeout", "max_retries") if getattr(self, name) is not None]
+            if remote_only:
+                raise ValueError(
+                    f"{' and '.join(remote_only)} apply to a model on a server (base_url=...); a model loaded here "
+                    "has no requests to time out or retry"
+                )
         return self
 
     # -- loading --------------------------------------------------------------------------------
@@ -236,7 +248,9 @@ class RagSpecParams(BaseModel):
         if self.base_url is None:
             raise ValueError("remote_model() needs base_url")
         key = self.api_key.get_secret_value() if self.api_key is not None else None
-        return RemoteModel(self.base_url, model=self.model, api_key=key, tokenizer=self.tokenizer)
+        network = {"timeout_s": self.timeout, "max_retries": self.max_retries}
+        return RemoteModel(self.base_url, model=self.model, api_key=key, tokenizer=self.tokenizer,
+                           **{k: v for k, v in network.items() if v is not None})
 
     # -- tokens ---------------------------------------------------------------------------------
     def model_token_ids(self, text: str) -> list[int]:
@@ -342,4 +356,6 @@ class RagSpecParams(BaseModel):
             "dtype": self.dtype,
             "backend": self.backend,
             "base_url": self.base_url,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -9,20 +10,28 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import LLM, LangSmithParams
 from langchain_core.messages import BaseMessage, get_buffer_string
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
-from pydantic import ConfigDict
+from pydantic import ConfigDict, PrivateAttr
 
 from ragspec.bridge import iterate_in_thread
 from ragspec.engine.config import CallOptions
 from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
 
 if TYPE_CHECKING:
-    from ragspec.engine.results import GenerationResult
+    from ragspec.engine.results import GenerationResult, Generator
+
+
+class InstructModelWarning(UserWarning):
+    """``RagSpecLLM`` continues its prompt as it is, but the model was tuned on chat turns (it has a chat template)."""
 
 
 class RagSpecLLM(LLM, RagSpecParams):
     """Text completion sped up by lossless speculative decoding; the prompt is never echoed.
 
-    The prompt is sent as it is (no chat template; use ``ChatRagSpec`` for chat turns). Pass
+    The prompt is sent as it is, as OpenAI's and LangChain's completion models do: no chat template is
+    applied. A model that has one (the default SmolLM2-135M-Instruct does) was tuned on chat turns and
+    often continues a bare prompt poorly or not at all (an empty answer), so the first call of each
+    ``RagSpecLLM`` on such a model gives an ``InstructModelWarning`` that says to use ``ChatRagSpec``
+    (which applies the template); filter it out where raw completion is meant. Pass
     passages as ``references=[...]`` to draft from each of them; without them the prompt is the
     reference. ``generation_info`` of each generation holds ``finish_reason``, ``model_name``,
     ``usage`` (input/output/total tokens) and the ``speculative`` stats; ``llm_output`` sums the
@@ -35,6 +44,7 @@ class RagSpecLLM(LLM, RagSpecParams):
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    _warned: bool = PrivateAttr(default=False)
 
     @property
     def _llm_type(self) -> str:
@@ -68,7 +78,20 @@ class RagSpecLLM(LLM, RagSpecParams):
         return LangSmithParams(ls_model_type="llm", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
 
     def _events(self, prompt: str, options: CallOptions) -> Iterator[str | GenerationResult]:
-        return self.events(options, lambda _: prompt)
+        return self.events(options, lambda generator: self._checked(generator, prompt))
+
+    def _checked(self, generator: Generator, prompt: str) -> str:
+        """``prompt``, after an ``InstructModelWarning`` on this object's first call of a model with a chat template."""
+        if not self._warned and getattr(generator.tokenizer, "chat_template", None):
+            self._warned = True
+            warnings.warn(
+                f"{generator.model_name} has a chat template (an instruct model): RagSpecLLM completes the prompt as "
+                "it is, which such a model often continues poorly or not at all; use ChatRagSpec for questions and "
+                "instructions, RagSpecLLM for raw completion",
+                InstructModelWarning,
+                stacklevel=2,
+            )
+        return prompt
 
     @staticmethod
     def _info(event: GenerationResult) -> dict[str, Any]:

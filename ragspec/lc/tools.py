@@ -23,11 +23,11 @@ runs when the tools or schema are bound, before anything is generated.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.exceptions import OutputParserException
 from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
@@ -184,30 +184,6 @@ def structured_output(
     with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | final, parsing_error=lambda _: None)
     fallback = RunnablePassthrough.assign(parsed=lambda _: None)
     return RunnableMap(raw=llm) | with_parsed.with_fallbacks([fallback], exception_key="parsing_error")
-
-
-# -- agents ----------------------------------------------------------------------------------------
-def call_then_answer(model: Any, tools: Sequence[Any]) -> Callable[[Any, Any], Runnable]:
-    """An agent's model that calls a tool after each user turn and answers after the results.
-
-    For models that do not choose to call under ``tool_choice="auto"`` (the 135M default model
-    answers in text there): after a user turn the answer must be calls (``"any"``), after tool
-    results it must be text (``"none"``), so an agent loop makes one round of calls and ends.
-    ``model`` is any chat model with ``bind_tools`` (``ChatRagSpec``, ``ChatOpenAI`` on
-    ``ragspec serve``). LangGraph's prebuilt agent takes the result as its dynamic model::
-
-        agent = create_react_agent(call_then_answer(ChatRagSpec(), tools), tools)
-
-    It is called with the agent's state (``{"messages": [...]}``) and LangGraph's runtime.
-    """
-    calling = model.bind_tools(tools, tool_choice="any")
-    answering = model.bind_tools(tools, tool_choice="none")
-
-    def choose(state: Any, runtime: Any = None) -> Runnable:
-        messages = state["messages"] if isinstance(state, Mapping) else state.messages
-        return answering if messages and isinstance(messages[-1], ToolMessage) else calling
-
-    return choose
 
 
 # -- answers -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ nothing downloads a browser. The server and the page talk over 127.0.0.1 only. S
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -142,7 +143,7 @@ def test_an_unsupported_answer_is_marked_on_the_page(browser: object, tmp_path: 
         page = browser.new_page()  # type: ignore[attr-defined]
         upload_and_ask(page, server.url, "timetable.txt", b"Ferry at 7:15.", "What is the capital of Peru?")
         page.wait_for_selector(".citations .unsupported")
-        assert "I don't know: no passage backs this answer" in page.inner_text(".citations")
+        assert "I don't know: no passage backs this answer (no passage holds its words)" in page.inner_text(".citations")
         assert page.query_selector(".citation") is None
         page.close()
 
@@ -161,6 +162,7 @@ def test_an_answer_s_markdown_is_rendered_and_hostile_html_in_it_does_not_run(br
         assert len(page.query_selector_all(".answer li")) == 4
         page.click(".answer .cite-ref")  # the [1] marker is still a button that opens the passage
         page.wait_for_selector("#passage:not([hidden])")
+        assert page.inner_text("#passage-text mark") == "passage of doc"  # the sentences the answer drew from, marked
         for a in page.query_selector_all(".answer a"):
             a.click()
         page.wait_for_timeout(300)
@@ -192,4 +194,28 @@ def test_the_stop_button_ends_the_answer_on_the_page_and_on_the_server(browser: 
         page.click("#ask-btn")
         page.wait_for_function("() => document.querySelectorAll('.turn')[1]?.querySelector('.stats b')")
         assert page.inner_text(".turn:nth-child(2) .answer") == "short"
+        page.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_preloaded_index_lists_its_documents_and_nothing_the_page_loads_is_missing(browser: object, tmp_path: Path) -> None:
+    from apps.engine import Collection
+
+    index = tmp_path / "index"
+    index.mkdir()  # the panel reads the index's manifest only (the files `ragspec ingest` recorded)
+    files = {"/srv/docs/handbook.md": {}, "/srv/docs/rules/harbour-lights.html": {}}
+    (index / "manifest.json").write_text('{"ingest": {"files": ' + json.dumps(files) + "}}")
+    app = create_app(AppConfig(), backend=ScriptedBackend(), preload=Collection(index), sessions_root=tmp_path / "s")
+    with LiveServer(app) as server:
+        page = browser.new_page()  # type: ignore[attr-defined]
+        failed: list[str] = []
+        page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        page.goto(server.url + "/")
+        page.wait_for_selector("#doc-list li")
+        assert page.inner_text("#doc-list").split("\n") == ["handbook.md", "harbour-lights.html"]
+        assert page.inner_text("#doc-status") == "Using the server's preloaded index (2 document(s))."
+        icon = page.request.get(server.url + "/favicon.ico")
+        assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+        page.wait_for_timeout(300)
+        assert failed == []  # the favicon included: no 404 in the console
         page.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import os
 import re
 import subprocess
@@ -50,6 +52,16 @@ def test_help_on_every_command(command: list[str], capsys: pytest.CaptureFixture
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(argv) == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["ask", "--temperatur", "0.5", "When?"], ["ask", "When?", "--bogus"],
+                                     ["chat", "--bogus"], ["ingest", "docs", "--bogus"], ["serve", "--bogus"]])
+def test_an_unknown_option_prints_its_commands_usage(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: ragspec {command[0]} ")  # the command's usage, not the top-level one
+    flag = next(a for a in command if a.startswith("--"))
+    assert err.rstrip().endswith(f"ragspec {command[0]}: error: unrecognized arguments: {flag} (see 'ragspec {command[0]} --help')")
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -171,6 +183,25 @@ def test_an_unsupported_answer_is_said_to_be_unsupported(
     monkeypatch.setattr(cli, "_collection", lambda args: FakeCollection())
     assert cli.main(["ask", "ferries?"]) == 0
     assert "I don't know" not in capsys.readouterr().out
+
+
+class MercuryCollection:
+    """Answers with a number no passage holds."""
+
+    def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Iterator[Event]:
+        yield Token("It boils at 4.1875 degrees.", 0.1, 7, 1)
+        yield dataclasses.replace(fake_answer("It boils at 4.1875 degrees."), missing_facts=("4.1875",))
+
+
+def test_ask_and_chat_say_which_facts_no_passage_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_collection", lambda args: MercuryCollection())
+    assert cli.main(["ask", "What is the boiling point of mercury?"]) == 0
+    assert "I don't know: no passage backs this answer (no passage holds 4.1875, which it states)" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is the boiling point of mercury?\nAnd of water?\n"))
+    assert cli.main(["chat"]) == 0
+    assert capsys.readouterr().out.count("no passage holds 4.1875, which it states") == 2
 
 
 @pytest.mark.integration
@@ -302,3 +333,14 @@ def test_serve_runs_the_chosen_model_and_backend_for_the_page_and_the_api(monkey
     page = web.create_app(seen["config"], generation=generation).state.backend  # type: ignore[arg-type]
     assert isinstance(page, web.DefaultBackend) and (page.model, page.model_backend) == ("my.gguf", "llamacpp")
     assert cli.main(["serve", "--backend", "onnx"]) == 2  # argparse names the choices
+
+
+def test_serve_keeps_prompt_caches_per_client_unless_told_to_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    import apps.web.server as web
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(web, "serve", lambda host, port, **kw: seen.update(kw))
+    assert cli.main(["serve"]) == 0
+    assert seen["config"].shared_prefix_cache is False  # type: ignore[attr-defined]
+    assert cli.main(["serve", "--shared-prefix-cache"]) == 0
+    assert seen["config"].shared_prefix_cache is True  # type: ignore[attr-defined]

@@ -23,7 +23,6 @@ openai = pytest.importorskip("openai")
 langchain_openai = pytest.importorskip("langchain_openai")
 from langchain_tests.integration_tests import ChatModelIntegrationTests  # noqa: E402
 
-from ragspec.lc import call_then_answer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -150,8 +149,10 @@ def test_chat_openai_structured_output_json_mode_and_an_agent_through_the_server
         """Get the current weather in a city."""
         return "Sunny, 21 C"
 
-    prebuilt = pytest.importorskip("langgraph.prebuilt")
-    agent = prebuilt.create_react_agent(call_then_answer(llm, [get_weather]), [get_weather])
+    agents = pytest.importorskip("langchain.agents")
+    from ragspec.lc.agents import CallThenAnswer
+
+    agent = agents.create_agent(llm, [get_weather], middleware=[CallThenAnswer()])
     messages = agent.invoke({"messages": [("user", "What is the weather in Paris?")]}, {"recursion_limit": 8})["messages"]
     assert [type(m).__name__ for m in messages] == ["HumanMessage", "AIMessage", "ToolMessage", "AIMessage"]
     assert isinstance(messages[2], ToolMessage) and isinstance(messages[3], AIMessage) and not messages[3].tool_calls

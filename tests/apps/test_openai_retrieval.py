@@ -110,6 +110,23 @@ def test_a_v1_conversation_is_retrieved_and_answered_as_the_python_api_does(clie
 
 
 @pytest.mark.timeout(300)
+def test_an_unbacked_answer_is_flagged_and_abstains_when_the_client_asks(client: httpx.Client, collection: Collection) -> None:
+    first = collection.load().ask(FIRST, max_tokens=6)  # the random model's words back nothing
+    assert not first.supported and first.note.startswith("I don't know: no passage backs this answer")
+    user = [{"role": "user", "content": FIRST}]
+    flagged = ask(client, user)
+    assert flagged["choices"][0]["message"]["content"] == first.text  # "flag", the default: the words, and the field
+    assert flagged["ragspec"]["retrieval"]["supported"] is False and flagged["ragspec"]["retrieval"]["note"] == first.note
+    abstained = ask(client, user, retrieval={"unsupported": "abstain"})
+    assert abstained["choices"][0]["message"]["content"] == first.note
+    with client.stream("POST", CHAT, json={"model": "tiny", "messages": user, "max_tokens": 6, "stream": True,
+                                           "retrieval": {"unsupported": "abstain"}}) as r:  # fmt: skip
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert streamed == first.text + "\n\n" + first.note  # a stream cannot take its words back: it ends with the flag
+
+
+@pytest.mark.timeout(300)
 def test_retrieval_requests_it_cannot_serve_are_400s_naming_the_parameter(client: httpx.Client, tmp_path: Path, generator: Any) -> None:
     user = {"role": "user", "content": FIRST}
     answer = {"role": "assistant", "content": "In 1871."}
@@ -118,6 +135,7 @@ def test_retrieval_requests_it_cannot_serve_are_400s_naming_the_parameter(client
         ({"retrieval": "yes"}, "retrieval"),
         ({"retrieval": {"k": 0}}, "retrieval.k"),
         ({"retrieval": {"top": 3}}, "retrieval"),
+        ({"retrieval": {"unsupported": "hide"}}, "retrieval.unsupported"),
         ({"messages": [{"role": "system", "content": "Be brief."}, user]}, "messages[0].role"),
         ({"messages": [user, answer, {"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages[2]"),
         ({"messages": [user, answer]}, "messages[1]"),
@@ -134,3 +152,12 @@ def test_retrieval_requests_it_cannot_serve_are_400s_naming_the_parameter(client
     with LiveServer(bare) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         r = c.post(CHAT, json={"model": "tiny", "messages": [user], "retrieval": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "retrieval" and "--index" in r.json()["error"]["message"]
+
+
+def test_the_page_lists_the_preloaded_indexs_documents(client: httpx.Client, index_dir: Path) -> None:
+    from retrievers.persistence import read_manifest
+
+    want = sorted(read_manifest(index_dir)["ingest"]["files"])
+    session = client.get("/api/session").json()
+    assert session["preloaded"] and session["preloaded_documents"] == want and len(want) == len(list(CORPUS.iterdir()))
+    assert session["documents"] == []  # the session's own uploads: none yet

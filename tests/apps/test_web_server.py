@@ -84,6 +84,7 @@ def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: L
         done = got[-1][1]
         assert done["text"] == text and done["supported"] is True
         assert done["citations"][0]["number"] == 1 and done["citations"][0]["text"] == "passage of notes.md"
+        assert done["citations"][0]["quote"] == "passage of notes.md" and done["note"] == ""  # the cited sentences
         assert done["stats"]["acceptance_rate"] == 0.5 and done["stats"]["tokens_per_forward"] == 1.5
         assert done["stats"]["decode_tokens_per_s"] == pytest.approx(10.0) and done["stats"]["new_tokens"] == 3
         ask(c, "And after that?")
@@ -101,6 +102,7 @@ def test_an_unsupported_answer_is_marked_and_cites_nothing(tmp_path: Path) -> No
         kind, done = ask(c, "What is the capital of Peru?")[-1]
     assert kind == "done" and done["supported"] is False and done["citations"] == []
     assert done["text"] == "The capital of Peru is Lima."
+    assert done["note"] == "I don't know: no passage backs this answer (no passage holds its words), so it may be a guess."
 
 
 def test_upload_type_and_size_limits(server: LiveServer) -> None:

@@ -3,19 +3,22 @@ conversation object and RunnableWithMessageHistory (tiny random model over the d
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 
 import pytest
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.documents import Document
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from ragspec.conversation import PASSAGES_KEY, chat_input, to_messages, to_turns
 from ragspec.lc import ChatRagSpec
 from ragspec.pipeline import ContextBudgetWarning, DocumentQA
+from ragspec.engine.text import whole_words
 from ragspec.prompts import Turn, chat_prompt_ids, conversation_messages
 
 from tests.ragspec.test_pipeline import PASSAGES, doc
@@ -81,6 +84,7 @@ def test_chat_input_forms() -> None:
     history = [HumanMessage("a"), AIMessage("b")]
     assert chat_input({"question": "q", "history": history}) == ("q", history)
     assert chat_input([*history, HumanMessage("q")]) == ("q", history)
+    assert chat_input({"messages": [*history, HumanMessage("q")]}) == ("q", history)  # a LangGraph MessagesState
     assert chat_input("q") == ("q", ())
     with pytest.raises(ValueError, match="takes"):
         chat_input(3)
@@ -108,8 +112,8 @@ def test_follow_up_is_retrieved_with_the_conversation_and_asked_after_it(retriev
     want = chat_prompt_ids(tok, conversation_messages([first.as_turn()], "Is it on time?", []))
     assert second.stats.prompt_tokens == len(want)
     assert second.stats.cached_prompt_tokens == first.stats.prompt_tokens  # the whole first prompt was reused
-    # the same text as a cold generation of that prompt
-    assert second.text == lc_tiny_generator.generate(want, max_new_tokens=8).text
+    # the same text as a cold generation of that prompt (cut at max_tokens: up to its last whole word)
+    assert second.model_text == whole_words(lc_tiny_generator.generate(want, max_new_tokens=8).text)
 
 
 def test_new_passages_come_with_the_follow_up_and_citations_count_all(retriever, lc_tiny_generator) -> None:
@@ -181,3 +185,112 @@ def test_runnable_with_message_history_keeps_the_conversation(retriever, lc_tiny
     assert turns[0].passages == tuple(PASSAGES[:2]) and turns[1].passages == ()
     third = chat.invoke({"question": "Who runs the bakery?"}, config=config)
     assert len(third.response_metadata[PASSAGES_KEY]) == 1  # the library passage; the bakery's was shown before
+
+
+# -- async, token by token ------------------------------------------------------------------------
+async def test_the_chat_runnable_streams_asynchronously(retriever, lc_tiny_generator) -> None:
+    qa = make_qa(retriever, lc_tiny_generator)
+    chat = qa.as_chat_runnable()
+    want = chat.invoke({"question": "When does the ferry leave?"})
+    chunks = [c async for c in chat.astream({"question": "When does the ferry leave?"})]
+    assert len(chunks) > 2 and all(isinstance(c, AIMessageChunk) for c in chunks)  # deltas, then the metadata
+    assert "".join(c.content for c in chunks) == want.content
+    assert chunks[-1].content == "" and chunks[-1].response_metadata == want.response_metadata
+    got = await chat.ainvoke({"question": "When does the ferry leave?"})
+    assert type(got) is AIMessage and got.content == want.content and got.response_metadata == want.response_metadata
+
+
+async def test_astream_events_shows_the_deltas_of_astream_and_of_ainvoke(retriever, lc_tiny_generator) -> None:
+    chat = make_qa(retriever, lc_tiny_generator).as_chat_runnable()
+    want = chat.invoke({"question": "When does the ferry leave?"}).content
+
+    async def deltas(runnable: Runnable) -> list[str]:
+        events = runnable.astream_events({"question": "When does the ferry leave?"}, version="v2")
+        return [e["data"]["chunk"].content async for e in events
+                if e["event"] == "on_chain_stream" and e["name"] == "DocumentQAChat"]
+
+    streamed = await deltas(chat)
+    assert len([d for d in streamed if d]) > 1 and "".join(streamed) == want
+
+    async def node(value: dict) -> AIMessage:  # a LangGraph node or any async step that awaits ainvoke
+        return await chat.ainvoke(value)
+
+    awaited = await deltas(RunnableLambda(node))
+    assert len([d for d in awaited if d]) > 1 and "".join(awaited) == want
+
+
+async def test_closing_the_async_stream_early_frees_the_model(retriever, lc_tiny_generator) -> None:
+    qa = make_qa(retriever, lc_tiny_generator)
+    qa.llm = ChatRagSpec(generator=lc_tiny_generator, max_tokens=200)
+    qa.generation = {}  # no repetition stop: the answer runs for 200 tokens unless it is stopped
+    lc_tiny_generator.busy_timeout_s = 0  # a model still busy fails the next call at once
+    for runnable, question in ((qa.as_chat_runnable(), {"question": "When does the ferry leave?"}),
+                               (qa.as_runnable(), "When does the ferry leave?")):  # fmt: skip
+        stream = runnable.astream(question)
+        await anext(stream)
+        await stream.aclose()
+        assert (await qa.aask("When does the ferry leave?", max_tokens=2)).stats.new_tokens == 2
+
+    async def consume() -> None:
+        async for _ in qa.as_chat_runnable().astream({"question": "When does the ferry leave?"}):
+            started.set()
+
+    started = asyncio.Event()
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await qa.aask("When does the ferry leave?", max_tokens=2)).stats.new_tokens == 2
+
+
+async def test_runnable_with_message_history_streams_asynchronously(retriever, lc_tiny_generator) -> None:
+    qa = make_qa(retriever, lc_tiny_generator)
+    store: dict[str, InMemoryChatMessageHistory] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # deprecated for LangGraph's persistence, still used
+        chat = RunnableWithMessageHistory(
+            qa.as_chat_runnable(), lambda sid: store.setdefault(sid, InMemoryChatMessageHistory()),
+            input_messages_key="question", history_messages_key="history",
+        )  # fmt: skip
+    config = {"configurable": {"session_id": "s"}}
+    await chat.ainvoke({"question": "When does the ferry leave?"}, config=config)
+    chunks = [c async for c in chat.astream({"question": "Is it on time?"}, config=config)]
+    assert len(chunks) > 2
+    assert retriever.queries[-1] == "When does the ferry leave? Is it on time?"
+    turns = to_turns(store["s"].messages)  # async answers are kept as their streamed chunks, passages and all
+    assert [t.question for t in turns] == ["When does the ferry leave?", "Is it on time?"]
+    assert turns[0].passages == tuple(PASSAGES[:2])
+
+
+# -- memory the LangGraph way: a checkpointer keeps each thread's messages (docs/conversations.md) ---------
+def conversation_graph(qa: DocumentQA):  # type: ignore[no-untyped-def]
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    answer = qa.as_chat_runnable() | RunnableLambda(lambda message: {"messages": [message]})
+    graph = StateGraph(MessagesState).add_node("answer", answer).add_edge(START, "answer")
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_langgraph_checkpointer_keeps_the_conversation_and_streams_it(retriever, lc_tiny_generator) -> None:
+    pytest.importorskip("langgraph")
+    qa = make_qa(retriever, lc_tiny_generator)
+    chat = conversation_graph(qa)
+    alice, bob = {"configurable": {"thread_id": "alice"}}, {"configurable": {"thread_id": "bob"}}
+    first = chat.invoke({"messages": [("user", "When does the ferry leave?")]}, alice)["messages"][-1]
+    assert isinstance(first, AIMessage) and len(first.response_metadata[PASSAGES_KEY]) == 2
+    deltas = []
+    async for event in chat.astream_events({"messages": [("user", "Is it on time?")]}, alice, version="v2"):
+        if event["event"] == "on_chain_stream" and event["name"] == "DocumentQAChat":
+            deltas.append(event["data"]["chunk"].content)
+    assert retriever.queries[-1] == "When does the ferry leave? Is it on time?"  # the thread's first question too
+    messages = (await chat.aget_state(alice)).values["messages"]
+    assert len([d for d in deltas if d]) > 1 and "".join(deltas) == messages[-1].content
+    turns = to_turns(messages)  # the checkpoint kept the passages each answer was first shown with
+    assert [t.question for t in turns] == ["When does the ferry leave?", "Is it on time?"]
+    assert turns[0].passages == tuple(PASSAGES[:2]) and turns[1].passages == ()
+    want = qa.ask("Is it on time?", history=turns[:1])
+    assert messages[-1].content == want.text
+    chat.invoke({"messages": [("user", "Who runs the bakery?")]}, bob)  # another thread starts afresh
+    assert retriever.queries[-1] == "Who runs the bakery?"

@@ -1,6 +1,6 @@
-"""An agent loop that terminates on ragspec models: ``call_then_answer`` in LangGraph's prebuilt
-agent (a tool call after the user's turn, a text answer after the results), on a tiny random
-model offline and on the default model."""
+"""Agents on ragspec models with LangChain's ``create_agent``: the ``CallThenAnswer`` middleware makes
+the loop call a tool after the user's turn and answer in text after the results, on a tiny random
+model offline, through the async path, and on the default model."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
-from ragspec.lc import ChatRagSpec, call_then_answer
+from ragspec.lc import ChatRagSpec
 
-prebuilt = pytest.importorskip("langgraph.prebuilt")
+agents = pytest.importorskip("langchain.agents")
+from ragspec.lc.agents import CallThenAnswer, call_then_answer_choice  # noqa: E402
+
+QUESTION = {"messages": [("user", "What is the weather in Paris?")]}
+LIMIT = {"recursion_limit": 8}
 
 
 @tool
@@ -21,9 +25,8 @@ def get_weather(city: Literal["Paris", "Rome"]) -> str:
     return f"Sunny, 21 C in {city}"
 
 
-def run_agent(chat: Any) -> list[Any]:
-    agent = prebuilt.create_react_agent(call_then_answer(chat, [get_weather]), [get_weather])
-    return agent.invoke({"messages": [("user", "What is the weather in Paris?")]}, {"recursion_limit": 8})["messages"]
+def make_agent(chat: Any) -> Any:
+    return agents.create_agent(chat, [get_weather], middleware=[CallThenAnswer()])
 
 
 def check_one_round(messages: list[Any]) -> AIMessage:
@@ -38,26 +41,45 @@ def check_one_round(messages: list[Any]) -> AIMessage:
 
 @pytest.mark.timeout(300)
 def test_the_agent_calls_once_then_answers_on_a_tiny_model(lc_tiny_generator: Any) -> None:
-    check_one_round(run_agent(ChatRagSpec(generator=lc_tiny_generator, max_tokens=120)))
+    check_one_round(make_agent(ChatRagSpec(generator=lc_tiny_generator, max_tokens=120)).invoke(QUESTION, LIMIT)["messages"])
+
+
+@pytest.mark.timeout(300)
+async def test_the_agent_streams_asynchronously(lc_tiny_generator: Any) -> None:
+    agent = make_agent(ChatRagSpec(generator=lc_tiny_generator, max_tokens=120))
+    tokens: list[Any] = []
+    async for chunk, meta in agent.astream(QUESTION, LIMIT, stream_mode="messages"):
+        if meta["langgraph_node"] == "model":
+            tokens.append(chunk)
+    final = check_one_round((await agent.ainvoke(QUESTION, LIMIT))["messages"])
+    assert len(tokens) > 2  # the call's and the answer's chunks, as the model streamed them
+    assert "".join(t.content for t in tokens).endswith(final.content)
+
+
+def test_without_the_middleware_the_default_choice_is_left_to_the_model(lc_tiny_generator: Any) -> None:
+    seen: list[Any] = []
+
+    class Recording(ChatRagSpec):
+        def bind_tools(self, tools: Any, *, tool_choice: Any = None, **kwargs: Any) -> Any:
+            seen.append(tool_choice)
+            return super().bind_tools(tools, tool_choice=tool_choice, **kwargs)
+
+    chat = Recording(generator=lc_tiny_generator, max_tokens=120)
+    agents.create_agent(chat, [get_weather]).invoke(QUESTION, LIMIT)
+    assert seen[0] is None  # "auto": the 135M model may answer in text (README, "agents")
+    seen.clear()
+    make_agent(chat).invoke(QUESTION, LIMIT)
+    assert seen == ["any", "none"]
 
 
 def test_the_choice_follows_the_last_message() -> None:
-    seen: list[Any] = []
-
-    class Recorder:
-        def bind_tools(self, tools: Any, tool_choice: str) -> str:
-            seen.append(tool_choice)
-            return tool_choice
-
-    choose = call_then_answer(Recorder(), [get_weather])
-    assert seen == ["any", "none"]
-    assert choose({"messages": [HumanMessage("hi")]}, None) == "any"
-    result = ToolMessage("Sunny", tool_call_id="call_1")
-    assert choose({"messages": [HumanMessage("hi"), AIMessage("", tool_calls=[]), result]}, None) == "none"
+    assert call_then_answer_choice([HumanMessage("hi")]) == "any"
+    assert call_then_answer_choice([HumanMessage("hi"), AIMessage(""), ToolMessage("Sunny", tool_call_id="c")]) == "none"
+    assert call_then_answer_choice([]) == "any"
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_the_agent_answers_from_the_tool_result_on_the_default_model() -> None:
-    final = check_one_round(run_agent(ChatRagSpec(max_tokens=64)))
+    final = check_one_round(make_agent(ChatRagSpec(max_tokens=64)).invoke(QUESTION, LIMIT)["messages"])
     assert "sunny" in final.content.lower() and "21" in final.content, final.content

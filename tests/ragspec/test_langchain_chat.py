@@ -79,6 +79,13 @@ async def test_astream_and_ainvoke(chat):
     assert text == want
 
 
+async def test_astream_events_streams_the_chat_model_token_by_token(chat):
+    want = chat.invoke(MESSAGES).content
+    deltas = [e["data"]["chunk"].content async for e in chat.astream_events(MESSAGES, version="v2")
+              if e["event"] == "on_chat_model_stream"]
+    assert len([d for d in deltas if d]) > 1 and "".join(deltas) == want
+
+
 def test_stop_in_chat(chat):
     full = chat.invoke(MESSAGES).content
     word = full.split()[len(full.split()) // 2]

@@ -49,7 +49,8 @@ def tiny_model_dir() -> str:
 
 
 LOCAL_MODEL_HAS_NO = ("timeout", "max_retries", "api_key")
-"""Parameters of the suites' remote API clients; the strict constructor rejects them as unknown."""
+"""Parameters of the suites' remote API clients; a model loaded here refuses them (``timeout`` and
+``max_retries`` are taken with ``base_url``, ``tests/ragspec/test_remote.py``)."""
 
 
 class Capabilities:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -272,3 +273,16 @@ def test_penalties_as_fields_and_per_call_are_the_generators(lc_tiny_generator):
     assert RagSpecLLM(generator=lc_tiny_generator, max_tokens=MAX).bind(**push).invoke(PROMPT) == want
     with pytest.raises(ValueError, match="frequency_penalty must be from -2 to 2"):
         RagSpecLLM(generator=lc_tiny_generator, frequency_penalty=5)
+
+
+def test_an_instruct_model_warns_once_that_the_prompt_is_not_templated(lc_tiny_generator, monkeypatch):
+    from ragspec.lc import InstructModelWarning
+
+    llm = RagSpecLLM(generator=lc_tiny_generator, max_tokens=2)
+    with pytest.warns(InstructModelWarning, match="use ChatRagSpec"):  # the default tokenizer has a chat template
+        llm.invoke(PROMPT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InstructModelWarning)
+        llm.invoke(PROMPT)  # once per object
+        monkeypatch.setattr(lc_tiny_generator.lm.tokenizer, "chat_template", None)
+        RagSpecLLM(generator=lc_tiny_generator, max_tokens=2).invoke(PROMPT)  # a base model: nothing to say

@@ -47,10 +47,11 @@ def test_a_langchain_chat_model_answers_with_the_same_prompt_and_citations() -> 
     with qa.stream("When is rye bread sold?") as stream:
         deltas = list(stream)
     answer = stream.answer
-    assert deltas == [ANSWER[i : i + 3] for i in range(0, len(ANSWER), 3)] and answer.text == ANSWER
+    assert "".join(deltas) == answer.text == ANSWER and len(deltas) > 3  # streamed, each last word held until complete
     assert answer.stats is None and answer.finish_reason == "stop"
     assert answer.citation_rule == "cited" and [c.number for c in answer.citations] == [2]
-    assert answer.citations[0].source == "/docs/bakery.md" and answer.citations[0].text == BAKERY
+    assert answer.citations[0].source == "/docs/bakery.md"
+    assert answer.citations[0].text == BAKERY[: BAKERY.index(" Marta")]  # the sentence the answer drew from
     expected = conversation_messages([], "When is rye bread sold?", PASSAGES)
     (messages,) = chat.seen
     assert [(m.type, m.content) for m in messages] == [("system", expected[0]["content"]), ("human", expected[1]["content"])]
@@ -60,9 +61,9 @@ def test_a_langchain_chat_model_answers_with_the_same_prompt_and_citations() -> 
 
 
 def test_a_langchain_llm_gets_the_plain_transcript() -> None:
-    qa = DocumentQA(FixedRetriever(passages=PASSAGES), FakeListLLM(responses=["The ferry leaves at seven [1]."]))
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), FakeListLLM(responses=["The ferry leaves at 7:15 [1]."]))
     answer = qa.ask("When does the ferry leave?")
-    assert answer.text == "The ferry leaves at seven [1]." and [c.number for c in answer.citations] == [1]
+    assert answer.text == "The ferry leaves at 7:15 [1]." and [c.number for c in answer.citations] == [1]
     assert answer.stats is None
 
 

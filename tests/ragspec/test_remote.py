@@ -180,3 +180,139 @@ def test_vllm_answers_end_where_they_start_repeating_themselves(server: type[Han
         assert stream.result.token_ids == loop[:cut] and shown == stream.result.text == gen.tokenizer.decode(loop[:cut])
     whole = gen.generate("Hello", max_new_tokens=64, repetition_stop=0)  # off: the loop comes back whole
     assert whole.token_ids == loop and whole.finish_reason == "length"
+
+
+VLLM_MODELS = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
+
+
+@pytest.mark.timeout(60)
+def test_the_cache_scope_travels_as_a_salt_never_as_itself(server: type[Handler]) -> None:
+    """vLLM's ``cache_salt``: the same scope the same salt, another scope another, and no scope's text in it."""
+    from ragspec.engine.tenancy import cache_scope
+
+    server.models_body = VLLM_MODELS
+    server.events = [chunk("Hi", "stop"), "data: [DONE]\n\n"]
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+
+    def salt() -> str:
+        gen.generate("Hello", max_new_tokens=2)
+        return server.request["cache_salt"]  # type: ignore[attr-defined]
+
+    with cache_scope("web:session-secret"):
+        alice, alice_again = salt(), salt()
+    with cache_scope("v1:other"):
+        bob = salt()
+    shared = salt()
+    assert alice == alice_again and len({alice, bob, shared}) == 3
+    assert "session-secret" not in alice and len(alice) == 43
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    RemoteGenerator(server.url, model="m", tokenizer="default").generate("Hello", max_new_tokens=2)  # type: ignore[attr-defined]
+    assert "cache_salt" not in server.request  # type: ignore[attr-defined]  # a server that may not know it
+
+
+@pytest.mark.timeout(60)
+def test_grammars_reach_vllm_as_its_structured_outputs_and_json_as_response_format(server: type[Handler]) -> None:
+    from ragspec.engine.constraints import Constraint, ConstraintError
+    from ragspec.engine.tool_calls import Tool, tool_call_constraint
+
+    server.models_body = VLLM_MODELS
+    server.events = [chunk("1", "stop"), "data: [DONE]\n\n"]
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    tools = tool_call_constraint([Tool("weather", "the weather in a city", {"type": "object", "properties": {"city": {"type": "string"}}})])
+    gen.generate("Weather?", max_new_tokens=4, constraint=tools)
+    assert server.request["structured_outputs"] == {"grammar": tools.source}  # type: ignore[attr-defined]
+    assert "%json" in tools.source and "weather" in tools.source and "response_format" not in server.request  # type: ignore[attr-defined]
+    gen.generate("Digits?", max_new_tokens=4, constraint=Constraint.regex("[0-9]+"))
+    assert server.request["structured_outputs"] == {"regex": "[0-9]+"}  # type: ignore[attr-defined]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    gen.generate("Number?", max_new_tokens=4, constraint=Constraint.json_schema(schema))
+    sent = server.request  # type: ignore[attr-defined]
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    assert "structured_outputs" not in sent
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    other = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    with pytest.raises(ConstraintError, match="a lark constraint cannot be sent to this generator"):
+        other.stream("Weather?", constraint=tools)
+
+
+# -- timeout and retries (ChatOpenAI's timeout= and max_retries=) ---------------------------------------
+class Flaky(Handler):
+    """Answers the first ``failures`` completion requests with 503, then streams ``events``; counts requests."""
+
+    failures = 0
+    seen = 0
+
+    def do_POST(self) -> None:
+        type(self).seen += 1
+        if type(self).seen <= self.failures:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": {"message": "warming up"}}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Retry-After", "0.1")
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_POST()
+
+
+class Slow(Handler):
+    def do_POST(self) -> None:
+        threading.Event().wait(3)
+        super().do_POST()
+
+
+def serve(handler: type[Handler]) -> tuple[ThreadingHTTPServer, str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("failures", "retries", "ok"), [(2, 2, True), (3, 2, False), (1, 0, False)])
+def test_server_errors_are_retried_max_retries_times(failures: int, retries: int, ok: bool) -> None:
+    handler = type("FlakyHere", (Flaky,), {"failures": failures, "seen": 0, "events": [chunk("Hi", "stop")]})
+    httpd, url = serve(handler)
+    try:
+        gen = RemoteModel(url, model="m", tokenizer="default", max_retries=retries).load()
+        if ok:
+            assert gen.generate("x", max_tokens=4).text == "Hi"
+        else:
+            with pytest.raises(Exception, match="warming up"):
+                gen.generate("x", max_tokens=4)
+        assert handler.seen == min(failures + 1, retries + 1)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.timeout(120)
+def test_timeout_bounds_the_wait_for_a_silent_server() -> None:
+    httpd, url = serve(type("SlowHere", (Slow,), {"events": [chunk("Hi", "stop")]}))
+    try:
+        import time
+
+        gen = RemoteModel(url, model="m", tokenizer="default", timeout_s=0.5, max_retries=0).load()
+        start = time.monotonic()
+        with pytest.raises(RemoteGenerationError, match="could not reach.*Timeout"):
+            gen.generate("x", max_tokens=4)
+        assert time.monotonic() - start < 2.5
+        patient = RemoteModel(url, model="m", tokenizer="default", timeout_s=10).load()
+        assert patient.generate("x", max_tokens=4).text == "Hi"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_langchain_models_take_chatopenais_names() -> None:
+    from ragspec.lc import ChatRagSpec, RagSpecLLM
+
+    chat = ChatRagSpec(base_url="http://127.0.0.1:9/v1", model_name="m", timeout=7.5, max_retries=4)
+    assert chat.model == "m" and chat.remote_model().timeout_s == 7.5 and chat.remote_model().max_retries == 4
+    assert RagSpecLLM(model_name="m").model == "m" and ChatRagSpec(model="m").model == "m"
+    for option in ({"timeout": 5}, {"max_retries": 1}):
+        with pytest.raises(ValueError, match="apply to a model on a server"):
+            ChatRagSpec(**option)
+    with pytest.raises(ValueError, match="max_retries"):
+        ChatRagSpec(base_url="http://127.0.0.1:9/v1", max_retries=-1)

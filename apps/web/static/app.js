@@ -50,11 +50,12 @@ async function errorBody(response) {
   }
 }
 
-const EMPTY = { documents: [], chunks: 0, skipped: [], notices: [], preloaded: false };
+const EMPTY = { documents: [], chunks: 0, skipped: [], notices: [], preloaded: false, preloaded_documents: [] };
 
 function showSession(info) {
   const list = $("doc-list");
-  list.replaceChildren(...info.documents.map((d) => el("li", { title: d }, d.split("/").pop())));
+  const preloaded = info.documents.length ? [] : info.preloaded_documents || [];
+  list.replaceChildren(...[...info.documents, ...preloaded].map((d) => el("li", { title: d }, d.split("/").pop())));
   if (info.documents.length) {
     const update = info.update
       ? ` Last indexing: ${info.update.files}; ${info.update.embedded} passages embedded in ${info.update.seconds.toFixed(1)} s` +
@@ -63,7 +64,9 @@ function showSession(info) {
     $("doc-status").textContent = `${info.documents.length} document(s), ${info.chunks} passages indexed.${update}`;
     $("doc-status").className = "muted";
   } else {
-    $("doc-status").textContent = info.preloaded ? "Using the server's preloaded index." : "No documents yet.";
+    $("doc-status").textContent = info.preloaded
+      ? `Using the server's preloaded index${preloaded.length ? ` (${preloaded.length} document(s))` : ""}.`
+      : "No documents yet.";
   }
   $("skipped-box").hidden = info.skipped.length === 0;
   $("skipped-list").replaceChildren(...info.skipped.map((s) => el("li", {}, `${s.path}: ${s.reason}`)));
@@ -181,7 +184,11 @@ function openPassage(citation, button) {
   if (button) button.classList.add("active");
   $("passage-title").textContent = `[${citation.number}] ${citation.title || citation.source.split("/").pop()}`;
   $("passage-source").textContent = [citation.source, citation.location].filter(Boolean).join(" · ");
-  $("passage-text").textContent = citation.text;
+  // The sentences the answer drew from (citation.quote, cut with "…" when long) marked in the passage.
+  const quote = (citation.quote || "").replace(/…$/, "");
+  const at = quote ? citation.text.indexOf(quote) : -1;
+  $("passage-text").replaceChildren(...(at < 0 ? [citation.text] : [
+    citation.text.slice(0, at), el("mark", {}, quote), citation.text.slice(at + quote.length)]));
   $("passage").hidden = false;
 }
 $("passage-close").addEventListener("click", () => { $("passage").hidden = true; });
@@ -304,7 +311,7 @@ async function readAnswer(question, answer, stats, citeList, signal, onToken) {
         }));
         if (data.supported === false) {
           citeList.append(el("li", { class: "unsupported" },
-            "I don't know: no passage backs this answer (none holds it as an answer to your question), so it may be a guess. Check it against your documents."));
+            (data.note || "I don't know: no passage backs this answer, so it may be a guess.") + " Check it against your documents."));
         }
         stats.innerHTML = statsLine(data.stats);
       } else if (event === "error") {

@@ -261,6 +261,20 @@ def test_stats_account_for_every_token() -> None:
     assert s.as_dict()["tokens_per_forward"] == pytest.approx(s.new_tokens / s.forward_passes)
 
 
+def test_passage_drafts_are_counted_per_reference() -> None:
+    lm = tiny_model(300, 2)
+    prompt = [5, 6, 7]
+    expected = brute_greedy(lm, prompt, 40)
+    # reference 1 holds the answer itself (as a prediction would), reference 0 noise, reference 2 is empty
+    references = [[11, 12, 13, 14] * 4, list(expected), []]
+    s = SpeculativeGenerator(lm, policy=FixedPolicy(k=4)).generate(prompt, references=references, max_new_tokens=40).stats
+    assert set(s.by_reference) <= {0, 1} and s.by_reference[1].accepted > 0
+    passage = s.by_source["passage"]
+    assert sum(r.drafted for r in s.by_reference.values()) == passage.drafted
+    assert sum(r.accepted for r in s.by_reference.values()) == passage.accepted
+    assert sum(r.verify_steps for r in s.by_reference.values()) == passage.verify_steps
+
+
 def test_prefix_cache_reuses_a_shared_prompt_prefix_exactly() -> None:
     lm = tiny_model(300, 6)
     system = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]

@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 from ragspec.engine.config import GenerationConfig, GenerationConfigError
 from ragspec.engine.generator import SpeculativeGenerator
 from ragspec.engine.policy import FixedPolicy
-from ragspec.engine.text import MIN_SENTENCE, RepeatGuard, StopTextAssembler, sentence_end_tokens
+from ragspec.engine.text import (
+    CUT_FINISH_REASONS,
+    MIN_SENTENCE,
+    RepeatGuard,
+    StopTextAssembler,
+    WholeWordText,
+    sentence_end_tokens,
+    whole_words,
+)
 
 from tests.ragspec.tiny import byte_tokenizer, tiny_model
 
@@ -140,3 +148,60 @@ def test_the_answer_is_the_plain_answer_cut_where_it_first_repeats_itself(seed: 
             assert result.stats.new_tokens == cut
     if seed == 0:
         assert cut is not None, "the random model looped: the stop was exercised"
+
+
+# -- whole words at a cut end -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "whole"),
+    [
+        ("Robert Boyle refined his work by refining his work by re", "Robert Boyle refined his work by refining his work by"),
+        ("The answer is: The", "The answer is:"),
+        ("It is 23.", "It is 23."),
+        ("It is twenty-thr", "It is"),  # a hyphenated word is one word
+        ("It is 4.18", "It is"),  # so is a number with its dots, colons or commas
+        ("at 11:3", "at"),
+        ("don't", ""),
+        ("Ends here\n\n", "Ends here"),
+        ("(1963)", "(1963)"),
+        ("", ""),
+        ("x" * 600, "x" * 344),  # a last word longer than 256 characters is cut to its last 256
+    ],
+)
+def test_whole_words(text, whole):
+    assert whole_words(text) == whole
+
+
+def reference_whole_words(text: str) -> str:
+    """Brute force: when the text ends in a word character, drop its longest suffix that is one word
+    (letters, digits, "_", apostrophes, joined by single "-", ".", ":" or ","); then the white space it ends with."""
+    import re
+
+    word = re.compile(r"[\w'’]+(?:[-.:,][\w'’]+)*")
+    end = len(text)
+    if text and re.match(r"[\w'’]", text[-1]):
+        end = min(start for start in range(len(text)) if word.fullmatch(text[start:]))
+    return text[:end].rstrip()
+
+
+@given(st.text(alphabet="ab1 .-:\n'", max_size=40))
+def test_whole_words_against_brute_force(text):
+    assert whole_words(text) == reference_whole_words(text)
+
+
+@given(st.text(alphabet="ab1 .-\n", max_size=40), st.lists(st.integers(0, 40), max_size=8),
+       st.sampled_from(["eos", "stop", *CUT_FINISH_REASONS]))
+def test_whole_word_text_never_takes_back_and_ends_at_a_whole_word(text, cuts, finish):
+    held, shown, points = WholeWordText(), [], sorted({min(c, len(text)) for c in cuts} | {len(text)})
+    start = 0
+    for point in points:
+        shown.append(held.add(text[start:point]))
+        assert text.startswith("".join(shown))  # what is shown is the text's start, never retracted
+        start = point
+    before = "".join(shown)
+    shown.append(held.finish(text, finish))
+    final = "".join(shown)
+    assert final == held.shown
+    if finish in CUT_FINISH_REASONS:
+        assert final == max(whole_words(text), before, key=len)  # whole words, or what was shown already
+    else:
+        assert final == text

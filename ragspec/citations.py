@@ -1,0 +1,258 @@
+"""Which passages an answer cites, by this rule:
+
+1. the passages the answer cites by number (``[2]``, ``[1, 3]``), in order of first mention;
+2. otherwise the passages the answer copies a substantial span from: a run of
+   ``min(6, words in the answer)`` consecutive words (at least 4, two of them not stop words
+   such as "the" or "is") that the passage also holds, in rank order;
+3. otherwise the passage that holds the most of the answer's content words (words that are not
+   stop words), when it holds at least two thirds of them and at least two: a short answer
+   ("It had five arches.") rarely copies six words but uses the passage's own; failing that, the
+   same over the words the answer adds to the question's (an answer that restates the question,
+   "The trial period at Kestrel Lane Bakery Cooperative is six months.", is judged on "cooperative
+   six months");
+4. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
+   passage is shown to back it. A passage is never cited just for being retrieved.
+
+A passage chosen by 1-3 is kept only if the answer is about the question: at least half of the
+question's content words (not stop words or question words such as "how"), compared without a plural
+or verb ending, occur both in the answer and in that passage. A small model that cannot answer often
+copies a passage that is beside the point ("Where can visitors park?" answered with the archive's
+opening hours). The next rule is tried when none of a rule's passages is on topic; when no rule's is,
+the answer cites nothing and its rule is ``"off_topic"``.
+
+Matching words is not backing facts: "The boiling point of mercury is 4.1875 degrees Celsius." can share
+a passage's words and still state what no passage says. So (``check_facts``, on by default) a passage is
+cited only when
+
+- the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
+- the sentences of the passage it drew its words from (``drawn_sentences``, with one sentence either
+  side) are about the question, as above, not only the passage somewhere;
+- the cited passages' sentences it drew from (with one either side), with the question, hold the
+  answer's facts (``ragspec.facts``): its numbers, with
+  number words as digits ("23" = "Twenty-three", "1000" = "1,000"), and its names (capitalized words that
+  do not start a sentence). Another passage the rules found the answer drawing on is cited too when it
+  holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``.
+
+``benchmarks/support_eval.py`` measures the rules, with and without these checks, against hand labels
+(README, "Answers you can check").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from langchain_core.documents import Document
+
+from ragspec import facts
+
+__all__ = ["choose_citations", "cited_numbers", "copied_numbers", "on_topic_numbers", "overlap_numbers"]
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> list[str]:
+    """The lower-cased words of ``text``, its number words as digits ("Twenty-three" and "23" are one word)."""
+    return _WORD.findall(facts.normalize_numbers(text).lower())
+
+
+_MARKER = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+
+
+def cited_numbers(text: str, n_passages: int) -> list[int]:
+    """Passage numbers cited as ``[n]`` / ``[n, m]`` in ``text``, valid ones only, in order of first mention."""
+    found: list[int] = []
+    for match in _MARKER.finditer(text):
+        for number in (int(x) for x in re.split(r"\s*[,;]\s*", match.group(1))):
+            if 1 <= number <= n_passages and number not in found:
+                found.append(number)
+    return found
+
+
+_STOP_WORDS = frozenset(
+    "a an and are as at be been but by do does for from had has have he her his i if in is it its "
+    "not of on or she so than that the their them then there they this to was we were what when "
+    "which who will with you your".split()
+)
+
+
+def copied_numbers(
+    text: str, passages: Sequence[Document], max_run: int = 6, min_run: int = 4, min_content: int = 2
+) -> list[int]:
+    """Passages that hold a run of ``min(max_run, words in text)`` consecutive words of ``text``
+    (at least ``min_run``, with at least ``min_content`` words that are not stop words), in rank order."""
+    words = _words(text)
+    run = min(max_run, len(words))
+    if run < min_run:
+        return []
+    answer_runs = {
+        tuple(words[i : i + run])
+        for i in range(len(words) - run + 1)
+        if sum(w not in _STOP_WORDS for w in words[i : i + run]) >= min_content
+    }
+    if not answer_runs:
+        return []
+    found = []
+    for number, passage in enumerate(passages, start=1):
+        pw = _words(passage.page_content)
+        if any(tuple(pw[i : i + run]) in answer_runs for i in range(len(pw) - run + 1)):
+            found.append(number)
+    return found
+
+
+def overlap_numbers(
+    text: str, passages: Sequence[Document], min_share: float = 2 / 3, min_words: int = 2, ignore: str = ""
+) -> list[int]:
+    """The passages holding the most of ``text``'s content words (leaving out the words of ``ignore``),
+    when that is at least ``min_share`` of them and at least ``min_words`` (ties: all of them, in rank order)."""
+    wanted = set(_words(text)) - _STOP_WORDS - set(_words(ignore))
+    if len(wanted) < min_words:
+        return []
+    held = [len(wanted & set(_words(p.page_content))) for p in passages]
+    best = max(held, default=0)
+    if best < max(min_words, min_share * len(wanted)):
+        return []
+    return [number for number, n in enumerate(held, start=1) if n == best]
+
+
+_QUESTION_WORDS = _STOP_WORDS | frozenset("how why where whom whose can could should would did many much".split())
+
+
+def _stem(word: str) -> str:
+    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching a question's words."""
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
+        word = word[:-1]
+    for ending in ("ing", "ed"):
+        if word.endswith(ending) and len(word) - len(ending) >= 4:
+            return word[: -len(ending)]
+    return word
+
+
+def _stems(text: str, stop_words: frozenset[str]) -> set[str]:
+    return {_stem(w) for w in _words(text) if w not in stop_words}
+
+
+def on_topic_numbers(text: str, question: str, passages: Sequence[Document], numbers: Sequence[int], min_share: float = 0.5) -> list[int]:
+    """Those of ``numbers`` whose passage holds, together with ``text``, at least ``min_share`` of the
+    question's content words (all of ``numbers`` when the question has none)."""
+    wanted = _stems(question, _QUESTION_WORDS)
+    if not wanted:
+        return list(numbers)
+    about = wanted & _stems(text, _QUESTION_WORDS)
+    return [n for n in numbers if len(about & _stems(passages[n - 1].page_content, _QUESTION_WORDS)) >= min_share * len(wanted)]
+
+
+def choose_citations(
+    text: str, passages: Sequence[Document], question: str = "", check_facts: bool = True
+) -> tuple[list[int], str]:
+    """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
+    whose passages are on topic (checked when ``question`` is given) and, with ``check_facts``, hold the
+    answer's facts in sentences about the question. With no citations the rule says why:
+    ``"restates"`` (the answer adds nothing to the question), ``"missing_facts"`` (on-topic passages
+    were found but none held the facts), ``"off_topic"`` (rules found passages but none on topic),
+    ``"unsupported"`` (no rule found any)."""
+    if check_facts and question and restates(text, question):
+        return [], "restates"
+    evidence = (
+        ("cited", cited_numbers(text, len(passages))),
+        ("copied", copied_numbers(text, passages)),
+        ("overlap", overlap_numbers(text, passages)),
+        ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
+    )
+    drawn_from = sorted({n for _, numbers in evidence for n in numbers})
+    lacking = False
+    for rule, numbers in evidence:
+        kept = on_topic_numbers(text, question, passages, numbers) if question else list(numbers)
+        if check_facts and question:
+            kept = [n for n in kept if _drawn_on_topic(text, question, passages[n - 1].page_content)]
+        if kept:
+            if not check_facts:
+                return kept, rule
+            if backed := _backing(text, passages, question, kept, drawn_from):
+                return backed, rule
+            lacking = True
+    if lacking:
+        return [], "missing_facts"
+    return [], "off_topic" if any(numbers for _, numbers in evidence) else "unsupported"
+
+
+_FILLER = frozenset("answer question passage passages document documents".split())
+
+
+def restates(text: str, question: str) -> bool:
+    """Whether ``text`` adds no word to ``question`` but question and filler words ("The answer is: Ada
+    Pellow." to "Who was Ada Pellow?")."""
+    return not _stems(text, _QUESTION_WORDS | _FILLER) - _stems(question, _QUESTION_WORDS)
+
+
+def _drawn_window(text: str, passage: str) -> str:
+    """The sentences of ``passage`` that ``text`` drew from (``drawn_sentences``), with one sentence either
+    side; ``""`` when it drew from none."""
+    start, end = drawn_sentences(text, passage)
+    spans = sentence_spans(passage)
+    inside = [i for i, (s, e) in enumerate(spans) if s >= start and e <= end]
+    if end == 0 or not inside:
+        return ""
+    return passage[spans[max(0, inside[0] - 1)][0] : spans[min(len(spans) - 1, inside[-1] + 1)][1]]
+
+
+def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0.5) -> bool:
+    """Whether the sentences of ``passage`` the answer drew from (``_drawn_window``) hold, together with
+    the answer, at least ``min_share`` of the question's content words: the answer is about the question
+    where it takes its words, not only somewhere in the passage."""
+    wanted = _stems(question, _QUESTION_WORDS)
+    if not wanted:
+        return True
+    window = _drawn_window(text, passage)
+    return len(wanted & _stems(text, _QUESTION_WORDS) & _stems(window, _QUESTION_WORDS)) >= min_share * len(wanted)
+
+
+def _backing(text: str, passages: Sequence[Document], question: str, kept: list[int], drawn_from: list[int]) -> list[int]:
+    """``kept`` and the other passages the answer draws from that hold facts of it ``kept`` lacks, when
+    together with the question they hold all of its facts, each in the sentences the answer drew from
+    there (``_drawn_window``: "14 November" elsewhere in the passage does not back "closed on 14 November
+    1979"); else ``[]``."""
+    windows = {n: _drawn_window(text, passages[n - 1].page_content) for n in {*kept, *drawn_from}}
+    missing = facts.missing_facts(text, [windows[n] for n in kept], question)
+    cited = list(kept)
+    for n in drawn_from:
+        if not missing:
+            break
+        if n not in cited and len(still := facts.unheld(missing, [windows[n]])) < len(missing):
+            cited.append(n)
+            missing = still
+    return [] if missing else cited
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sentence (or line) of ``text``, without the white space around it."""
+    spans, start = [], 0
+    for end in [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]:
+        piece = text[start:end]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            spans.append((start + lead, start + len(piece.rstrip())))
+        start = end
+    return spans
+
+
+def drawn_sentences(answer: str, passage: str) -> tuple[int, int]:
+    """``(start, end)`` in ``passage`` of the sentence(s) ``answer`` drew from: the sentence holding the
+    most of the answer's content words (its numbers and names count twice), with each neighbour that
+    holds at least half as many; ``(0, 0)`` when no sentence holds any."""
+    found = facts.answer_facts(answer)
+    weight = {w: 1 for w in facts.words(answer) if w not in _STOP_WORDS} | {w: 2 for w in found.numbers | found.names}
+    spans = sentence_spans(passage)
+    scores = [sum(weight.get(w, 0) for w in set(facts.words(passage[s:e]))) for s, e in spans]
+    best = max(range(len(spans)), key=lambda i: scores[i], default=-1)
+    if best < 0 or scores[best] == 0:
+        return 0, 0
+    first = last = best
+    while first > 0 and scores[first - 1] * 2 >= scores[best]:
+        first -= 1
+    while last + 1 < len(spans) and scores[last + 1] * 2 >= scores[best]:
+        last += 1
+    return spans[first][0], spans[last][1]

@@ -1,0 +1,136 @@
+"""The facts an answer states, for checking them against the passage it cites.
+
+A reader takes numbers, dates and names from an answer; a small model invents exactly those ("The
+boiling point of mercury is 4.1875 degrees Celsius."). ``missing_facts`` lists the ones a passage does
+not hold, so that ``ragspec.citations`` can refuse support to an answer whose words match a passage
+but whose facts do not.
+
+Numbers are compared as digits: number words become digits (``"twenty-three"`` = ``"23"``, ``"nine
+thousand"`` = ``"9000"``, ``"three hundred and forty-two"`` = ``"342"``) and thousands separators go
+(``"1,000"`` = ``"1000"``), in the answer and the passage alike, by ``normalize_numbers``. It is written
+here rather than taken from a library: text2num 3.1 (the maintained one on PyPI) is made for speech
+transcripts and leaves "one" and "two" as words in every context tried ("two players", "for two
+weeks"), while it turns "five" into "5"; a passage saying "two to five players" and an answer saying
+"2 to 5" would then disagree. The check needs the same digits on both sides, which a few dozen lines give.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Facts", "answer_facts", "missing_facts", "normalize_numbers", "unheld", "words"]
+
+_UNITS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen eighteen nineteen".split()
+    )
+}
+_TENS = {w: 10 * i for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2)}
+_SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
+_NUMBER_WORD = "|".join(sorted([*_UNITS, *_TENS, *_SCALES], key=len, reverse=True))
+# A run of number words joined by spaces or hyphens, with "and" allowed before a word after a scale
+# ("three hundred and forty-two").
+_NUMBER_RUN = re.compile(
+    rf"\b(?:{_NUMBER_WORD})(?:(?:[ \t-]+|[ \t]+and[ \t]+)(?:{_NUMBER_WORD}))*\b", re.IGNORECASE
+)
+_GROUPED = re.compile(r"\b\d{1,3}(?:,\d{3})+\b")
+
+
+def _values(run: str) -> list[int]:
+    """The numbers a run of number words says: ``"twenty three"`` is 23, ``"nineteen sixty-three"`` 19 and 63."""
+    numbers: list[int] = []
+    total = current = 0
+    last = ""  # the kind of the previous word: "unit", "teen", "tens", "scale"
+    started = False
+    for word in re.split(r"[ \t-]+", run.lower()):
+        if word == "and":
+            continue
+        if word in _SCALES:
+            scale = _SCALES[word]
+            current = current or 1
+            if scale == 100:
+                current *= 100
+            else:
+                total, current = total + current * scale, 0
+            last = "scale"
+        else:
+            value = _UNITS.get(word, _TENS.get(word, 0))
+            kind = "tens" if word in _TENS else ("teen" if value >= 10 else "unit")
+            joins = started and (last == "scale" or (last == "tens" and kind == "unit"))
+            if started and not joins:
+                numbers.append(total + current)
+                total = current = 0
+            current += value
+            last = kind
+        started = True
+    numbers.append(total + current)
+    return numbers
+
+
+def normalize_numbers(text: str) -> str:
+    """``text`` with number words as digits and thousands separators dropped ("Twenty-three" -> "23",
+    "1,000" -> "1000"); everything else as it was."""
+    text = _GROUPED.sub(lambda m: m.group(0).replace(",", ""), text)
+    return _NUMBER_RUN.sub(lambda m: " ".join(str(v) for v in _values(m.group(0))), text)
+
+
+_TOKEN = re.compile(r"\d+(?:[.:]\d+)*|\w+")
+
+
+def words(text: str) -> list[str]:
+    """The lower-cased words of ``text`` with its numbers as digits (``"3:30"`` and ``"4.1875"`` stay one word)."""
+    return [w.lower() for w in _TOKEN.findall(normalize_numbers(text))]
+
+
+_LIST_MARKER = re.compile(r"(?m)^[ \t]*(?:\d+(?:\.\d+)*[.)]|[-*+])[ \t]+|^[ \t]*\d+(?:\.\d+)*[.)]?[ \t]*$")
+_CITE_MARKER = re.compile(r"\[\d+(?:\s*[,;]\s*\d+)*\]")
+_NUMBER = re.compile(r"^\d+(?:[.:]\d+)*$")
+_SENTENCE_START = re.compile(r"""(?:^|[.!?:]\s+|\n\s*|["'(*#`]\s*)$""")  # a capital there starts a sentence, names nothing
+_NAME_RUN = re.compile(r"\b[A-Z][\w'’]*(?:[ \t]+[A-Z][\w'’]*)*")
+_GENERIC = frozenset("i answer question passage passages document documents note yes no".split())
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What an answer states that a reader takes from it."""
+
+    numbers: frozenset[str]
+    """Its numbers, as ``words`` writes them (list and citation markers left out)."""
+    names: frozenset[str]
+    """Its capitalized words that do not start a sentence, lower-cased (names of people, places, things),
+    but for runs of them that name something the question names."""
+
+    def __bool__(self) -> bool:
+        return bool(self.numbers or self.names)
+
+
+def answer_facts(text: str, question: str = "") -> Facts:
+    """The numbers and names of ``text`` that ``question`` does not already hold."""
+    body = _CITE_MARKER.sub(" ", _LIST_MARKER.sub(" ", text))
+    given = set(words(question))
+    numbers = {w for w in words(body) if _NUMBER.match(w)} - given
+    normalized = normalize_numbers(body)
+    names: set[str] = set()
+    for match in _NAME_RUN.finditer(normalized):
+        run = [w for w in words(match.group(0)) if len(w) > 1 and w not in _GENERIC]  # not the "s" of "Society's"
+        if _SENTENCE_START.search(normalized[: match.start()]):
+            run = run[1:]  # a capital that starts a sentence names nothing ("The", "It")
+        if not given.intersection(run):  # "Kestrel Lane Bakery Cooperative" names the question's "Kestrel Lane"
+            names.update(run)
+    return Facts(frozenset(numbers), frozenset(names))
+
+
+def missing_facts(text: str, passages: Sequence[str], question: str = "") -> list[str]:
+    """The facts of ``text`` (``answer_facts``) that none of ``passages`` holds: numbers, then names, sorted."""
+    facts = answer_facts(text, question)
+    return unheld([*sorted(facts.numbers), *sorted(facts.names)], passages) if facts else []
+
+
+def unheld(wanted: Sequence[str], passages: Sequence[str]) -> list[str]:
+    """Those of ``wanted`` (words as ``words`` writes them) that none of ``passages`` holds, in order."""
+    held = {w for p in passages for w in words(p)}
+    return [w for w in wanted if w not in held]

@@ -1,0 +1,42 @@
+"""The Predicted Outputs benchmark at a tiny size: both arms run, give the same tokens, and report the
+prediction's counts as ``/v1`` does (the measurements themselves are not tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.prediction_bench import FILES, benchmark, summarize
+
+
+@pytest.mark.timeout(300)
+def test_both_arms_run_and_give_the_same_tokens(lc_tiny_model: Any) -> None:
+    report = benchmark(lc_tiny_model, files=2, repeats=1, max_tokens=12)
+    assert report["identical"] == "2/2"
+    pred, base = report["arms"]["with_prediction"], report["arms"]["without_prediction"]
+    assert pred["requests"] == base["requests"] == 2 and pred["new_tokens"] == base["new_tokens"]
+    assert pred["accepted_prediction_tokens"] + pred["rejected_prediction_tokens"] >= 0
+    assert "accepted_prediction_tokens" not in base
+
+
+def test_summary_arithmetic() -> None:
+    rows = [{"new_tokens": 11, "wall_s": 2.0, "ttft_s": 1.0, "forwards": 5, "accepted_prediction_tokens": 6, "rejected_prediction_tokens": 2},
+            {"new_tokens": 21, "wall_s": 4.0, "ttft_s": 1.0, "forwards": 11, "accepted_prediction_tokens": 10, "rejected_prediction_tokens": 0}]  # fmt: skip
+    s = summarize(rows)
+    assert s["median_s"] == 3.0 and s["decode_tokens_per_s"] == pytest.approx(30 / 4) and s["tokens_per_forward"] == 2.0
+    assert (s["accepted_prediction_tokens"], s["rejected_prediction_tokens"], s["accepted_share"]) == (16, 2, 0.5)
+    assert len(FILES) >= 3
+
+
+@pytest.mark.timeout(120)
+def test_the_documented_command_runs_from_any_folder(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "prediction_bench.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: benchmarks/prediction_bench.py") and "--max-tokens" in done.stdout

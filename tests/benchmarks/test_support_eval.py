@@ -1,0 +1,64 @@
+"""``benchmarks/support_eval.py`` (the README's support table) and ``benchmarks/support_answers.py`` run as documented."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from langchain_core.documents import Document
+
+from benchmarks import support_eval
+from benchmarks.support_eval import Case, measure
+from ragspec.citations import choose_citations
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_label_matches_an_answer_and_every_answer_is_labelled() -> None:
+    labelled = {(row["set"], row["id"]) for row in json.loads((REPO / "benchmarks/data/support_labels.json").read_text())["labels"]}
+    answers = {("new", a["id"]) for a in json.loads((REPO / "benchmarks/data/support_answers.json").read_text())["answers"]}
+    assert answers <= labelled  # every stored new answer is labelled
+    cases = support_eval.cases()
+    assert len(cases) == 51 + len(labelled) >= 100  # a label counts only for an answer with exactly its text
+
+
+def test_measure_counts_against_a_brute_force_tally() -> None:
+    passage = Document("Twenty-three people died. The bridge had five arches.")
+    rows = [
+        Case("a", "g", "How many people died?", "23 people died.", [passage], True, 1),
+        Case("b", "g", "How many arches did the bridge have?", "The bridge had six arches.", [passage], False, 1),
+        Case("c", "g", "How many arches did the bridge have?", "The bridge had five arches.", [passage], True, 1),
+        Case("d", "g", "Who built it?", "The answer is: it.", [passage], False, None),
+    ]
+    supported = [c for c in rows if choose_citations(c.text, c.passages, c.question)[0]]
+    assert [c.id for c in supported] == ["a", "c"]
+    got = measure(rows, check_facts=True)
+    assert got["supported_precision"] == "2/2 (100%)" and got["supported_recall"] == "2/2 (100%)"
+    assert got["dont_know_on_right_number_word_answers"] == "0/1 (0%)"  # "a": 23 against "Twenty-three"
+    assert measure(rows, check_facts=False)["supported_precision"] == "2/3 (67%)"  # "six" matched the words before
+
+
+@pytest.mark.timeout(120)
+def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_eval.py"), "--limit", "5", "--json", str(tmp_path / "r.json")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 10 |" in done.stdout
+    assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_support_answers_runs_on_the_default_model(tmp_path: Path) -> None:
+    out = tmp_path / "answers.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_answers.py"), "--out", str(out), "--ids", "nq-13",
+                           "--max-tokens", "8"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=880)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(out.read_text())["answers"]
+    assert row["id"] == "nq-13" and row["question"].startswith("Which version of tidepool") and len(row["passages"]) == 3

@@ -1,0 +1,179 @@
+"""The citation rules (ragspec.citations): which passages an answer cites, and when it cites none."""
+
+from __future__ import annotations
+
+from langchain_core.documents import Document
+
+from ragspec.citations import (
+    choose_citations,
+    cited_numbers,
+    copied_numbers,
+    drawn_sentences,
+    on_topic_numbers,
+    sentence_spans,
+)
+
+FERRY = "The Larkspur ferry leaves Dunmore harbour at 7:15 every morning. The crossing to Gannet Island takes forty minutes."
+BAKERY = "The Quillon bakery on Mill Street sells rye bread on Tuesdays only. Marta Quillon opened it in 1987."
+LIBRARY = "The Brackwater library lends telescopes to its members for two weeks at a time."
+
+
+def doc(text: str, source: str) -> Document:
+    return Document(page_content=text, metadata={"source": source})
+
+
+PASSAGES = [doc(FERRY, "/docs/ferry.txt"), doc(BAKERY, "/docs/bakery.md"), doc(LIBRARY, "/docs/library.pdf")]
+
+
+def test_cited_numbers():
+    assert cited_numbers("Yes [2]. Also [1, 3] and [2] again; not [7] or [0].", 3) == [2, 1, 3]
+    assert cited_numbers("See [1;2].", 1) == [1]
+    assert cited_numbers("No markers here (1).", 3) == []
+
+
+def test_copied_numbers():
+    assert copied_numbers("It sells rye bread on Tuesdays only, they say.", PASSAGES) == [2]
+    assert copied_numbers("Telescopes for two weeks at a time.", PASSAGES) == [3]
+    assert copied_numbers("the ferry", PASSAGES) == []  # too short to call it copying
+    assert copied_numbers("Mill Street sells rye bread on Tuesdays", PASSAGES[:1]) == []
+    # A shared run of stop words and one content word is not a copied span.
+    assert copied_numbers("It is in the hall of it.", [doc("And it is in the hall of the town.", "x")]) == []
+    assert copied_numbers("It is in the town hall of it.", [doc("And it is in the town hall of the town.", "x")]) == [1]
+
+
+def test_citation_rule_order():
+    assert choose_citations("At 7:15 [1].", PASSAGES) == ([1], "cited")
+    assert choose_citations("At 7:15 [3].", PASSAGES, check_facts=False) == ([3], "cited")
+    assert choose_citations("At 7:15 [3].", PASSAGES) == ([3, 1], "cited")  # passage 3 does not say 7:15; 1 does
+    assert choose_citations("At 7:16 [3].", PASSAGES) == ([], "missing_facts")  # none does
+    assert choose_citations("lends telescopes to its members for two weeks", PASSAGES) == ([3], "copied")
+    assert choose_citations("I do not know.", PASSAGES) == ([], "unsupported")
+    assert choose_citations("Anything", []) == ([], "unsupported")
+
+
+TIMETABLE = [
+    doc("Ferry timetable. Dunmore harbour departures: 7:15, 9:40 and 13:05 on weekdays; "
+        "8:30 and 16:00 on Sundays. Tickets are sold on board.", "/docs/timetable.txt"),
+    doc("The Gannet Island crossing takes forty minutes in calm weather.", "/docs/crossing.txt"),
+]
+
+
+def test_an_answer_no_passage_backs_is_unsupported_and_cites_nothing():
+    assert choose_citations("The capital of Peru is Lima.", TIMETABLE) == ([], "unsupported")
+    assert choose_citations("The Gannet ferry costs 12 pounds.", TIMETABLE) == ([], "unsupported")  # 1 of 5 words in either
+
+
+def test_a_short_answer_in_a_passage_s_own_words_cites_that_passage():
+    assert choose_citations("It takes forty minutes.", TIMETABLE) == ([2], "overlap")
+    assert choose_citations("Departures at 9:40 on weekdays.", TIMETABLE) == ([1], "overlap")
+    assert choose_citations("Forty.", TIMETABLE) == ([], "unsupported")  # one word is no evidence
+
+
+def test_an_answer_that_copies_a_span_cites_that_passage():
+    answer = "On Sundays the ferry leaves at 8:30 and 16:00 on Sundays, and tickets are sold on board."
+    assert choose_citations(answer, TIMETABLE) == ([1], "copied")
+    assert choose_citations("The crossing takes forty minutes in calm weather.", TIMETABLE) == ([2], "copied")
+
+
+def test_an_answer_beside_the_question_cites_nothing():
+    # The answer copies the timetable, but the question asks about parking: not what the passage is cited for.
+    copied = "Tickets are sold on board, with departures at 7:15, 9:40 and 13:05 on weekdays."
+    assert choose_citations(copied, TIMETABLE) == ([1], "copied")
+    assert choose_citations(copied, TIMETABLE, "Where can visitors park their cars?") == ([], "off_topic")
+    # On topic: the question's words ("departures", "weekdays"; "When" is a question word) in the answer and passage.
+    assert choose_citations(copied, TIMETABLE, "When are the departures on weekdays?") == ([1], "copied")
+    # Plural and verb endings do not matter: "crossings" and "take" match "crossing" and "takes".
+    assert choose_citations("The crossing takes forty minutes.", TIMETABLE, "How long do crossings take?") == ([2], "overlap")
+    # A question of stop words only leaves the evidence rules as they are.
+    assert choose_citations(copied, TIMETABLE, "What is it?") == ([1], "copied")
+    # Unsupported stays unsupported, whatever the question.
+    assert choose_citations("The capital of Peru is Lima.", TIMETABLE, "What is the capital of Peru?") == ([], "unsupported")
+
+
+def test_on_topic_numbers_keeps_the_passages_holding_half_the_question_s_words():
+    passages = [doc("The ferry leaves at noon.", "a"), doc("Ferry tickets cost five pounds at noon.", "b")]
+    question = "When does the ferry leave with tickets?"  # content words: ferry, leave, tickets
+    assert on_topic_numbers("The ferry leaves at noon.", question, passages, [1, 2]) == [1]  # passage 2 lacks "leave"
+    assert on_topic_numbers("The ferry tickets leave at noon.", question, passages, [1, 2]) == [1, 2]  # 2 of 3 in each
+    assert on_topic_numbers("At noon.", question, passages, [1, 2]) == []  # the answer holds none of them
+    assert on_topic_numbers("The ferry tickets.", question, passages, [1, 2]) == [2]  # passage 1 lacks "tickets"
+    assert on_topic_numbers("The ferry leaves at noon.", question, passages, [1], min_share=1.0) == []
+
+
+def test_an_answer_that_restates_the_question_is_judged_on_the_words_it_adds():
+    passages = [doc("Dunmore harbour has a lifeboat station and a fish market.", "a"),
+                doc("New bakery staff join as trial workers. The trial period lasts six months.", "b")]  # fmt: skip
+    question = "How long is the trial period at the Kestrel Lane bakery?"
+    answer = "The trial period at Kestrel Lane Bakery Cooperative is six months."  # 5 of its 8 content words in passage 2
+    assert choose_citations(answer, passages) == ([], "unsupported")
+    assert choose_citations(answer, passages, question) == ([2], "overlap")  # "six months" of "cooperative six months"
+    assert choose_citations(answer.replace("six months", "ten weeks"), passages, question) == ([], "unsupported")
+
+
+def test_a_cited_marker_on_an_off_topic_passage_falls_through_to_the_next_rule():
+    answer = "The crossing takes forty minutes in calm weather [1]."
+    assert choose_citations(answer, TIMETABLE) == ([1, 2], "cited")  # "forty" is passage 2's, which it cites too
+    assert choose_citations(answer, TIMETABLE, "How long does the crossing take?") == ([2], "copied")
+
+
+# -- the answer's facts ----------------------------------------------------------------------------------
+FLOOD = [
+    doc("The great flood of 1871. On the night of 14 November 1871 the dam gave way. Twenty-three people died.", "a"),
+    doc("The Lantern Walk is held on the Saturday closest to 14 November. Ada Pellow rode down the valley.", "b"),
+]
+
+
+def test_an_answer_whose_facts_no_matching_passage_holds_is_not_supported():
+    question = "How many people died in the flood?"
+    assert choose_citations("Twenty-three people died in the flood of 1871.", FLOOD, question) == ([1], "overlap")
+    assert choose_citations("23 people died in the flood of 1871.", FLOOD, question) == ([1], "overlap")  # digits = words
+    # The same words with a number no passage holds: the rules match passage 1, the facts do not.
+    assert choose_citations("Twenty-four people died in the flood of 1871.", FLOOD, question) == ([], "missing_facts")
+    assert choose_citations("Twenty-four people died in the flood of 1871.", FLOOD, question, check_facts=False)[0] == [1]
+    # A name the passages lack, in an answer that otherwise copies one.
+    answer = "On the night of 14 November 1871 the dam gave way, said Mayor Quint."
+    assert choose_citations(answer, FLOOD, "When did the dam give way?") == ([], "missing_facts")
+
+
+def test_facts_from_a_second_passage_the_answer_draws_on_cite_it_too():
+    answer = "On the night of 14 November 1871 the dam gave way; Ada Pellow rode down the valley."
+    assert choose_citations(answer, FLOOD, "When did the dam give way?") == ([1, 2], "copied")
+
+
+def test_drawn_sentences_are_the_ones_holding_the_answer_s_words():
+    passage = FLOOD[0].page_content
+    start, end = drawn_sentences("It was twenty-three.", passage)
+    assert passage[start:end] == "Twenty-three people died."
+    start, end = drawn_sentences("The flood of 1871 came in November when the dam gave way.", passage)
+    assert passage[start:end] == "On the night of 14 November 1871 the dam gave way."
+    start, end = drawn_sentences("The great flood of 1871 came in November when the dam gave way.", passage)
+    assert passage[start:end] == "The great flood of 1871. On the night of 14 November 1871 the dam gave way."  # two
+    assert drawn_sentences("Nothing alike here.", passage) == (0, 0)
+    assert sentence_spans("  One. Two!\n\nThree 4.5 ") == [(2, 6), (7, 11), (13, 22)]
+
+
+def test_an_answer_that_only_repeats_the_question_backs_nothing():
+    passages = [doc("Ada Pellow, the keeper of the toll house, rode down the valley to wake the town.", "a")]
+    question = "Who was Ada Pellow and why is she remembered?"
+    assert choose_citations("The answer is: Ada Pellow.", passages, question) == ([], "restates")
+    assert choose_citations("The answer is: Ada Pellow.", passages, question, check_facts=False)[0] == [1]
+    assert choose_citations("Ada Pellow was the keeper of the toll house.", passages, question) == ([1], "copied")
+
+
+def test_the_sentences_an_answer_draws_from_must_be_about_the_question():
+    passage = doc("Tidepool is a single static binary. Put it on your PATH. Install it with brew. "
+                  "The prune command deletes old snapshots. Always run prune with --dry-run first.", "a")  # fmt: skip
+    answer = "Tidepool is a single static binary, so prune snapshots."  # its words come from the first sentence
+    question = "Does tidepool prune snapshots?"
+    assert choose_citations(answer, [passage], question, check_facts=False) == ([1], "copied")  # the passage is on topic
+    assert choose_citations(answer, [passage], question) == ([], "off_topic")  # the sentences it drew from are not
+    assert choose_citations("The prune command deletes old snapshots.", [passage], question) == ([1], "copied")
+
+
+def test_facts_count_only_in_the_sentences_the_answer_drew_from():
+    passage = doc("The last woollen mill, Bracken Mill, closed in 1979. Its building stood empty for years. "
+                  "It became flats. It became a museum. The Lantern Walk is held near 14 November.", "a")  # fmt: skip
+    question = "When did the last woollen mill close?"
+    assert choose_citations("The last woollen mill closed in 1979.", [passage], question) == ([1], "overlap")
+    # "14 November" is in the passage, but not where the answer took its words from.
+    assert choose_citations("The last woollen mill closed on 14 November 1979.", [passage], question) == ([], "missing_facts")

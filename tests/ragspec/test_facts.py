@@ -1,0 +1,72 @@
+"""The facts of an answer (ragspec.facts): number words as digits, numbers and names, and which a passage lacks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragspec.facts import answer_facts, missing_facts, normalize_numbers, words
+
+UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def spelled(n: int, hyphen: bool = True, and_: bool = False) -> str:
+    """A reference spelling of ``0 <= n < 10**9`` in English words, written here independently of the parser."""
+    if n < 20:
+        return UNITS[n]
+    if n < 100:
+        return TENS[n // 10] + ("" if n % 10 == 0 else ("-" if hyphen else " ") + UNITS[n % 10])
+    for size, name in ((10**6, "million"), (1000, "thousand"), (100, "hundred")):
+        if n >= size:
+            head = spelled(n // size, hyphen, and_) + " " + name
+            rest = n % size
+            if not rest:
+                return head
+            return head + (" and " if and_ and rest < 100 else " ") + spelled(rest, hyphen, and_)
+    raise AssertionError(n)
+
+
+@given(st.integers(0, 999_999_999), st.booleans(), st.booleans())
+def test_every_spelled_number_becomes_its_digits(n, hyphen, and_):
+    assert normalize_numbers(spelled(n, hyphen, and_)) == str(n)
+    assert normalize_numbers(f"About {spelled(n, hyphen, and_).capitalize()} people.") == f"About {n} people."
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("Twenty-three people died.", "23 people died."),
+        ("It cost 1,000 pounds, not 12,345,678.", "It cost 1000 pounds, not 12345678."),
+        ("two to five players", "2 to 5 players"),
+        ("nineteen sixty-three", "19 63"),  # two numbers side by side stay two
+        ("three hundred and forty-two", "342"),
+        ("bread and butter", "bread and butter"),  # "and" joins numbers only
+        ("Someone came at 3:30 or 11:30; pi is 3.14", "Someone came at 3:30 or 11:30; pi is 3.14"),
+        ("often, tone, phone, Seventeen", "often, tone, phone, 17"),  # whole words only
+    ],
+)
+def test_normalize_numbers(text, want):
+    assert normalize_numbers(text) == want
+
+
+def test_words_keep_times_and_decimals_whole():
+    assert words("At 3:30, 4.1875 and Twenty-three.") == ["at", "3:30", "4.1875", "and", "23"]
+
+
+def test_answer_facts_are_its_numbers_and_names_beyond_the_question():
+    facts = answer_facts("The flood of 1871 killed twenty-three people; Ada Pellow warned the town.", "When was the flood?")
+    assert facts.numbers == {"1871", "23"} and facts.names == {"ada", "pellow"}
+    # List markers, citation markers and sentence-initial capitals are not facts; the question's words are given.
+    facts = answer_facts("1. The hours of the early bake are 3:30 to 11:30 [2].\n2. Then Day shift.", "When is the Day shift?")
+    assert facts.numbers == {"3:30", "11:30"} and facts.names == set()
+    assert not answer_facts("I do not know.")
+
+
+def test_missing_facts_compares_digits_with_number_words():
+    passage = "Twenty-three people died. The dam of the Hollin reservoir gave way on 14 November 1871."
+    assert missing_facts("The number of people who died was 23.", [passage], "How many people died in it?") == []
+    assert missing_facts("It gave way in 1872 near Hollin and Ellery.", [passage]) == ["1872", "ellery"]
+    assert missing_facts("The boiling point of mercury is 4.1875 degrees Celsius.", [passage]) == ["4.1875", "celsius"]
+    assert missing_facts("It was 23.", [passage, "One thousand came."]) == []
