@@ -21,13 +21,15 @@ def free_port() -> int:
 @pytest.mark.timeout(180)
 def test_a_tcp_server_listens_on_loopback_only_and_leaves_nothing_behind(pg_server: LocalPostgres) -> None:
     server = LocalPostgres(port=free_port())
-    url = server.start()
-    root, process = server.root, server.process
-    assert root is not None and process is not None and url.startswith("postgresql://postgres@127.0.0.1:")
-    with psycopg.connect(url) as conn:
-        assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
-        assert conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[0] >= "0.8"
-    server.stop()
+    try:
+        url = server.start()
+        root, process = server.root, server.process
+        assert root is not None and process is not None and url.startswith("postgresql://postgres@127.0.0.1:")
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
+            assert conn.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'").fetchone()[0] >= "0.8"
+    finally:
+        server.stop()  # also when an assertion fails: no server outlives the test
     assert process.poll() is not None and not root.exists()
     server.stop()  # twice is fine
     with pytest.raises(LocalPostgresError, match="not running"):
