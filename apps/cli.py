@@ -118,6 +118,44 @@ class _CommandParser(argparse.ArgumentParser):
         return namespace, extras
 
 
+def _embeddings_options(p: argparse.ArgumentParser) -> None:
+    """Embeddings from a serving engine instead of the bundled model in this process."""
+    g = p.add_argument_group("remote embeddings (an OpenAI-compatible /v1/embeddings: ragspec serve, vLLM, ...)")
+    g.add_argument("--embeddings-url", metavar="URL",
+                   help="embed passages and questions on this server, e.g. http://gpu-box:8000/v1; the index records "
+                        "the model's name and refuses another")
+    g.add_argument("--embeddings-model", metavar="NAME", help="the server's name for the embedding model (required with --embeddings-url)")
+    g.add_argument("--embeddings-api-key", metavar="KEY",
+                   help="the server's API key (default: the RAGSPEC_EMBEDDINGS_API_KEY environment variable)")
+
+
+def _embeddings(args: argparse.Namespace) -> Any:
+    """The ``--embeddings-*`` options as ``RemoteEmbeddings``; None without ``--embeddings-url``."""
+    if not args.embeddings_url:
+        for flag in ("embeddings_model", "embeddings_api_key"):
+            if getattr(args, flag):
+                raise CLIError(f"--{flag.replace('_', '-')} needs --embeddings-url")
+        return None
+    if not args.embeddings_model:
+        raise CLIError("--embeddings-url needs --embeddings-model NAME (the server's name for the model)")
+    from retrievers.remote_embeddings import RemoteEmbeddings
+
+    try:
+        return RemoteEmbeddings(args.embeddings_url, args.embeddings_model, api_key=args.embeddings_api_key)
+    except ValueError as e:
+        raise CLIError(str(e)) from e
+
+
+def _store_options(p: argparse.ArgumentParser) -> None:
+    """``--store`` and ``--collection``: the documents in PostgreSQL instead of an index folder (docs/scale-out.md)."""
+    p.add_argument("--store", metavar="URL", default=None,
+                   help="a PostgreSQL database with pgvector (postgresql://user@host/db) instead of an index folder: "
+                        "dense and keyword search run inside it, so app replicas share it (pip install 'ragspec[postgres]'); "
+                        "a folder here means the same as --index")
+    p.add_argument("--collection", metavar="NAME", default=None,
+                   help="with --store URL: which set of documents in the database (default: 'default')")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -144,12 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--max-file-mb", type=_mebibytes, default=DEFAULT_MAX_FILE_MB, metavar="MB",
                         help=f"skip files larger than this many MiB, each with its reason (default: {DEFAULT_MAX_FILE_MB:g})")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _store_options(ingest)
+    _embeddings_options(ingest)
 
     def answer_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("-i", "--index", default=DEFAULT_INDEX, help=f"index folder made by 'ragspec ingest' (default: {DEFAULT_INDEX})")
         p.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
                        help=f"most tokens per answer (default: {DEFAULT_MAX_TOKENS})")
         p.add_argument("-k", "--passages", type=_positive, default=4, dest="k", help="passages retrieved per question (default: 4)")
+        _store_options(p)
+        _embeddings_options(p)
         g = p.add_argument_group("penalties (over the answer's own tokens: quoting the passages is not punished)")
         for flag, kind, help_ in PENALTY_FLAGS:
             g.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X", help=help_)
@@ -174,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
     serve.add_argument("-i", "--index", default=None, help="an index every session can ask before uploading its own")
+    _store_options(serve)
+    _embeddings_options(serve)
     serve.add_argument("--max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS,
                        help=f"most tokens per answer (default: {DEFAULT_MAX_TOKENS})")
     serve.add_argument("--max-upload-mb", type=_positive, default=10, help="largest uploaded file in MiB (default: 10)")
@@ -263,6 +307,28 @@ def _clean_text(text: str) -> str:
 # -- commands ------------------------------------------------------------------------------------
 
 
+def _target(args: argparse.Namespace, default: str | None = DEFAULT_INDEX) -> tuple[str | None, str | None]:
+    """(index folder or database URL, collection) from ``--index``, ``--store`` and ``--collection``."""
+    from retrievers.store_url import is_database_url
+
+    index = args.index if args.index != DEFAULT_INDEX or default is None else None
+    if args.store is not None and index is not None:
+        raise CLIError("--store and --index both name where the documents are: give one")
+    target = args.store if args.store is not None else (args.index if args.index is not None else default)
+    if args.collection is not None:
+        if not is_database_url(target):
+            raise CLIError("--collection names a set of documents in a database: it needs --store postgresql://...")
+        if not args.collection.strip():
+            raise CLIError("--collection is empty")
+    return target, args.collection
+
+
+def _where(target: str, collection: str | None) -> str:
+    from retrievers.store_url import safe_label
+
+    return safe_label(target, collection)
+
+
 def _chunk_overlap(chunk_size: int, overlap: int | None) -> int:
     """``--chunk-overlap``, or its default: 32 tokens, a quarter of chunks too small for that."""
     if overlap is None:
@@ -275,13 +341,19 @@ def _chunk_overlap(chunk_size: int, overlap: int | None) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from apps.engine import update_index
     from retrievers import check_index_writable
+    from retrievers.store_url import is_database_url
 
-    check_index_writable(args.index)  # fail now, not after embedding everything
+    target, collection = _target(args)
+    assert target is not None
+    if not is_database_url(target):
+        check_index_writable(target)  # fail now, not after embedding everything
     bar = _ProgressBar(enabled=not args.no_progress)
     try:
         summary = update_index(
             args.paths,
-            args.index,
+            target,
+            collection=collection,
+            embeddings=_embeddings(args),
             include=args.include,
             exclude=args.exclude,
             chunk_size=args.chunk_size,
@@ -305,9 +377,9 @@ def _ingest(args: argparse.Namespace) -> int:
     ]
     print("Passages: " + (", ".join(f"{n} {what}" for n, what in passages if n) or "none embedded"))
     if report.saved:
-        print(f"Indexed {report.passages} passages from {report.files} file(s) into {args.index} in {report.seconds:.1f} s")
+        print(f"Indexed {report.passages} passages from {report.files} file(s) into {_where(target, collection)} in {report.seconds:.1f} s")
     else:
-        print(f"Nothing changed: {args.index} holds {report.passages} passages from {report.files} file(s), left as it was "
+        print(f"Nothing changed: {_where(target, collection)} holds {report.passages} passages from {report.files} file(s), left as it was "
               f"({report.seconds:.1f} s)")
     if summary.skipped:
         print(f"Skipped {len(summary.skipped)} file(s):")
@@ -395,14 +467,19 @@ def _penalties(args: argparse.Namespace) -> dict[str, Any]:
 
 def _collection(args: argparse.Namespace) -> Collection:
     from apps.engine import Collection
+    from retrievers.store_url import is_database_url
 
-    index = Path(args.index)
-    if not index.is_dir():
-        raise CLIError(f"no index at {index}: build one with 'ragspec ingest PATH... --index {index}'")
+    target, collection = _target(args)
+    assert target is not None
+    if not is_database_url(target) and not Path(target).is_dir():
+        raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
     options = _penalties(args)
     _quiet_model_loading()
-    return Collection(index, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args),
-                      backend=args.backend, options=options)
+    qa = Collection(target, max_tokens=args.max_tokens, k=args.k, model=args.model, source=_remote(args),
+                    backend=args.backend, options=options, collection=collection, embeddings=_embeddings(args))
+    if is_database_url(target):
+        qa.load()  # reach the database now: a wrong URL or collection fails before the model loads
+    return qa
 
 
 def _local_model_options(p: argparse.ArgumentParser) -> None:
@@ -551,13 +628,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_on_vllm(args, config)
     if args.engine_args or args.vllm_draft_tokens is not None:
         raise CLIError("vLLM flags after '--' and --vllm-draft-tokens need --engine vllm")
-    preload = None
-    if args.index is not None:
-        from apps.engine import Collection
-
-        if not Path(args.index).is_dir():
-            raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
-        preload = Collection(args.index, max_tokens=args.max_tokens, source=remote, model=args.model, backend=args.backend)
+    preload = _preload(args, remote, model=args.model, backend=args.backend)
     _quiet_model_loading()
     locked = " (API key required)" if api_key else ""
     url = f"http://{args.host}:{args.port}"
@@ -575,6 +646,25 @@ def _serve(args: argparse.Namespace) -> int:
 
         serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend))
     return 0
+
+
+def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection | None:
+    """The ``--index`` folder or ``--store`` collection every session can ask; None without either."""
+    from apps.engine import Collection
+    from retrievers.store_url import is_database_url
+
+    target, collection = _target(args, default=None)
+    if target is None:
+        if args.embeddings_url:
+            raise CLIError("--embeddings-url embeds for --index or --store; give one of them")
+        return None
+    if not is_database_url(target) and not Path(target).is_dir():
+        raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
+    preload = Collection(target, max_tokens=args.max_tokens, source=remote, collection=collection,
+                         embeddings=_embeddings(args), **local)
+    if is_database_url(target):
+        preload.load()  # reach the database now, not at the first question
+    return preload
 
 
 def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
@@ -618,13 +708,7 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         threading.Thread(target=watch, name="vllm-watch", daemon=True).start()
         remote = RemoteModel(server.base_url, model=folder.name, tokenizer=str(folder),
                              config=GenerationConfig(max_tokens=args.max_tokens))
-        preload = None
-        if args.index is not None:
-            from apps.engine import Collection
-
-            if not Path(args.index).is_dir():
-                raise CLIError(f"no index at {args.index}: build one with 'ragspec ingest PATH... --index {args.index}'")
-            preload = Collection(args.index, max_tokens=args.max_tokens, source=remote)
+        preload = _preload(args, remote)
         _quiet_model_loading()
         url = f"http://{args.host}:{args.port}"
         locked = " (API key required)" if config.api_key else ""

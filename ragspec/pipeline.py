@@ -343,6 +343,28 @@ class DocumentQA:
         return cls.from_vectorstore(store, k=k, llm=llm, **kwargs)
 
     @classmethod
+    def from_store(
+        cls,
+        store: str | Path,
+        *,
+        collection: str | None = None,
+        llm: GenerationSource | None = None,
+        embeddings: Embeddings | None = None,
+        k: int = 4,
+        **kwargs: Any,
+    ) -> DocumentQA:
+        """Open a store by name: a ``postgresql://`` URL (``collection`` of a database filled by ``ragspec ingest
+        --store``: dense and keyword search both run in PostgreSQL, nothing is held in this process) or an
+        index folder (as ``from_index``). Retrieval is hybrid, ``k`` passages."""
+        from retrievers import default_embeddings
+        from retrievers.stores import open_hybrid_retriever
+
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        retriever = open_hybrid_retriever(str(store), embeddings or default_embeddings(), collection=collection, k=k)
+        return cls(retriever, llm, **kwargs)
+
+    @classmethod
     def from_vectorstore(
         cls,
         store: FaissVectorStore,

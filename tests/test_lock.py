@@ -11,8 +11,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("test", "llamacpp", "ocr")
-"""The extras scripts/test.sh installs (ocr through scripts/install-ocr.sh)."""
+EXTRAS = ("test", "llamacpp", "ocr", "postgres")
+"""The extras scripts/test.sh installs (ocr through scripts/install-ocr.sh, postgres through scripts/install-postgres.sh)."""
 
 
 def pins(lock: str = "constraints.txt") -> dict[str, Version]:
@@ -49,7 +49,7 @@ def test_every_declared_dependency_is_pinned_within_its_range() -> None:
 
 
 def test_the_set_up_scripts_install_from_the_lock() -> None:
-    for script in ("bootstrap.sh", "install-llamacpp.sh"):
+    for script in ("bootstrap.sh", "install-llamacpp.sh", "install-postgres.sh"):
         text = (ROOT / "scripts" / script).read_text()
         assert '-c "$ROOT/constraints.txt"' in text, f"scripts/{script} installs without the lock"
 

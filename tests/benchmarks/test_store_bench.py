@@ -1,0 +1,23 @@
+"""benchmarks/store_bench.py at a tiny size, on the session's PostgreSQL: the documented command runs and reports every store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("psycopg", reason="the postgres extra is not installed (scripts/install-postgres.sh)")
+
+
+@pytest.mark.timeout(300)
+def test_store_bench_runs_and_reports_each_store(pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import store_bench
+
+    out = tmp_path / "store.json"
+    assert store_bench.main(["--sizes", "300", "--queries", "8", "--url", pg_url, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["store"] for r in rows] == ["FAISS flat", "FAISS HNSW", "PostgreSQL HNSW", "PostgreSQL hybrid (HNSW + BM25)"]
+    assert rows[0]["recall_at_10"] == 1.0 and rows[2]["recall_at_10"] >= 0.9  # exact search is exact; HNSW at 300 nearly
+    assert all(r["n"] == 300 and r["chunks_per_s"] > 0 and 0 < r["p50_ms"] <= r["p95_ms"] for r in rows)
+    assert "| PostgreSQL HNSW | 300 |" in capsys.readouterr().out
