@@ -139,7 +139,8 @@ class BatchDrafter:
         self.costs = costs if costs is not None else StepCosts(prior_slope=self.policy.prior_cost_slope)
         self.clock = clock
         self.request_cap = request_cap if request_cap is not None else (lambda rid: max_draft)
-        self.requests_seen = 0
+        self.requests_seen = 0  # indexed (drafted for)
+        self.undrafted_seen = 0  # asked for no speculation
         self.steps = 0
         self.drafted = 0
         self.accepted = 0
@@ -230,6 +231,7 @@ class BatchDrafter:
             cap = self.request_cap(rid)
             if cap <= 0:
                 self.undrafted.add(rid)
+                self.undrafted_seen += 1
                 self._slots[r] = -2
                 continue
             self._slots[r] = self.index.begin(rid, int(num_tokens[r] - n_new[r]), cap)
@@ -239,14 +241,16 @@ class BatchDrafter:
             self.write_stats()
 
     def stats(self) -> dict[str, Any]:
-        """Counters and the measured step costs: ``step_seconds[rows][d]``, a step of a batch of
+        """Counters (``requests_seen``: requests indexed and drafted for; ``undrafted_requests_seen``:
+        requests that asked for no speculation) and the measured step costs: ``step_seconds[rows][d]``, a step of a batch of
         ``rows`` requests carrying ``d`` drafted tokens; ``relative_cost``, the same over that
         batch's plain step as fitted (``r(d)`` of a single request in ``relative_cost["1"]``);
         ``timings``, how many timings each cell holds (capped at ``1 / smoothing``)."""
         curves = sorted(self.costs.curves.items())
         return {
             "live_requests": len(self.index) + len(self.undrafted),
-            "requests_seen": self.requests_seen + len(self.undrafted),
+            "requests_seen": self.requests_seen,
+            "undrafted_requests_seen": self.undrafted_seen,
             "history_tokens": len(self.history),
             "history_budget": self.history.max_tokens,
             "steps": self.steps,

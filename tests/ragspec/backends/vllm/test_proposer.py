@@ -369,7 +369,8 @@ def test_requests_cap_or_turn_off_their_own_drafts_through_extra_args(caplog) ->
     drafts = runner.drafter.propose([[102]] * 3, np.array([15, 15, 15]), token_ids)
     assert drafts == [[], [103, 104], [103, 104, 105, 106, 107, 108]]
     assert set(runner.drafter.drafter.index.slot_of) == {"y", "z"}  # "x" is not even indexed
-    assert runner.drafter.drafter.stats()["live_requests"] == 3
+    stats = runner.drafter.drafter.stats()
+    assert (stats["live_requests"], stats["requests_seen"], stats["undrafted_requests_seen"]) == (3, 2, 1)
     # A vLLM whose runner keeps no request states: every request drafts, and the log says so once.
     old = FakeModelRunner(_config(6))
     old.drafter.drafter.costs = flat_costs()
