@@ -136,6 +136,7 @@ class AnswerHistory:
         self.max_tokens = max_tokens
         self.automaton = automaton
         self._answers: deque[list[int]] = deque()
+        self._tokens = 0  # in ``_answers``, one separator each included
         self.index: Any = SuffixAutomaton()
 
     def __len__(self) -> int:
@@ -152,9 +153,10 @@ class AnswerHistory:
         if not outputs:
             return
         self._answers.extend(outputs)
+        self._tokens += sum(len(a) + 1 for a in outputs)
         # Dropping the oldest after each answer or after all of them keeps the same newest answers.
-        while sum(len(a) + 1 for a in self._answers) > self.max_tokens + 1:
-            self._answers.popleft()
+        while self._tokens > self.max_tokens + 1:
+            self._tokens -= len(self._answers.popleft()) + 1
         tokens: list[int] = []
         for i, answer in enumerate(self._answers):
             tokens += answer + [-1 - i]  # a distinct separator: no match crosses two answers

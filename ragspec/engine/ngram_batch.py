@@ -114,7 +114,8 @@ def _reset(states, table, meta):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True, inline="always")
 def _slot(state, token, mask):  # type: ignore[no-untyped-def]
-    return ((np.int64(state) * 1000003 + np.int64(token)) * 2654435761) & mask
+    x = (np.int64(state) * 1000003 + np.int64(token)) * np.int64(-7046029254386353131)  # 2^64 / golden ratio
+    return (x ^ (x >> 29)) & mask
 
 
 @njit(cache=True, nogil=True)
@@ -208,7 +209,7 @@ def _build(tokens, states, edges, table, meta, source):  # type: ignore[no-untyp
 def step_kernel(  # type: ignore[no-untyped-def]
     slots, n_new, num_tokens, token_ids, seeded, max_model_len, min_match,
     tokens, states, edges, table, meta, requests,
-    h_tokens, h_states, h_edges, h_table, h_meta, version,
+    h_tokens, h_states, h_edges, h_table, h_meta, h_longest, h_refs, version,
     counts, decay, plan_on, means, weights, monotone, prior_slope, margin,
     cand, drafts, ks,
 ):
@@ -238,6 +239,10 @@ def step_kernel(  # type: ignore[no-untyped-def]
         ts, ss, es, tb = tokens[s], states[s], edges[s], table[s]
         if n < m[0]:  # restarted (preempted, or its id reused): index it anew
             _reset(ss, tb, m)
+            if req[VERSION] >= 0:
+                h_refs[req[VERSION]] -= 1
+            if version >= 0:
+                h_refs[version] += 1
             req[PROMPT_LEN], req[VERSION], req[H_STATE], req[H_LEN], req[LAST_K] = n - n_new[r], version, 0, 0, 0
             restarted += 1
         if req[LAST_K] > 0:  # what this step verified: the last draft
@@ -248,11 +253,13 @@ def step_kernel(  # type: ignore[no-untyped-def]
         v = req[VERSION]
         h_state, h_len = req[H_STATE], req[H_LEN]
         hs, he, ht = h_states[max(v, 0)], h_edges[max(v, 0)], h_table[max(v, 0)]
+        # A new matcher need not read more than the history's longest answer back: no match is longer.
+        h_from = m[0] if m[0] > 0 or v < 0 else max(0, n - h_longest[v])
         row = token_ids[r]
         for i in range(m[0], n):
             t = row[i]
             _extend(ts, ss, es, tb, m, t)
-            if v >= 0:  # the history matcher (``_Matcher.advance``)
+            if v >= 0 and i >= h_from:  # the history matcher (``_Matcher.advance``)
                 while h_state != 0:
                     if _find(he, ht, h_state, t) >= 0:
                         break
@@ -301,23 +308,26 @@ def step_kernel(  # type: ignore[no-untyped-def]
                 drafts[r, k] = tokens[s, start + k]
                 k += 1
         cand[r, 0], cand[r, 1], cand[r, 2] = best_src, best_len, k
-    # Plan every row's length at once.
+    # Plan every row's length at once; rows of one source group and match-length bucket share p1 and q.
     p1 = np.empty(rows)
     q = np.empty(rows)
     lengths = np.zeros(rows, np.int64)
+    kinds = np.zeros(rows, np.int64)
     total = 0
     for r in range(rows):
         ks[r] = 0
         if plan_on and cand[r, 0] != NONE:
             group = OUTPUT if cand[r, 0] == OUTPUT_SOURCE else REFERENCE
-            p1[r], q[r] = rates(counts, group, min(cand[r, 1], MAX_BUCKET))
+            b = min(cand[r, 1], MAX_BUCKET)
+            p1[r], q[r] = rates(counts, group, b)
+            kinds[r] = group * (MAX_BUCKET + 1) + b
             lengths[r] = cand[r, 2]
             total += cand[r, 2]
     drafted = 0
     if total:
         cost = np.empty(total + 1)
         relative_table(means, weights, monotone, prior_slope, cost)
-        drafted = plan(p1, q, lengths, cost, margin, rows, ks)
+        drafted = plan(p1, q, lengths, kinds, 2 * (MAX_BUCKET + 1), cost, margin, rows, ks)
     for r in range(rows):
         if ks[r] > 0:
             req = requests[slots[r]]
@@ -358,6 +368,8 @@ class BatchIndex:
         self._free = [3, 2, 1, 0]
         self.history = AnswerHistory(history_tokens, self._build_version)
         self.versions = Automata(2, history_tokens + 1)
+        self.version_longest = np.zeros(2, np.int64)  # each version's longest answer
+        self.version_refs = np.zeros(2, np.int64)  # live requests that began with each version
         self._free_versions = [1, 0]
         self.cand = np.zeros((0, 3), np.int64)
         self.drafts = np.zeros((0, max_draft), np.int32)
@@ -374,6 +386,8 @@ class BatchIndex:
     def begin(self, rid: str, prompt_len: int, cap: int) -> int:
         """A row for request ``rid`` (new, or restarted), its first ``prompt_len`` tokens its prompt."""
         slot = self.slot_of.get(rid)
+        if slot is not None and self.requests[slot, VERSION] >= 0:
+            self.version_refs[self.requests[slot, VERSION]] -= 1
         if slot is None:
             if not self._free:
                 count = self.automata.count
@@ -383,8 +397,11 @@ class BatchIndex:
             slot = self.slot_of[rid] = self._free.pop()
         self.automata.reset(slot)
         self.requests[slot] = 0
-        self.requests[slot, PROMPT_LEN], self.requests[slot, VERSION] = prompt_len, self.version
+        version = self.version
+        self.requests[slot, PROMPT_LEN], self.requests[slot, VERSION] = prompt_len, version
         self.requests[slot, CAP] = min(cap, self.max_draft)
+        if version >= 0:
+            self.version_refs[version] += 1
         return slot
 
     def end(self, rids: Sequence[str]) -> None:
@@ -392,11 +409,15 @@ class BatchIndex:
         answers = []
         for rid in rids:
             slot = self.slot_of.pop(rid)
-            answers.append(self.automata.tokens[slot, self.requests[slot, PROMPT_LEN] : self.automata.meta[slot, 0]].copy())
+            answers.append(self.automata.tokens[slot, self.requests[slot, PROMPT_LEN] : self.automata.meta[slot, 0]].tolist())
             self._free.append(slot)
+            if self.requests[slot, VERSION] >= 0:
+                self.version_refs[self.requests[slot, VERSION]] -= 1
         self.history.add_all(answers)
-        live = {int(v) for v in self.requests[list(self.slot_of.values()), VERSION]} | {self.version}
-        self._free_versions = [v for v in range(self.versions.count) if v not in live]
+        free = self.version_refs == 0
+        if self.version >= 0:
+            free[self.version] = False
+        self._free_versions = np.flatnonzero(free)[::-1].tolist()
 
     def tokens(self, rid: str) -> np.ndarray:
         """The context indexed for ``rid``."""
@@ -407,11 +428,14 @@ class BatchIndex:
         if not self._free_versions:
             count = self.versions.count
             self.versions = self.versions.resized(2 * count, self.versions.capacity)
+            self.version_longest = np.concatenate([self.version_longest, np.zeros(count, np.int64)])
+            self.version_refs = np.concatenate([self.version_refs, np.zeros(count, np.int64)])
             self._free_versions = list(range(2 * count - 1, count - 1, -1))
-        live = set(self.requests[list(self.slot_of.values()), VERSION].tolist()) if self.slot_of else set()
-        slot = next(v for v in reversed(self._free_versions) if v not in live)
-        self._free_versions.remove(slot)
-        self.versions.build(slot, np.asarray(tokens, np.int32))
+        slot = self._free_versions.pop()  # no live request began with it, and it is not the current one
+        array = np.asarray(tokens, np.int32)
+        self.versions.build(slot, array)
+        ends = np.flatnonzero(array < 0)  # every answer ends with its separator
+        self.version_longest[slot] = int(np.max(np.diff(ends, prepend=-1)) - 1)
         return _Version(slot, len(tokens))
 
     def step(
@@ -439,7 +463,7 @@ class BatchIndex:
             result = step_kernel(
                 slots, n_new, num_tokens, token_ids, seeded, self.max_model_len, self.min_match,
                 a.tokens, a.states, a.edges, a.table, a.meta, self.requests,
-                v.tokens, v.states, v.edges, v.table, v.meta, self.version,
+                v.tokens, v.states, v.edges, v.table, v.meta, self.version_longest, self.version_refs, self.version,
                 counts, decay, curve is not None, means, weights, curve is not None and curve.monotone,
                 curve.prior_slope if curve is not None else 0.0, margin,
                 self.cand[:rows], self.drafts[:rows], self.ks[:rows],

@@ -235,41 +235,79 @@ def relative_table(means, weights, monotone, prior_slope, out):  # type: ignore[
 
 
 @njit(cache=True, nogil=True)
-def plan(p1, q, lengths, cost, margin, rows, ks):  # type: ignore[no-untyped-def]
+def plan(p1, q, lengths, kinds, n_kinds, cost, margin, rows, ks):  # type: ignore[no-untyped-def]
     """Every row's draft length, written into ``ks`` (see the module docstring).
 
     Row ``i`` may draft up to ``lengths[i]`` tokens (0: none) with acceptance ``p1[i]``, ``q[i]``;
-    ``cost[D]`` is the step's cost with ``D`` drafted tokens in all (``cost[0]`` a step of
-    ``rows`` plain tokens, ``len(cost)`` > the sum of ``lengths``). Returns the drafted total.
+    rows of the same ``kinds[i]`` (below ``n_kinds``) must have the same ``p1`` and ``q``, so the
+    search sorts one gain per kind and length, not one per row and length. ``cost[D]`` is the
+    step's cost with ``D`` drafted tokens in all (``cost[0]``: a step of ``rows`` plain tokens;
+    ``len(cost)`` > the sum of ``lengths``). Equal gains go to the earlier rows. Returns the
+    drafted total.
     """
-    n = 0
+    longest = 0
     for i in range(len(lengths)):
         ks[i] = 0
-        n += max(lengths[i], 0)
-    if n == 0:
+        longest = max(longest, lengths[i])
+    if longest <= 0:
         return 0
-    gains = np.empty(n)
-    owner = np.empty(n, np.int64)
-    j = 0
+    # count[g, k]: rows of kind g that may draft a k-th token.
+    count = np.zeros((n_kinds, longest + 2), np.int64)
+    kp1 = np.zeros(n_kinds)
+    kq = np.zeros(n_kinds)
     for i in range(len(lengths)):
-        y_prev = 1.0
-        qk = 1.0
-        for k in range(1, lengths[i] + 1):
-            qk *= q[i]
-            y = 1.0 + p1[i] * (1.0 - qk) / (1.0 - q[i])
-            gains[j] = y - y_prev  # this row's k-th token: p1 q^(k-1)
-            owner[j] = i
+        if lengths[i] > 0:
+            count[kinds[i], lengths[i]] += 1
+            kp1[kinds[i]], kq[kinds[i]] = p1[i], q[i]
+    n_entries = 0
+    for g in range(n_kinds):
+        for k in range(longest - 1, 0, -1):
+            count[g, k] += count[g, k + 1]
+        for k in range(1, longest + 1):
+            if count[g, k]:
+                n_entries += 1
+    gains = np.empty(n_entries)
+    entry_kind = np.empty(n_entries, np.int64)
+    entry_k = np.empty(n_entries, np.int64)
+    j = 0
+    for g in range(n_kinds):  # by kind, then k ascending: a stable sort keeps each kind's equal gains in k order
+        y_prev, qk = 1.0, 1.0
+        for k in range(1, longest + 1):
+            if not count[g, k]:
+                break
+            qk *= kq[g]
+            y = 1.0 + kp1[g] * (1.0 - qk) / (1.0 - kq[g])
+            gains[j], entry_kind[j], entry_k[j] = y - y_prev, g, k  # the k-th token's gain: p1 q^(k-1)
             y_prev = y
             j += 1
-    order = np.argsort(-gains, kind="mergesort")  # stable: a row's equal gains stay in k order
-    plain = rows / cost[0]
-    best_rate, best_d = (1.0 + margin) * plain, 0
-    expected = float(rows)
-    for d in range(1, n + 1):
-        expected += gains[order[d - 1]]
-        rate = expected / cost[d]
-        if rate > best_rate:
-            best_rate, best_d = rate, d
-    for d in range(best_d):
-        ks[owner[order[d]]] += 1
-    return best_d
+    order = np.argsort(-gains, kind="mergesort")
+    best_rate = (1.0 + margin) * rows / cost[0]
+    best_entry, best_take = -1, 0
+    expected, d = float(rows), 0
+    for e in range(n_entries):
+        entry = order[e]
+        for m in range(1, count[entry_kind[entry], entry_k[entry]] + 1):
+            expected += gains[entry]
+            d += 1
+            rate = expected / cost[d]
+            if rate > best_rate:
+                best_rate, best_entry, best_take = rate, e, m
+    if best_entry < 0:
+        return 0
+    full = np.zeros(n_kinds, np.int64)  # each kind's tokens taken for every row that may draft them
+    for e in range(best_entry):
+        full[entry_kind[order[e]]] = max(full[entry_kind[order[e]]], entry_k[order[e]])
+    last = order[best_entry]
+    g_last, k_last = entry_kind[last], entry_k[last]
+    if best_take == count[g_last, k_last]:
+        full[g_last] = max(full[g_last], k_last)
+        best_take = 0
+    drafted = 0
+    for i in range(len(lengths)):
+        if lengths[i] > 0:
+            ks[i] = min(lengths[i], full[kinds[i]])
+            if best_take and kinds[i] == g_last and lengths[i] >= k_last:
+                ks[i] = k_last
+                best_take -= 1
+            drafted += ks[i]
+    return drafted

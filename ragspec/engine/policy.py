@@ -80,6 +80,9 @@ class FixedPolicy:
         pass
 
 
+_ONE_KIND = np.zeros(1, np.int64)
+
+
 @dataclass
 class AdaptivePolicy:
     """Cost-driven draft length from measured verify cost and running acceptance (see module doc).
@@ -160,7 +163,7 @@ class AdaptivePolicy:
             return 0
         p1, q = self.acceptance.rates(group, match_length)
         cost = self.costs.table(longest) + per_token * np.arange(longest + 1)
-        plan(np.array([p1]), np.array([q]), np.array([longest]), cost, self.margin, 1, self._ks)
+        plan(np.array([p1]), np.array([q]), np.array([longest]), _ONE_KIND, 1, cost, self.margin, 1, self._ks)
         return int(self._ks[0])
 
     def choose(self, candidate: Draft | None) -> int:

@@ -45,6 +45,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +217,9 @@ class BatchDrafter:
         if ended:
             self.index.end(ended)
         self.undrafted &= present
-        slot_of = self.index.slot_of
-        self._slots = np.array([slot_of.get(rid, -2 if rid in self.undrafted else -1) for rid in ids], np.int64)
+        self._slots = np.fromiter(map(self.index.slot_of.get, ids, repeat(-1, len(ids))), np.int64, len(ids))
+        if self.undrafted:
+            self._slots[[r for r, rid in enumerate(ids) if rid in self.undrafted]] = -2
         self._pending = bool((self._slots == -1).any())
         self._ids = ids
         if ended:

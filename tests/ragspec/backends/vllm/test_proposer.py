@@ -183,7 +183,9 @@ def test_expensive_verification_and_rejected_drafts_make_it_propose_nothing() ->
 
 def _plan(p1: list[float], q: list[float], lengths: list[int], cost: list[float], margin: float = 0.03) -> list[int]:
     ks = np.zeros(len(lengths), np.int64)
-    plan(np.array(p1), np.array(q), np.array(lengths), np.array(cost), margin, len(lengths), ks)
+    kinds = {(a, b): i for i, (a, b) in enumerate(dict.fromkeys(zip(p1, q)))}  # rows of equal p1 and q share a kind
+    plan(np.array(p1), np.array(q), np.array(lengths), np.array([kinds[a, b] for a, b in zip(p1, q)]), len(kinds),
+         np.array(cost), margin, len(lengths), ks)
     return ks.tolist()
 
 
@@ -205,9 +207,10 @@ def _brute_force_plan(p1, q, lengths, cost, margin) -> float:
 def test_the_plan_is_the_best_allocation_and_for_one_request_the_policys_choice() -> None:
     rng = np.random.default_rng(3)
     for _ in range(200):
-        rows = int(rng.integers(1, 4))
+        rows = int(rng.integers(1, 5))
         lengths = rng.integers(0, 5, rows).tolist()
-        p1, q = rng.uniform(0, 1, rows).tolist(), rng.uniform(0, 0.999, rows).tolist()
+        pairs = [(float(rng.uniform(0, 1)), float(rng.uniform(0, 0.999))) for _ in range(2)]
+        p1, q = map(list, zip(*(pairs[int(rng.integers(2))] for _ in range(rows))))  # some rows share a kind
         cost = np.maximum.accumulate(1 + np.cumsum(rng.uniform(0, 0.3, sum(lengths) + 1)) - rng.uniform(0, 0.3)).tolist()
         cost[0] = 1.0
         ks = _plan(p1, q, lengths, cost)
