@@ -99,8 +99,14 @@ class StepCosts:
 
     def measured(self, rows: int) -> bool:
         """Whether drafts may be planned for this batch size (its plain step is timed and recent)."""
+        return self.plannable(rows) is not None
+
+    def plannable(self, rows: int) -> CostCurve | None:
+        """This batch size's curve when drafts may be planned with it (``measured``), else ``None``."""
         curve = self.curves.get(rows)
-        return curve is not None and curve.has_plain and self._since_plain.get(rows, 0) < self.replain_every
+        if curve is None or not curve.weights[0] or self._since_plain.get(rows, 0) >= self.replain_every:
+            return None
+        return curve
 
     def relative(self, rows: int, drafted: int) -> float:
         return self.curve(rows).relative(drafted)
@@ -172,14 +178,16 @@ class BatchDrafter:
         from run to run; without drafts it is the sample vLLM gives without speculation."""
         now = self.clock()
         rows = len(sampled)
-        ids = list(req_ids[:rows])
+        ids = req_ids[:rows]
+        if not isinstance(ids, list):
+            ids = list(ids)
         n_new = np.fromiter(map(len, sampled), np.int64, rows)
         num_tokens = np.asarray(num_tokens)[:rows]
         if ids != self._ids:
             self._regroup(ids)
         if self._pending:
             self._admit(n_new, num_tokens)
-        all_sampled = bool(n_new.all())
+        all_sampled = all(sampled)
         if all_sampled and ids == self._last_ids and self._last_time is not None and now > self._last_time:
             # The step just verified what the last call planned: time it by its size and drafts.
             self.costs.record(rows, self._last_drafted, now - self._last_time)
@@ -190,7 +198,7 @@ class BatchDrafter:
             if len(self._no_seeds) < rows:
                 self._no_seeds = np.zeros(2 * rows, np.int8)
             seeded = self._no_seeds[:rows]
-        curve = self.costs.curve(rows) if self.costs.measured(rows) else None
+        curve = self.costs.plannable(rows)
         drafted, accepted, restarted = self.index.step(
             self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
             curve, self.policy.margin,
