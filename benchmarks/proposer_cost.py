@@ -160,7 +160,8 @@ def flat_costs(rows: int) -> StepCosts:
 
 def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray]) -> dict[str, float]:
     batch = Batch(rows, Workload(docs, seed=rows))
-    ragspec = BatchDrafter(DRAFT_TOKENS, max_model_len=MAX_MODEL_LEN, costs=flat_costs(rows), clock=lambda: 0.0)
+    ragspec = BatchDrafter(DRAFT_TOKENS, max_model_len=MAX_MODEL_LEN, costs=flat_costs(rows), clock=lambda: 0.0,
+                           max_rows=rows)  # as RagspecProposer allocates for vLLM's max_num_seqs
     ngram, kernel = vllm_ngram(rows)
     from numba import set_num_threads
     times = {"ragspec": [], "vllm_propose": [], "vllm_kernel": []}
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     p.add_argument("--steps", type=int, default=200, help="measured steps per batch size")
-    p.add_argument("--warmup", type=int, default=20, help="steps first run and not timed (compilation, first prompts)")
+    p.add_argument("--warmup", type=int, default=300,
+                   help="steps run first and not timed: compilation, first prompts, requests ending and beginning")
     p.add_argument("--tokenizer", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)

@@ -358,19 +358,22 @@ class BatchIndex:
     ``cand`` and ``drafts`` hold every row's candidate (source code, match length, tokens).
     """
 
-    def __init__(self, max_draft: int, max_model_len: int, history_tokens: int, min_match: int = 1) -> None:
+    def __init__(
+        self, max_draft: int, max_model_len: int, history_tokens: int, min_match: int = 1, rows: int = 4
+    ) -> None:
         if min_match < 1:
             raise ValueError(f"min_match must be >= 1, got {min_match}")
         self.max_draft, self.max_model_len, self.min_match = max_draft, max_model_len, min_match
-        self.automata = Automata(4, min(512, max_model_len + 1))
-        self.requests = np.zeros((4, SLOT_COLUMNS), np.int64)
+        self.automata = Automata(rows, min(1024, max_model_len + 1))  # rows: the batch's expected size
+        self.requests = np.zeros((rows, SLOT_COLUMNS), np.int64)
         self.slot_of: dict[str, int] = {}
-        self._free = [3, 2, 1, 0]
+        self._free = list(range(rows - 1, -1, -1))
         self.history = AnswerHistory(history_tokens, self._build_version)
-        self.versions = Automata(2, history_tokens + 1)
-        self.version_longest = np.zeros(2, np.int64)  # each version's longest answer
-        self.version_refs = np.zeros(2, np.int64)  # live requests that began with each version
-        self._free_versions = [1, 0]
+        # At most one version per live request, plus the current one.
+        self.versions = Automata(rows + 2 if history_tokens else 1, history_tokens + 1)
+        self.version_longest = np.zeros(self.versions.count, np.int64)  # each version's longest answer
+        self.version_refs = np.zeros(self.versions.count, np.int64)  # live requests that began with each version
+        self._free_versions = list(range(self.versions.count - 1, -1, -1))
         self.cand = np.zeros((0, 3), np.int64)
         self.drafts = np.zeros((0, max_draft), np.int32)
         self.ks = np.zeros(0, np.int64)

@@ -122,7 +122,8 @@ class BatchDrafter:
     stays in Python per step is constant, plus a length per row and the draft lists vLLM takes.
     ``request_cap(rid)`` is a request's own longest draft (0: it asked for no speculation; it is
     then not indexed at all), read once when the request first shows a sampled token. ``costs``
-    (timed here by default) and ``clock`` are injectable for tests.
+    (timed here by default) and ``clock`` are injectable for tests; ``max_rows`` is the batch size to
+    allocate state for at once (more grows it).
     """
 
     def __init__(
@@ -136,12 +137,13 @@ class BatchDrafter:
         costs: StepCosts | None = None,
         clock: Any = time.perf_counter,
         request_cap: Callable[[str], int] | None = None,
+        max_rows: int = 4,
     ) -> None:
         if max_draft < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {max_draft}")
         self.max_draft = max_draft
         self.max_model_len = max_model_len
-        self.index = BatchIndex(max_draft, max_model_len, history_tokens, min_match)
+        self.index = BatchIndex(max_draft, max_model_len, history_tokens, min_match, rows=max_rows)
         self.policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         self.costs = costs if costs is not None else StepCosts(prior_slope=self.policy.prior_cost_slope)
         self.clock = clock
@@ -304,6 +306,7 @@ class RagspecProposer:
             history_tokens=_env_int(HISTORY_ENV, DEFAULT_HISTORY_TOKENS),
             min_match=_env_int(MIN_MATCH_ENV, DEFAULT_MIN_MATCH),
             request_cap=self._request_cap,
+            max_rows=int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 4)),
         )
         self._runner = _building_runner()
         self._warned: set[str] = set()
