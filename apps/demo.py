@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     qa = DocumentQA.from_paths(CORPUS, llm=ChatRagSpec(max_tokens=96), k=3)
     print(f"Indexed in {time.perf_counter() - start:.1f} s; loading SmolLM2-135M-Instruct (first run converts it once).")
     answers = [show(qa, question) for question in questions]
-    plain_qa = DocumentQA(qa.retriever, ChatRagSpec(max_tokens=96, speculative=False))
+    plain_qa = DocumentQA(qa.retriever, ChatRagSpec(max_tokens=96, speculation=False))
     plain = [plain_qa.ask(question) for question in questions]
     same = sum(p.text == a.text for p, a in zip(plain, answers))
     rate = {name: sum(x.stats.new_tokens - 1 for x in xs) / sum(x.stats.wall_s - x.stats.ttft_s for x in xs)

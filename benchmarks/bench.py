@@ -227,7 +227,7 @@ def hf_method(lm: LoadedModel, **kwargs: object) -> Callable[[Prompt, int], Run]
 def ragspec_method(gen: SpeculativeGenerator, speculative: bool, use_passages: bool = True) -> Callable[[Prompt, int], Run]:
     def run(prompt: Prompt, max_new_tokens: int) -> Run:
         refs = prompt.passages if use_passages else []
-        r = gen.generate(prompt.ids, references=refs, max_new_tokens=max_new_tokens, speculative=speculative)
+        r = gen.generate(prompt.ids, references=refs, max_new_tokens=max_new_tokens, speculation=speculative)
         s = r.stats
         return Run(s.new_tokens, s.wall_s, s.ttft_s, s.forward_passes, s.drafted_tokens, s.accepted_tokens,
                    s.draft_s, token_ids=r.token_ids)

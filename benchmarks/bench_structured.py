@@ -157,7 +157,7 @@ def ragspec_method(
 ) -> Callable[[Item, int], Run]:
     def run(item: Item, max_new_tokens: int) -> Run:
         r = gen.generate(item.ids, references=item.passages, max_new_tokens=max_new_tokens,
-                         speculative=speculative, constraint=constraint)
+                         speculation=speculative, constraint=constraint)
         s = r.stats
         forced = s.by_source["grammar"].accepted if "grammar" in s.by_source else 0
         return Run(s.new_tokens, s.wall_s, s.ttft_s, s.forward_passes, forced, s.mask_s, s.masks, r.token_ids, r.text)

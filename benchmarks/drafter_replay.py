@@ -44,7 +44,7 @@ def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]
     gen.calibrate(context=640)
     rows = []
     for p in rag_prompts(gen.lm, questions):
-        answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculative=False)
+        answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculation=False)
         rows.append({"prompt": p.ids,
                      "references": [gen.encode(r, special_tokens=False) for r in p.passages],
                      "answer": answer.token_ids})

@@ -46,14 +46,14 @@ def measure(methods: dict[str, tuple[SpeculativeGenerator, bool]], prompts: list
     """Each method (a generator, and whether it speculates) on every prompt, interleaved prompt by
     prompt in a rotating order, each generator starting every prompt cold."""
     for gen, speculative in methods.values():  # untimed warm-up: calibration and first-shape set-up
-        gen.generate([*prompts[0].ids[:8]], max_new_tokens=4, speculative=speculative)
+        gen.generate([*prompts[0].ids[:8]], max_new_tokens=4, speculation=speculative)
     totals = {name: {"tokens": 0, "seconds": 0.0, "forwards": 0, "drafted": 0, "accepted": 0, "outputs": []} for name in methods}
     names = list(methods)
     for i, p in enumerate(prompts):
         for name in names[i % len(names) :] + names[: i % len(names)]:
             gen, speculative = methods[name]
             gen.clear_cache()
-            s = (r := gen.generate(p.ids, references=p.passages, max_new_tokens=max_new, speculative=speculative)).stats
+            s = (r := gen.generate(p.ids, references=p.passages, max_new_tokens=max_new, speculation=speculative)).stats
             t = totals[name]
             t["tokens"] += s.new_tokens - 1
             t["seconds"] += s.wall_s - s.ttft_s

@@ -335,7 +335,7 @@ def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, new_guar
     for i, ids in enumerate(prompts):
         request, arrived = Request(i), []
         began = time.perf_counter()
-        with generator.stream(ids, max_new_tokens=max_tokens, temperature=0.0, speculative=speculative) as deltas:
+        with generator.stream(ids, max_new_tokens=max_tokens, temperature=0.0, speculation=speculative) as deltas:
             for _ in deltas:  # one delta per accepted token
                 arrived.append(time.perf_counter())
         result = deltas.result

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ragspec.engine.cancel import check as check_cancelled
-from ragspec.engine.config import CallOptions, GenerationConfig, call_options
+from ragspec.engine.config import VLLM_MAX_DRAFT_ARG, CallOptions, GenerationConfig, call_options
 from ragspec.engine.results import (
     GenerationResult,
     GenerationStats,
@@ -315,11 +315,13 @@ class RemoteGenerator(Generator):
             body["cache_salt"] = scope_salt(current_cache_scope())
         if info.server == "vllm":
             body["return_token_ids"] = True  # the answer's own ids, not the text encoded again here
+            if config.speculation.limit is not None:  # to ragspec's proposer, in the request's sampling params
+                body["vllm_xargs"] = {VLLM_MAX_DRAFT_ARG: config.speculation.limit}
         if info.server == "ragspec":  # extensions only where they are understood
             if references:
                 body["references"] = [r if isinstance(r, str) else [int(t) for t in r] for r in references]
-            if not config.speculative:
-                body["speculative"] = False
+            if config.speculation.as_dict():
+                body["speculation"] = config.speculation.as_dict()
             if config.repetition_stop:
                 body["repetition_stop"] = config.repetition_stop
         stats = GenerationStats(prompt_tokens=len(prompt_ids))

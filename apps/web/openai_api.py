@@ -6,7 +6,7 @@ talks to the served model through these routes; docs/serving.md is the reference
 - Requests map onto one ``GenerationConfig``: ``max_tokens`` / ``max_completion_tokens``,
   ``temperature`` (default 0, greedy: ragspec's default, not OpenAI's 1), ``top_p``, ``seed``,
   ``stop``, ``frequency_penalty``, ``presence_penalty``, and the extensions ``top_k``,
-  ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``repetition_stop``, ``speculative`` and ``references``
+  ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``repetition_stop``, ``speculation`` (``false``, ``{"enabled": false}`` or ``{"max_draft": 4}``) and ``references``
   (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client), and
   vLLM's ``cache_salt``: only requests with the same salt reuse each other's prompt prefixes
   (``request_scope``; docs/threat-model.md).
@@ -166,7 +166,7 @@ def openai_error_body(path: str, status: int, message: str) -> dict[str, Any]:
 _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
-    "top_k", "repeat_penalty", "repeat_last_n", "repetition_stop", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
+    "top_k", "repeat_penalty", "repeat_last_n", "repetition_stop", "speculation", "references",  # ragspec's extensions (response_format on completions, as vLLM)
     "cache_salt",  # vLLM's
     "prediction",
 }  # fmt: skip
@@ -231,7 +231,7 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
     if body.get(param) is not None:
         options["max_tokens"] = _checked(lambda: request_max_tokens(body[param], param))
     for name in ("temperature", "top_p", "seed", "top_k", "frequency_penalty", "presence_penalty", "repeat_penalty",
-                 "repeat_last_n", "repetition_stop", "speculative"):  # fmt: skip
+                 "repeat_last_n", "repetition_stop", "speculation"):  # fmt: skip
         if body.get(name) is not None:
             options[name] = body[name]
     _checked(lambda: GenerationConfig().merged(options))  # 400 naming the first bad option, before the request queues

@@ -36,6 +36,11 @@ MIN_TEMPERATURE = 1e-3
 MAX_TEMPERATURE = 2.0
 """Largest sampling temperature, as OpenAI's API takes it (above it the distribution is nearly uniform noise)."""
 MAX_SEED = 2**63 - 1
+MAX_DRAFT_LIMIT = 256
+"""The largest per-request draft cap (``Speculation.max_draft``)."""
+VLLM_MAX_DRAFT_ARG = "ragspec_max_draft"
+"""The key of vLLM's per-request ``extra_args`` (OpenAI ``vllm_xargs``) that carries a request's draft
+cap to ragspec's proposer inside vLLM: ``Speculation.limit``, 0 for no speculation."""
 
 
 class GenerationConfigError(ValueError):
@@ -89,8 +94,58 @@ def stop_strings(value: object) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """One request's speculation: ``enabled`` (``False`` decodes one token per forward: the same
+    output, slower) and ``max_draft``, the most tokens drafted per step (``None``: the engine's own
+    limit; a cap below it, never above). The same on every engine: ragspec's own, and ragspec's
+    proposer inside vLLM, which receives ``limit`` with the request (``VLLM_MAX_DRAFT_ARG``)."""
+
+    enabled: bool = True
+    max_draft: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise GenerationConfigError("speculation.enabled", f"must be true or false, got {self.enabled!r}")
+        if self.max_draft is not None:
+            _integer("speculation.max_draft", self.max_draft, 1)
+            if self.max_draft > MAX_DRAFT_LIMIT:
+                raise GenerationConfigError("speculation.max_draft", f"must be at most {MAX_DRAFT_LIMIT}, got {self.max_draft!r}")
+
+    @property
+    def limit(self) -> int | None:
+        """The most tokens a step may draft for this request: 0 when off, ``None`` when the engine decides."""
+        return 0 if not self.enabled else self.max_draft
+
+    def as_dict(self) -> dict[str, Any]:
+        """As a request body spells it (only what differs from the default)."""
+        out: dict[str, Any] = {} if self.enabled else {"enabled": False}
+        if self.max_draft is not None:
+            out["max_draft"] = self.max_draft
+        return out
+
+
+def speculation_setting(value: object) -> Speculation:
+    """``value`` as a ``Speculation``: one already, ``True``/``False`` (on or off), or a mapping with
+    ``enabled`` and/or ``max_draft`` (``{"enabled": false}``, ``{"max_draft": 4}``)."""
+    if isinstance(value, Speculation):
+        return value
+    if isinstance(value, bool):
+        return Speculation(enabled=value)
+    if isinstance(value, Mapping):
+        unknown = sorted(str(k) for k in value if k not in ("enabled", "max_draft"))
+        if unknown:
+            raise GenerationConfigError(
+                "speculation", f"takes enabled and max_draft, got unknown key(s) {', '.join(unknown)}"
+            )
+        return Speculation(**value)
+    raise GenerationConfigError(
+        "speculation", f'must be true, false or an object like {{"max_draft": 4}}, got {value!r}'
+    )
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
-    """How to decode: the token budget, stop strings, sampling and whether to speculate.
+    """How to decode: the token budget, stop strings, sampling and how to speculate.
 
     ``max_tokens`` is the most new tokens (``max_new_tokens``, transformers' name, is the same
     field: accepted when building or merging, and readable). ``temperature`` 0 is greedy
@@ -111,8 +166,9 @@ class GenerationConfig:
     """Most new tokens; fewer when the context window ends first. 0 prefills only (see ``request_max_tokens``)."""
     stop: tuple[str, ...] = ()
     """The answer ends before the first of these strings."""
-    speculative: bool = True
-    """Draft and verify; ``False`` decodes one token per forward (same output, slower)."""
+    speculation: Speculation = Speculation()
+    """Draft and verify (``Speculation``: on or off, and a cap on drafted tokens per step); given as a
+    ``Speculation``, ``True``/``False`` or ``{"enabled": false}`` / ``{"max_draft": 4}``. Never changes the output."""
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -142,8 +198,7 @@ class GenerationConfig:
         else:
             set_(self, "max_tokens", _integer("max_new_tokens", max_new_tokens, 0))
         set_(self, "stop", stop_strings(self.stop))
-        if not isinstance(self.speculative, bool):
-            raise GenerationConfigError("speculative", f"must be True or False, got {self.speculative!r}")
+        set_(self, "speculation", speculation_setting(self.speculation))
         temperature = _number("temperature", self.temperature)
         if temperature != 0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
             raise GenerationConfigError(

@@ -312,7 +312,7 @@ class SpeculativeGenerator(Generator):
                     if finish != "continue":
                         break
                     check_cancelled(cancel)
-                    new = self._step(cache, context, budget - len(out), acceptor, grammar, config.speculative, stats)
+                    new = self._step(cache, context, budget - len(out), acceptor, grammar, config.speculation.limit, stats)
                 self.drafter.finish(out)
                 if self.model_drafter is not None:
                     self.model_drafter.finish(out)
@@ -399,12 +399,15 @@ class SpeculativeGenerator(Generator):
         room: int,
         acceptor: Acceptor,
         grammar: Grammar | None,
-        speculative: bool,
+        limit: int | None,
         stats: GenerationStats,
     ) -> list[int]:
-        """Draft (or not), verify, and book-keep one target forward."""
+        """Draft (or not: ``limit`` 0), verify, and book-keep one target forward; ``limit`` is the
+        request's own cap on drafted tokens (``Speculation.limit``; ``None``: ``max_draft``)."""
         t0 = time.perf_counter()
-        draft, drafter = self._draft(context, min(self.max_draft, room - 1), grammar) if speculative else (None, None)
+        speculative = limit != 0
+        longest = self.max_draft if limit is None else min(limit, self.max_draft)
+        draft, drafter = self._draft(context, min(longest, room - 1), grammar) if speculative else (None, None)
         t1 = time.perf_counter()
         new, n_accepted = self._verify(cache, context[-1], draft, acceptor)
         t2 = time.perf_counter()

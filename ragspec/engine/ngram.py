@@ -14,9 +14,10 @@ A match proposes the tokens that followed the match's first occurrence in its re
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from itertools import takewhile
-from typing import Sequence
+from typing import Any
 
 from ragspec.engine.drafting import Draft, DraftSource
 
@@ -123,18 +124,20 @@ class AnswerHistory:
     """A bounded index of earlier answers, which the drafters of many requests may share.
 
     It keeps the newest answers whose tokens (one separator each included) fit in ``max_tokens``,
-    in one suffix automaton of class ``automaton``; each answer ends with its own negative
-    separator, so no match runs from one answer into the next. ``add`` rebuilds the automaton
-    (O(``max_tokens``)); a drafter that began a request keeps the automaton it saw then.
+    in one suffix automaton built by ``automaton`` from their tokens; each answer ends with its own
+    negative separator, so no match runs from one answer into the next. ``add`` rebuilds the
+    automaton (O(``max_tokens``)); a drafter that began a request keeps the automaton it saw then.
+    ``ragspec.engine.ngram_batch`` builds its automata into flat arrays through the same class.
     """
 
-    def __init__(self, max_tokens: int, automaton: type[SuffixAutomaton] = SuffixAutomaton) -> None:
+    def __init__(self, max_tokens: int, automaton: Callable[[Sequence[int]], Sized] = SuffixAutomaton) -> None:
         if max_tokens < 0:
             raise ValueError(f"history_tokens must be >= 0, got {max_tokens}")
         self.max_tokens = max_tokens
         self.automaton = automaton
         self._answers: deque[list[int]] = deque()
-        self.index = SuffixAutomaton()
+        self._tokens = 0  # in ``_answers``, one separator each included
+        self.index: Any = SuffixAutomaton()
 
     def __len__(self) -> int:
         """Tokens indexed, separators included."""
@@ -142,11 +145,18 @@ class AnswerHistory:
 
     def add(self, output: Sequence[int]) -> None:
         """Remember a finished answer, forgetting the oldest ones beyond the budget."""
-        if not self.max_tokens or not output:
+        self.add_all([output])
+
+    def add_all(self, outputs: Sequence[Sequence[int]]) -> None:
+        """``add`` each of ``outputs`` in turn, building the automaton once."""
+        outputs = [list(o[-self.max_tokens :]) for o in outputs if len(o)] if self.max_tokens else []
+        if not outputs:
             return
-        self._answers.append(list(output[-self.max_tokens :]))
-        while sum(len(a) + 1 for a in self._answers) > self.max_tokens + 1:
-            self._answers.popleft()
+        self._answers.extend(outputs)
+        self._tokens += sum(len(a) + 1 for a in outputs)
+        # Dropping the oldest after each answer or after all of them keeps the same newest answers.
+        while self._tokens > self.max_tokens + 1:
+            self._tokens -= len(self._answers.popleft()) + 1
         tokens: list[int] = []
         for i, answer in enumerate(self._answers):
             tokens += answer + [-1 - i]  # a distinct separator: no match crosses two answers

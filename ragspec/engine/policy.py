@@ -6,20 +6,24 @@ drafted token is accepted and ``q`` the chance that each later one is, given tha
 were, the expected yield is ``1 + p1 * (1 - q**k) / (1 - q)``. The policy verifies the ``k`` that
 maximises yield per unit of cost, and nothing when no ``k`` beats a plain step by a margin.
 
-Both factors are measured online: ``r(k)`` from timed target forwards (an exponential moving
-average per ``k``, with a conservative prior until a ``k`` has been seen), ``p1`` and ``q`` from
+Both factors are measured online: ``r(k)`` from timed target forwards (a mean per ``k`` that
+becomes a moving average, with a conservative prior until a ``k`` has been seen), ``p1`` and ``q`` from
 the acceptance of earlier drafts with the same source kind and match length (Beta counts that
 slowly forget, so the estimate follows the workload). Until a length is timed, ``r`` grows by
 ``prior_cost_slope`` per drafted token; docs/design.md ("Cost model") has the reasoning and the
-measured costs.
+measured costs. The curve, the statistics and the search are ``ragspec.engine.planning``'s, shared
+with ragspec's proposer inside vLLM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from ragspec.engine.drafting import Draft, DraftSource
+from ragspec.engine.planning import MODEL, Acceptance, CostCurve, plan, source_group
 
 
 class Policy(Protocol):
@@ -76,33 +80,16 @@ class FixedPolicy:
         pass
 
 
-@dataclass
-class _Beta:
-    """A success rate with a prior worth ``weight`` observations, forgetting old evidence."""
-
-    hits: float
-    trials: float
-
-    def rate(self) -> float:
-        return self.hits / self.trials
-
-    def add(self, hits: int, trials: int, decay: float) -> None:
-        self.hits = self.hits * decay + hits
-        self.trials = self.trials * decay + trials
-
-
-_MAX_BUCKET = 8  # match lengths of 8 and more behave alike
-
-
-@dataclass
-class _Acceptance:
-    first: _Beta
-    rest: _Beta
+_ONE_KIND = np.zeros(1, np.int64)
 
 
 @dataclass
 class AdaptivePolicy:
-    """Cost-driven draft length from measured verify cost and running acceptance (see module doc)."""
+    """Cost-driven draft length from measured verify cost and running acceptance (see module doc).
+
+    The cost curve, the acceptance statistics and the search for ``k`` are ``ragspec.engine.planning``'s,
+    the same that ragspec's proposer inside vLLM plans a whole batch with.
+    """
 
     max_draft: int = 16
     margin: float = 0.03
@@ -115,11 +102,9 @@ class AdaptivePolicy:
     """Try the draft model once per this many plain steps even when it does not seem to pay."""
     prior_cost_slope: float = 0.1
     """Prior verify cost per drafted token, in plain steps, until that length has been timed."""
-    _cost: dict[int, float] = field(default_factory=dict)
     _calibrated: bool = False
     _model_token_cost: float | None = None  # seconds per draft-model token
     _since_model: int = 0  # plain steps since the draft model was last tried
-    _acceptance: dict[tuple[str, int], _Acceptance] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_draft < 1:
@@ -132,6 +117,10 @@ class AdaptivePolicy:
             raise ValueError(f"explore_every must be >= 1, got {self.explore_every}")
         if not 0 < self.cost_smoothing <= 1:
             raise ValueError(f"cost_smoothing must be in (0, 1], got {self.cost_smoothing}")
+        # One request's verify cost is a calibrated profile that is really not monotone in k on a CPU.
+        self.costs = CostCurve(self.prior_cost_slope, self.cost_smoothing, monotone=False)
+        self.acceptance = Acceptance(self.decay)
+        self._ks = np.zeros(1, np.int64)
 
     # -- cost -------------------------------------------------------------------------------
     @property
@@ -148,68 +137,47 @@ class AdaptivePolicy:
         """
         if 0 not in seconds:
             raise ValueError("calibration needs the cost of a plain step (k=0)")
-        self._cost.update(seconds)
+        self.costs.calibrate(seconds)
         self._calibrated = True
 
     def measured_costs(self) -> dict[int, float]:
         """Seconds of a forward by number of drafted tokens, as measured (or calibrated) so far."""
-        return dict(sorted(self._cost.items()))
+        return self.costs.measured()
 
     def relative_cost(self, k: int) -> float:
         """Estimated cost of verifying ``k`` drafted tokens, in plain decoding steps."""
-        base = self._cost.get(0)
-        if not k or base is None:
-            return 1.0 + self.prior_cost_slope * k
-        if k in self._cost:
-            return max(self._cost[k] / base, 1.0)
-        below = max((j for j in self._cost if j < k), default=0)
-        above = min((j for j in self._cost if j > k), default=None)
-        low = self._cost[below] / base
-        if above is None:  # beyond the longest measured draft: extend with the prior slope
-            return max(low + self.prior_cost_slope * (k - below), 1.0)
-        high = self._cost[above] / base
-        return max(low + (high - low) * (k - below) / (above - below), 1.0)
+        return self.costs.relative(k)
 
     # -- acceptance -------------------------------------------------------------------------
-    def _stats(self, draft: Draft) -> _Acceptance:
-        key = (_source_group(draft.source), min(draft.match_length, _MAX_BUCKET))
-        stats = self._acceptance.get(key)
-        if stats is None:
-            # Optimistic enough to try a draft, so that real acceptance gets measured.
-            p1 = min(0.3 + 0.07 * key[1], 0.85)
-            stats = self._acceptance[key] = _Acceptance(_Beta(2 * p1, 2.0), _Beta(1.6, 2.0))
-        return stats
-
     def expected_yield(self, draft: Draft, k: int) -> float:
         """Expected tokens produced by a forward that verifies ``k`` tokens of ``draft``."""
-        stats = self._stats(draft)
-        p1, q = stats.first.rate(), min(stats.rest.rate(), 0.999)
+        p1, q = self.acceptance.rates(source_group(draft.source), draft.match_length)
         return 1.0 + p1 * (1.0 - q**k) / (1.0 - q)
 
     # -- decisions --------------------------------------------------------------------------
+    def _best_k(self, group: int, match_length: int, longest: int, per_token: float = 0.0) -> int:
+        """``planning.plan`` for this one request: the ``k`` up to ``longest`` with the best expected
+        tokens per cost, where each drafted token also costs ``per_token`` plain steps to draft."""
+        longest = min(longest, self.max_draft)
+        if longest <= 0:
+            return 0
+        p1, q = self.acceptance.rates(group, match_length)
+        cost = self.costs.table(longest) + per_token * np.arange(longest + 1)
+        plan(np.array([p1]), np.array([q]), np.array([longest]), _ONE_KIND, 1, cost, self.margin, 1, self._ks)
+        return int(self._ks[0])
+
     def choose(self, candidate: Draft | None) -> int:
         if candidate is None or not candidate.tokens:
             return 0
-        best_k, best_gain = 0, 1.0 + self.margin
-        for k in range(1, min(len(candidate), self.max_draft) + 1):
-            gain = self.expected_yield(candidate, k) / self.relative_cost(k)
-            if gain > best_gain:
-                best_k, best_gain = k, gain
-        return best_k
+        return self._best_k(source_group(candidate.source), candidate.match_length, len(candidate))
 
     def choose_model(self, max_tokens: int) -> int:
         """Draft-model tokens worth drafting: expected yield per cost of drafting plus verifying."""
         if max_tokens <= 0:
             return 0
-        best_k, base = 0, self._cost.get(0)
-        if self._model_token_cost is not None and base is not None:
-            per_token = self._model_token_cost / base
-            probe = Draft((), DraftSource.MODEL)
-            best_gain = 1.0 + self.margin
-            for k in range(1, min(max_tokens, self.max_draft) + 1):
-                gain = self.expected_yield(probe, k) / (self.relative_cost(k) + k * per_token)
-                if gain > best_gain:
-                    best_k, best_gain = k, gain
+        best_k = 0
+        if self._model_token_cost is not None and self.costs.has_plain:
+            best_k = self._best_k(MODEL, 0, max_tokens, self._model_token_cost / self.costs.means[0])
         self._since_model = 0 if best_k else self._since_model + 1
         if best_k == 0 and (self._model_token_cost is None or self._since_model >= self.explore_every):
             self._since_model = 0
@@ -222,32 +190,17 @@ class AdaptivePolicy:
         if draft is None or k == 0:
             return
         if draft.source == DraftSource.MODEL:
-            self._model_token_cost = _smooth(self._model_token_cost, draft_seconds / k, self.cost_smoothing)
+            per_token = draft_seconds / k
+            old = self._model_token_cost
+            self._model_token_cost = per_token if old is None else old + self.cost_smoothing * (per_token - old)
         self.record_acceptance(draft, n_accepted)
 
     def record_cost(self, k: int, forward_seconds: float) -> None:
         """A timed forward that verified ``k`` drafted tokens (``k = 0``: a plain step)."""
-        self._cost[k] = _smooth(self._cost.get(k), forward_seconds, self.cost_smoothing)
+        self.costs.record(k, forward_seconds)
 
     def record_acceptance(self, draft: Draft, n_accepted: int) -> None:
         """How many leading tokens of a verified ``draft`` the target accepted."""
         # Acceptance is learnt on the drafter's own tokens; grammar-forced tokens after them are not its doing.
-        k, n_accepted = len(draft) - draft.forced, min(n_accepted, len(draft) - draft.forced)
-        if k <= 0:
-            return
-        stats = self._stats(draft)
-        stats.first.add(1 if n_accepted else 0, 1, self.decay)
-        if n_accepted:
-            stats.rest.add(n_accepted - 1, min(n_accepted, k - 1), self.decay)
-
-
-def _smooth(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else old + weight * (new - old)
-
-
-def _source_group(source: DraftSource) -> str:
-    # Copies from fixed text (passages, prompt, earlier answers) behave alike; a model's own
-    # running output and a draft model differ.
-    if source in (DraftSource.PASSAGE, DraftSource.PROMPT, DraftSource.HISTORY):
-        return "reference"
-    return source.value
+        k = len(draft) - draft.forced
+        self.acceptance.record(source_group(draft.source), draft.match_length, k, min(n_accepted, k))

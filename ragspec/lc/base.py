@@ -6,7 +6,7 @@ or of ``.bind(...)``):
 - ``references``: passages for the drafter, each its own reference (``str``, ``Document`` or token
   ids). Without them the prompt is the reference: the generator always indexes the prompt, so a
   ``retriever | format | prompt | llm`` chain is sped up with no extra code.
-- ``model``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``speculative``:
+- ``model``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``speculation``:
   override the field of the same name for one call.
 - ``response_format``: the answer must match a JSON Schema, JSON or a grammar (constrained
   decoding; see ``ragspec.lc.tools``). ``ChatRagSpec`` also takes ``tools`` and ``tool_choice``
@@ -37,7 +37,15 @@ from langchain_core.messages.ai import UsageMetadata
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
-from ragspec.engine.config import DEFAULT_MAX_TOKENS, CallOptions, GenerationConfig, call_options, check_backend
+from ragspec.engine.config import (
+    DEFAULT_MAX_TOKENS,
+    CallOptions,
+    GenerationConfig,
+    Speculation,
+    call_options,
+    check_backend,
+    speculation_setting,
+)
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -52,9 +60,9 @@ Reference = Union[str, Document, Sequence[int]]
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n", "repetition_stop")
-CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculative",
+CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculation",
                 "response_format")  # fmt: skip
-_GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "stop", "speculative", "max_draft")
+_GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "stop", "speculation", "max_draft")
 LC_NAMESPACE = ["ragspec", "lc"]
 """Where ``dumpd`` records the ragspec classes: ``["ragspec", "lc", "ChatRagSpec"]``."""
 _LC_CLASSES = ("ChatRagSpec", "RagSpecLLM")
@@ -108,8 +116,8 @@ class RagSpecParams(BaseModel):
 
     model: str = Field(default="default", validation_alias=AliasChoices("model", "model_name"))
     """Target model: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local model directory, a ``.gguf`` file, or a Hugging Face id available offline (``model_name=`` is the same, as in ChatOpenAI)."""
-    speculative: bool = True
-    """Draft tokens from the references and verify them in one forward; ``False`` decodes one token per forward (same output, slower)."""
+    speculation: Union[bool, dict[str, Any], Speculation] = True
+    """Draft tokens from the references and verify them in one forward; ``False`` (or ``{"enabled": False}``) decodes one token per forward (same output, slower), ``{"max_draft": 4}`` caps the drafted tokens per step."""
     max_draft: int = Field(default=16, ge=1, le=256)
     """Most tokens proposed per verify step (the adaptive policy often proposes fewer)."""
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -344,7 +352,7 @@ class RagSpecParams(BaseModel):
     def identifying_params(self) -> dict[str, Any]:
         return {
             "model": self.model_name,
-            "speculative": self.speculative,
+            "speculation": speculation_setting(self.speculation).as_dict(),
             "max_draft": self.max_draft,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,

@@ -299,6 +299,8 @@ def chat_body(**fields: Any) -> dict[str, Any]:
         (CHAT, chat_body(messages=[{"role": "function", "content": "x"}]), 400, "messages[0].role", None),
         (CHAT, chat_body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "messages[0].content", None),
         (CHAT, chat_body(references="not a list"), 400, "references", None),
+        (CHAT, chat_body(speculation={"max_draft": 0}), 400, "speculation.max_draft", None),
+        (CHAT, chat_body(speculation="off"), 400, "speculation", None),
         (CHAT, chat_body(model="gpt-4o"), 404, "model", "model_not_found"),
         (COMPLETIONS, {"model": "default", "prompt": ["one", "two"]}, 400, "prompt", None),
         (COMPLETIONS, {"model": "default", "prompt": [10**9]}, 400, "prompt", None),
@@ -456,3 +458,20 @@ def test_langchain_chat_openai_talks_to_the_server(server: ServeProcess, client:
     assert message.content == expected.choices[0].message.content
     assert message.usage_metadata["output_tokens"] == expected.usage.completion_tokens
     assert "".join(str(chunk.content) for chunk in llm.stream(turns)) == expected.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [({"max_draft": 0}, "speculation.max_draft"), ({"max_draft": 1.5}, "speculation.max_draft"),
+     ({"enabled": "no"}, "speculation.enabled"), ({"draft": 2}, "speculation"), ("off", "speculation"), (1, "speculation")],
+)
+def test_a_bad_speculation_setting_is_a_400_naming_it(value: object, param: str) -> None:
+    from apps.web.openai_api import OpenAIError, parse_request
+    from ragspec.engine.config import GenerationConfig
+
+    with pytest.raises(OpenAIError) as e:
+        parse_request(chat_body(speculation=value), chat=True)
+    assert e.value.status == 400 and e.value.param == param
+    for good, limit in (({"enabled": False}, 0), (False, 0), ({"max_draft": 4}, 4), (True, None)):
+        request = parse_request(chat_body(speculation=good), chat=True)
+        assert GenerationConfig().merged(request.options).speculation.limit == limit

@@ -144,13 +144,38 @@ def test_ragspec_through_vllm_answers_as_its_own_engine_does(spec_server, served
     from ragspec.engine.generator import SpeculativeGenerator
     from ragspec.remote import RemoteGenerator
 
-    config = GenerationConfig(max_new_tokens=MAX_TOKENS, speculative=False)
+    config = GenerationConfig(max_new_tokens=MAX_TOKENS, speculation=False)
     local = SpeculativeGenerator("default", backend="torch")
     remote = RemoteGenerator(spec_server.base_url, tokenizer=str(served_folder))
     for ids in rag_ids[:4]:
         here, there = local.generate(ids, config), remote.generate(ids, config)
         assert there.token_ids == here.token_ids and there.text == here.text
         assert there.finish_reason == here.finish_reason
+
+
+@needs_vllm
+@pytest.mark.timeout(600)
+def test_speculation_is_set_per_request_in_one_batch(reference, spec_server, rag_ids) -> None:
+    """Two requests at once: one with speculation off (``vllm_xargs``, as ``RemoteGenerator`` sends a
+    ``GenerationConfig(speculation=False)``), one on. Both answer as vLLM without speculation; the
+    first is never indexed, only the second is drafted for."""
+    from ragspec.engine.config import VLLM_MAX_DRAFT_ARG
+
+    before, drafted = proposer_stats(spec_server), metrics(spec_server.base_url)
+    results: dict[str, Any] = {}
+    off = threading.Thread(target=lambda: results.__setitem__(
+        "off", complete(spec_server.base_url, rag_ids[5], vllm_xargs={VLLM_MAX_DRAFT_ARG: 0})))
+    on = threading.Thread(target=lambda: results.__setitem__("on", complete(spec_server.base_url, rag_ids[6])))
+    off.start()
+    on.start()
+    for t in (off, on):
+        t.join(timeout=500)
+    after = proposer_stats(spec_server)
+    assert results["off"]["token_ids"] == reference[5]["token_ids"]
+    assert results["on"]["token_ids"] == reference[6]["token_ids"]
+    assert after["undrafted_requests_seen"] == before["undrafted_requests_seen"] + 1
+    assert after["requests_seen"] == before["requests_seen"] + 1
+    assert metrics(spec_server.base_url)["vllm:spec_decode_num_draft_tokens_total"] > drafted["vllm:spec_decode_num_draft_tokens_total"]
 
 
 @needs_vllm

@@ -260,3 +260,13 @@ def test_on_llm_new_token_fires_once_per_token_on_invoke_and_stream(chat):
     assert streamed.tokens == [*invoked.tokens, ""]  # and the last chunk, which carries the usage
     assert chunks == streamed.tokens
     assert len(invoked.tokens) <= message.usage_metadata["output_tokens"]
+
+
+def test_speculation_is_one_setting_checked_when_the_model_is_built() -> None:
+    from ragspec.engine.config import Speculation
+
+    assert ChatRagSpec(speculation={"max_draft": 4}).generation_config().speculation == Speculation(max_draft=4)
+    assert ChatRagSpec(speculation=False).generation_config().speculation.limit == 0
+    assert ChatRagSpec().identifying_params["speculation"] == {}
+    with pytest.raises(ValueError, match="speculation.max_draft"):
+        ChatRagSpec(speculation={"max_draft": 0})

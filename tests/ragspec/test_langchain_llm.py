@@ -52,7 +52,7 @@ def expected(lc_tiny_model) -> str:
     # Its own generator: the drafter of the one under test must not remember this answer.
     from ragspec.engine.generator import SpeculativeGenerator
 
-    text = SpeculativeGenerator(lc_tiny_model).generate(PROMPT, max_new_tokens=MAX, speculative=False).text
+    text = SpeculativeGenerator(lc_tiny_model).generate(PROMPT, max_new_tokens=MAX, speculation=False).text
     assert len(text) > 10
     return text
 
@@ -84,7 +84,7 @@ async def test_ainvoke_and_astream(llm, expected):
 
 
 async def test_astream_does_not_block_the_event_loop(lc_tiny_generator):
-    llm = RagSpecLLM(generator=lc_tiny_generator, max_tokens=64, speculative=False)
+    llm = RagSpecLLM(generator=lc_tiny_generator, max_tokens=64, speculation=False)
     ticks = 0
     done = asyncio.Event()
 
@@ -184,7 +184,7 @@ def test_bound_references(llm, expected):
 
 
 def test_speculative_off_gives_the_same_text(llm, expected):
-    assert llm.invoke(PROMPT, speculative=False, references=[expected]) == expected
+    assert llm.invoke(PROMPT, speculation=False, references=[expected]) == expected
 
 
 def test_early_break_releases_the_generator(llm, expected):
@@ -231,8 +231,8 @@ def test_invalid_call_options(llm):
         llm.invoke(PROMPT, references=[3.5])
     with pytest.raises(ValueError, match="max_tokens"):
         llm.invoke(PROMPT, max_tokens=-1)
-    with pytest.raises(ValueError, match="speculative"):
-        llm.invoke(PROMPT, speculative="no")
+    with pytest.raises(ValueError, match="speculation"):
+        llm.invoke(PROMPT, speculation="no")
     with pytest.raises(ValueError, match="seed"):
         llm.invoke(PROMPT, seed=1.5)
 
@@ -252,9 +252,9 @@ def test_construction_does_not_load_a_model(monkeypatch):
 def test_sampling_settings_reach_the_generator(lc_tiny_generator, expected, monkeypatch):
     llm = RagSpecLLM(generator=lc_tiny_generator, max_tokens=MAX, temperature=1.0, seed=7)
     # Without drafting the seed alone fixes the sample (drafts change which random numbers are drawn).
-    first, again = llm.invoke(PROMPT, speculative=False), llm.invoke(PROMPT, speculative=False)
+    first, again = llm.invoke(PROMPT, speculation=False), llm.invoke(PROMPT, speculation=False)
     assert first == again
-    assert llm.invoke(PROMPT, seed=8, speculative=False) != first  # near-uniform random model
+    assert llm.invoke(PROMPT, seed=8, speculation=False) != first  # near-uniform random model
     assert llm.invoke(PROMPT, temperature=0.0) == expected
     assert llm.invoke(PROMPT, top_k=1) == expected  # sampling among one token is greedy
     seen: list = []

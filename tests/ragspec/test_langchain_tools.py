@@ -89,7 +89,7 @@ def test_tool_choice_by_name_and_none(chat) -> None:
 @pytest.mark.timeout(300)
 def test_speculative_tool_calls_equal_plain_ones(chat) -> None:
     bound = chat.bind_tools([add, weather], tool_choice="any", parallel_tool_calls=False)
-    plain = bound.invoke("What is 2 + 3?", speculative=False)
+    plain = bound.invoke("What is 2 + 3?", speculation=False)
     spec = bound.invoke("What is 2 + 3?", references=['{"name": "add", "arguments": {"a": 2, "b": 3}}'])
     assert [(c["name"], c["args"]) for c in spec.tool_calls] == [(c["name"], c["args"]) for c in plain.tool_calls]
     assert spec.response_metadata["speculative"]["by_source"]["grammar"]["accepted"] > 0

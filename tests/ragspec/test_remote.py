@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ragspec.engine.results import Generator
+from ragspec.engine.config import VLLM_MAX_DRAFT_ARG
 from ragspec.remote import RemoteGenerationError, RemoteGenerator, RemoteModel
 
 
@@ -147,6 +148,19 @@ def test_vllm_answers_keep_the_servers_token_ids(server: type[Handler]) -> None:
     result = other.generate("Hello", max_new_tokens=8)
     assert "return_token_ids" not in server.request  # type: ignore[attr-defined]
     assert result.token_ids == other.encode("Hi", special_tokens=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_requests_speculation_setting_reaches_vllms_proposer_as_extra_args(server: type[Handler]) -> None:
+    """To vLLM, ``speculation`` travels as ``vllm_xargs`` (the request's sampling params' ``extra_args``,
+    which ragspec's proposer reads); nothing is sent when the request leaves it to the server."""
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    for setting, sent in (({"enabled": False}, 0), ({"max_draft": 3}, 3), (False, 0), (True, None)):
+        server.events = [chunk("Hi", "stop"), "data: [DONE]\n\n"]
+        gen.generate("Hello", max_new_tokens=8, speculation=setting)
+        xargs = server.request.get("vllm_xargs")  # type: ignore[attr-defined]
+        assert xargs == (None if sent is None else {VLLM_MAX_DRAFT_ARG: sent})
 
 
 def _first_repeat(ids: list[int], n: int) -> int | None:

@@ -6,45 +6,57 @@ vllm`` does that, see ``ragspec.backends.vllm.server``). Every engine step vLLM'
 ``propose`` with the whole batch; vLLM's rejection sampler then verifies the drafts, so the output
 is what vLLM gives without speculation (greedy: the same tokens; sampling: the same distribution).
 
-What runs here is ragspec's own drafting, per request of the batch:
+What runs here is ragspec's own drafting, for the whole batch in one compiled call per step
+(``ragspec.engine.ngram_batch``, numba; its docstring says why), with the semantics of
+``ragspec.engine.ngram.NgramDrafter``, which a test checks it against token for token:
 
-- ``ragspec.engine.ngram.NgramDrafter`` over the request's running context (its prompt, where the
-  retrieved passages are, and its output), indexed once when the request appears and extended by
-  the tokens each step accepted, never rescanned; plus one bounded ``AnswerHistory`` of earlier
-  answers shared by all requests. Passage boundaries are not separate sources here: the passages
-  are in the prompt, so the context's automaton finds the same matches, and vLLM keeps no
-  per-passage statistics to report them in.
-- ``ragspec.engine.policy.AdaptivePolicy``'s acceptance model (by source and match length, learnt from
-  how many drafted tokens each step kept), and step costs timed here (``StepCosts``: the interval
-  between two calls of ``propose`` whose batches were the same requests in decode, kept per batch
-  size and drafted tokens). ``plan_batch`` adds drafts while they raise the expected tokens per
-  second of the whole step, so under a full batch (where verification is no longer free) and
-  where drafts do not pay, the proposer proposes nothing.
+- a suffix automaton of each request's running context (its prompt, where the retrieved passages
+  are, and its output), indexed once when the request appears and extended by the tokens each
+  step accepted, never rescanned; plus one bounded ``AnswerHistory`` of earlier answers shared by
+  all requests. Passage boundaries are not separate sources here: the passages are in the prompt,
+  so the context's automaton finds the same matches, and vLLM keeps no per-passage statistics to
+  report them in.
+- ``ragspec.engine.planning``: the acceptance model of ``AdaptivePolicy`` (by source and match
+  length, learnt from how many drafted tokens each step kept), step costs timed here
+  (``StepCosts``: the interval between two calls of ``propose`` whose batches were the same
+  requests in decode, one cost curve per batch size), and the one best-k search, which chooses
+  every row's draft length at once for the most expected tokens per second of the whole step. So
+  under a full batch (where verification is no longer free) and where drafts do not pay, the
+  proposer proposes nothing.
+- Per request: a request whose sampling parameters carry ``extra_args["ragspec_max_draft"]``
+  (``REQUEST_MAX_DRAFT``; a ``RemoteGenerator`` sends it as vLLM's ``vllm_xargs`` from
+  ``GenerationConfig.speculation``) drafts at most that many tokens per step, none with 0 (it is
+  then not indexed at all, and its answer does not enter the history).
 
 State is kept by request id (the model runner's batch rows move when requests end or are
 reordered), created when a request first shows a sampled token, and dropped, its answer handed to
 the history, when the id leaves the batch; so memory is bounded by the batch size plus the history.
 
 This module runs inside vLLM's worker process, in vLLM's own environment, with ragspec's source
-on ``PYTHONPATH``: it imports only the standard library, numpy, and ragspec's drafting modules.
+on ``PYTHONPATH``: it imports only the standard library, numpy, numba (a dependency of vLLM's) and
+ragspec's drafting modules.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ragspec.engine.drafting import Draft
-from ragspec.engine.ngram import AnswerHistory, NgramDrafter
+from ragspec.engine.ngram import AnswerHistory
+from ragspec.engine.ngram_batch import BatchIndex
+from ragspec.engine.planning import CostCurve
 from ragspec.engine.policy import AdaptivePolicy
+
+logger = logging.getLogger(__name__)
 
 PROPOSER_CLASS = "ragspec.backends.vllm.proposer.RagspecProposer"
 """The value of ``speculative_config["model"]`` that loads this proposer."""
@@ -52,106 +64,52 @@ STATS_ENV = "RAGSPEC_PROPOSER_STATS"
 """When set, the proposer writes its statistics (JSON) to this file whenever a request ends."""
 HISTORY_ENV = "RAGSPEC_PROPOSER_HISTORY_TOKENS"
 MIN_MATCH_ENV = "RAGSPEC_PROPOSER_MIN_MATCH"
+REQUEST_MAX_DRAFT = "ragspec_max_draft"
+"""The key of a request's sampling parameters' ``extra_args`` (``vllm_xargs`` on vLLM's OpenAI API)
+that caps its drafts: an integer, 0 for no speculation."""
 DEFAULT_HISTORY_TOKENS = 2048
 DEFAULT_MIN_MATCH = 1
-
-
-@dataclass
-class _Request:
-    drafter: NgramDrafter
-    tokens: list[int]
-    prompt_len: int
-    draft: Draft | None = None  # proposed at the last step: what this step verified
-
-
-def plan_batch(
-    policy: AdaptivePolicy, candidates: Sequence[Draft | None], step_cost: Callable[[int], float] | None = None
-) -> list[int]:
-    """How many tokens of each candidate draft one step of the batch verifies.
-
-    ``step_cost(d)`` is the cost of this batch's step when it carries ``d`` drafted tokens besides
-    one token per request (any unit: only ratios matter); by default ``policy.relative_cost(rows -
-    1 + d)``, a step of ``T`` tokens in plain one-token steps (so for a single request this is
-    ``AdaptivePolicy.choose``). Requests are taken by the chance of their first drafted token, and a
-    draft is added when the step's expected tokens per unit of cost rise by more than the policy's
-    margin. ``None`` or empty candidates verify nothing.
-    """
-    rows = len(candidates)
-    cost = step_cost if step_cost is not None else (lambda d: policy.relative_cost(rows - 1 + d))
-    ks = [0] * rows
-    expected, drafted = float(rows), 0
-    live = [i for i, c in enumerate(candidates) if c is not None and c.tokens]
-    for i in sorted(live, key=lambda i: -policy.expected_yield(candidates[i], 1)):  # type: ignore[arg-type]
-        candidate = candidates[i]
-        assert candidate is not None
-        best_k = 0
-        best_rate = (1.0 + policy.margin) * expected / cost(drafted)
-        for k in range(1, min(len(candidate), policy.max_draft) + 1):
-            rate = (expected + policy.expected_yield(candidate, k) - 1.0) / cost(drafted + k)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        if best_k:
-            ks[i] = best_k
-            expected += policy.expected_yield(candidate, best_k) - 1.0
-            drafted += best_k
-    return ks
 
 
 class StepCosts:
     """Seconds of one engine step, by the batch's size and the drafted tokens it carried.
 
-    Kept per batch size because a row costs far more than a drafted token: each row reads its own
-    context's keys and values, while a drafted token reuses its row's. ``relative(rows, d)`` is
-    then the step's cost in plain steps of a batch of that size. Each timing is averaged into its
-    (size, drafted) cell (a plain mean over the first ``1 / smoothing`` timings, then a moving
-    average). Step times are noisy (other requests' prefills, contexts of other lengths), and a
-    step that carries more tokens does no less work, so the cells of a size are fitted by the
-    closest non-decreasing curve (isotonic regression, weighted by how often each cell was timed):
-    one slow or fast outlier then moves its neighbours a little instead of ruling the choice.
-    Between timed lengths the curve is interpolated; beyond the longest it grows by ``prior_slope``
-    per token. A size whose plain step is untimed gets no drafts (``measured``), and the plain step
-    is timed again every ``replain_every`` steps of a size, as its contexts grow.
+    One ``ragspec.engine.planning.CostCurve`` per batch size (monotone: step times are noisy), because
+    a row costs far more than a drafted token: each row reads its own context's keys and values,
+    while a drafted token reuses its row's. ``relative(rows, d)`` is then the step's cost in plain
+    steps of a batch of that size. A size whose plain step is untimed gets no drafts
+    (``measured``), and the plain step is timed again every ``replain_every`` steps of a size, as
+    its contexts grow.
     """
 
     def __init__(self, prior_slope: float = 0.1, smoothing: float = 0.1, replain_every: int = 64) -> None:
         self.prior_slope, self.smoothing, self.replain_every = prior_slope, smoothing, replain_every
-        self.cells: dict[int, dict[int, tuple[float, float]]] = {}  # rows -> drafted -> (mean s, weight)
+        self.curves: dict[int, CostCurve] = {}
         self._since_plain: dict[int, int] = {}
 
+    def curve(self, rows: int) -> CostCurve:
+        curve = self.curves.get(rows)
+        if curve is None:
+            curve = self.curves[rows] = CostCurve(self.prior_slope, self.smoothing, monotone=True)
+        return curve
+
     def record(self, rows: int, drafted: int, seconds: float) -> None:
-        table = self.cells.setdefault(rows, {})
-        mean, weight = table.get(drafted, (0.0, 0.0))
-        weight = min(weight + 1.0, 1.0 / self.smoothing)
-        table[drafted] = (mean + (seconds - mean) / weight, weight)
+        self.curve(rows).record(drafted, seconds)
         self._since_plain[rows] = 0 if drafted == 0 else self._since_plain.get(rows, 0) + 1
 
     def measured(self, rows: int) -> bool:
         """Whether drafts may be planned for this batch size (its plain step is timed and recent)."""
-        return 0 in self.cells.get(rows, {}) and self._since_plain.get(rows, 0) < self.replain_every
+        return self.plannable(rows) is not None
 
-    def fitted(self, rows: int) -> dict[int, float]:
-        """Seconds by drafted tokens for this size: the weighted isotonic fit of its cells."""
-        blocks: list[list[Any]] = []  # [weighted sum, weight, drafted lengths], means non-decreasing
-        for drafted, (mean, weight) in sorted(self.cells.get(rows, {}).items()):
-            blocks.append([mean * weight, weight, [drafted]])
-            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-                total, weight, lengths = blocks.pop()
-                blocks[-1][0] += total
-                blocks[-1][1] += weight
-                blocks[-1][2] += lengths
-        return {d: total / weight for total, weight, lengths in blocks for d in lengths}
+    def plannable(self, rows: int) -> CostCurve | None:
+        """This batch size's curve when drafts may be planned with it (``measured``), else ``None``."""
+        curve = self.curves.get(rows)
+        if curve is None or not curve.weights[0] or self._since_plain.get(rows, 0) >= self.replain_every:
+            return None
+        return curve
 
     def relative(self, rows: int, drafted: int) -> float:
-        curve = self.fitted(rows)
-        base = curve.get(0)
-        if base is None or drafted == 0:
-            return 1.0 + self.prior_slope * drafted
-        below = max(d for d in curve if d <= drafted)
-        above = min((d for d in curve if d > drafted), default=None)
-        if above is None:
-            return max(curve[below] / base + self.prior_slope * (drafted - below), 1.0)
-        low, high = curve[below], curve[above]
-        return max((low + (high - low) * (drafted - below) / (above - below)) / base, 1.0)
+        return self.curve(rows).relative(drafted)
 
 
 class BatchDrafter:
@@ -159,8 +117,13 @@ class BatchDrafter:
 
     ``step`` takes what vLLM's model runner has after a step: each row's request id, the tokens it
     sampled this step (none while its prompt is still being prefilled), its token count and its
-    token ids; it returns each row's draft for the next step. ``costs`` (timed here by default) and
-    ``clock`` are injectable for tests.
+    token ids; it returns each row's draft for the next step. The work is one call of
+    ``ragspec.engine.ngram_batch``'s compiled kernel for the whole batch (index, match, plan); what
+    stays in Python per step is constant, plus a length per row and the draft lists vLLM takes.
+    ``request_cap(rid)`` is a request's own longest draft (0: it asked for no speculation; it is
+    then not indexed at all), read once when the request first shows a sampled token. ``costs``
+    (timed here by default) and ``clock`` are injectable for tests; ``max_rows`` is the batch size to
+    allocate state for at once (more grows it).
     """
 
     def __init__(
@@ -173,24 +136,35 @@ class BatchDrafter:
         policy: AdaptivePolicy | None = None,
         costs: StepCosts | None = None,
         clock: Any = time.perf_counter,
+        request_cap: Callable[[str], int] | None = None,
+        max_rows: int = 4,
     ) -> None:
         if max_draft < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {max_draft}")
         self.max_draft = max_draft
         self.max_model_len = max_model_len
-        self.min_match = min_match
-        self.history = AnswerHistory(history_tokens)
+        self.index = BatchIndex(max_draft, max_model_len, history_tokens, min_match, rows=max_rows)
         self.policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         self.costs = costs if costs is not None else StepCosts(prior_slope=self.policy.prior_cost_slope)
         self.clock = clock
-        self.requests: dict[str, _Request] = {}
-        self.requests_seen = 0
+        self.request_cap = request_cap if request_cap is not None else (lambda rid: max_draft)
+        self.requests_seen = 0  # indexed (drafted for)
+        self.undrafted_seen = 0  # asked for no speculation
         self.steps = 0
         self.drafted = 0
         self.accepted = 0
-        self._last_ids: tuple[str, ...] = ()
+        self.undrafted: set[str] = set()  # live requests that asked for no speculation
+        self._ids: list[str] = []
+        self._slots = np.zeros(0, np.int64)
+        self._pending = False  # some row of ``_slots`` has no state yet (-1)
+        self._no_seeds = np.zeros(0, np.int8)
+        self._last_ids: list[str] | None = None
         self._last_drafted = 0  # drafted tokens the last planned step carries
         self._last_time: float | None = None
+
+    @property
+    def history(self) -> AnswerHistory:
+        return self.index.history
 
     def step(
         self,
@@ -206,84 +180,97 @@ class BatchDrafter:
         from run to run; without drafts it is the sample vLLM gives without speculation."""
         now = self.clock()
         rows = len(sampled)
-        ids = tuple(req_ids[:rows])
-        self._finish_absent(set(ids))
-        steady = ids == self._last_ids and all(sampled)
-        if steady and self._last_time is not None and now > self._last_time:
+        ids = req_ids[:rows]
+        if not isinstance(ids, list):
+            ids = list(ids)
+        n_new = np.fromiter(map(len, sampled), np.int64, rows)
+        num_tokens = np.asarray(num_tokens)[:rows]
+        if ids != self._ids:
+            self._regroup(ids)
+        if self._pending:
+            self._admit(n_new, num_tokens)
+        all_sampled = all(sampled)
+        if all_sampled and ids == self._last_ids and self._last_time is not None and now > self._last_time:
             # The step just verified what the last call planned: time it by its size and drafts.
             self.costs.record(rows, self._last_drafted, now - self._last_time)
-        candidates: list[Draft | None] = []
-        for i, (rid, new, n) in enumerate(zip(ids, sampled, num_tokens)):
-            n = int(n)
-            if not new or n >= self.max_model_len:
-                candidates.append(None)
-                continue
-            request = self._sync(rid, len(new), n, token_ids[i])
-            room = 0 if i in seeded_rows else min(self.max_draft, self.max_model_len - n - 1)
-            candidates.append(request.drafter.propose(request.tokens, room))
-        ks = (plan_batch(self.policy, candidates, lambda d: self.costs.relative(rows, d))
-              if self.costs.measured(rows) else [0] * rows)
-        drafts: list[list[int]] = []
-        for rid, candidate, k in zip(ids, candidates, ks):
-            draft = candidate.truncated(k) if candidate is not None and k else None
-            if rid in self.requests:
-                self.requests[rid].draft = draft
-            drafts.append(list(draft.tokens) if draft is not None else [])
-            self.drafted += k
+        if seeded_rows:
+            seeded = np.zeros(rows, np.int8)
+            seeded[[r for r in seeded_rows if r < rows]] = 1
+        else:
+            if len(self._no_seeds) < rows:
+                self._no_seeds = np.zeros(2 * rows, np.int8)
+            seeded = self._no_seeds[:rows]
+        curve = self.costs.plannable(rows)
+        drafted, accepted, restarted = self.index.step(
+            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
+            curve, self.policy.margin,
+        )  # fmt: skip
+        if drafted:
+            lists = self.index.drafts[:rows].tolist()
+            drafts = [d[:k] for d, k in zip(lists, self.index.ks[:rows].tolist())]
+        else:
+            drafts = [[] for _ in range(rows)]
+        self.drafted += drafted
+        self.accepted += accepted
+        self.requests_seen += restarted
         self.steps += 1
-        self._last_ids = ids if all(sampled) else ()
-        self._last_drafted = sum(ks)
+        self._last_ids = ids if all_sampled else None
+        self._last_drafted = drafted
         self._last_time = self.clock()
         return drafts
 
-    def _sync(self, rid: str, n_new: int, n: int, row: np.ndarray) -> _Request:
-        """The request's state, created on first sight, extended by this step's accepted tokens.
-
-        ``row`` is the request's row of the runner's token ids (its first ``n`` are valid), and
-        ``n_new`` how many of those this step sampled: the accepted drafted tokens plus one.
-        """
-        request = self.requests.get(rid)
-        if request is not None and n >= len(request.tokens):
-            if request.draft is not None:
-                accepted = min(n_new - 1, len(request.draft))
-                self.policy.record_acceptance(request.draft, accepted)
-                self.accepted += accepted
-            request.tokens.extend(row[len(request.tokens) : n].tolist())
-            return request
-        # New (or restarted after preemption): index its prompt and what it sampled so far.
-        tokens = row[:n].tolist()
-        drafter = NgramDrafter(min_match=self.min_match, history=self.history)
-        drafter.begin(tokens[: n - n_new], [])
-        request = self.requests[rid] = _Request(drafter, tokens, n - n_new)
-        self.requests_seen += 1
-        self.write_stats()
-        return request
-
-    def _finish_absent(self, present: set[str]) -> None:
-        ended = [rid for rid in self.requests if rid not in present]
-        for rid in ended:
-            request = self.requests.pop(rid)
-            self.history.add(request.tokens[request.prompt_len :])
+    def _regroup(self, ids: list[str]) -> None:
+        """The batch's requests changed: end the absent ones (their answers go to the history, in
+        the order they began) and map every row to its request's state."""
+        present = set(ids)
+        ended = [rid for rid in self.index.slot_of if rid not in present]
+        if ended:
+            self.index.end(ended)
+        self.undrafted &= present
+        self._slots = np.fromiter(map(self.index.slot_of.get, ids, repeat(-1, len(ids))), np.int64, len(ids))
+        if self.undrafted:
+            self._slots[[r for r, rid in enumerate(ids) if rid in self.undrafted]] = -2
+        self._pending = bool((self._slots == -1).any())
+        self._ids = ids
         if ended:
             self.write_stats()
 
+    def _admit(self, n_new: np.ndarray, num_tokens: np.ndarray) -> None:
+        """State for rows that show their first sampled tokens: their prompt is what came before."""
+        waiting = np.flatnonzero((self._slots == -1) & (n_new > 0) & (num_tokens < self.max_model_len))
+        for r in waiting.tolist():
+            rid = self._ids[r]
+            cap = self.request_cap(rid)
+            if cap <= 0:
+                self.undrafted.add(rid)
+                self.undrafted_seen += 1
+                self._slots[r] = -2
+                continue
+            self._slots[r] = self.index.begin(rid, int(num_tokens[r] - n_new[r]), cap)
+            self.requests_seen += 1
+        self._pending = bool((self._slots == -1).any())
+        if len(waiting):
+            self.write_stats()
+
     def stats(self) -> dict[str, Any]:
-        """Counters and the measured step costs: ``step_seconds[rows][d]``, a step of a batch of
+        """Counters (``requests_seen``: requests indexed and drafted for; ``undrafted_requests_seen``:
+        requests that asked for no speculation) and the measured step costs: ``step_seconds[rows][d]``, a step of a batch of
         ``rows`` requests carrying ``d`` drafted tokens; ``relative_cost``, the same over that
         batch's plain step as fitted (``r(d)`` of a single request in ``relative_cost["1"]``);
         ``timings``, how many timings each cell holds (capped at ``1 / smoothing``)."""
+        curves = sorted(self.costs.curves.items())
         return {
-            "live_requests": len(self.requests),
+            "live_requests": len(self.index) + len(self.undrafted),
             "requests_seen": self.requests_seen,
+            "undrafted_requests_seen": self.undrafted_seen,
             "history_tokens": len(self.history),
             "history_budget": self.history.max_tokens,
             "steps": self.steps,
             "drafted_tokens": self.drafted,
             "accepted_tokens": self.accepted,
-            "step_seconds": {str(r): {str(d): t[d][0] for d in sorted(t)} for r, t in sorted(self.costs.cells.items())},
-            "timings": {str(r): {str(d): t[d][1] for d in sorted(t)} for r, t in sorted(self.costs.cells.items())},
-            "relative_cost": {str(r): {str(d): self.costs.relative(r, d) for d in sorted(t)}
-                              for r, t in sorted(self.costs.cells.items()) if 0 in t},
+            "step_seconds": {str(r): {str(d): s for d, s in c.measured().items()} for r, c in curves},
+            "timings": {str(r): {str(d): w for d, w in c.timings().items()} for r, c in curves},
+            "relative_cost": {str(r): {str(d): c.relative(d) for d in c.measured()} for r, c in curves if c.has_plain},
         }
 
     def write_stats(self) -> None:
@@ -303,8 +290,10 @@ class RagspecProposer:
     ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` with the
     batch's rows, but not their request ids; those are the runner's ``input_batch.req_ids``, so the
     proposer keeps a reference to the runner that built it (found on the call stack), whose batch
-    also says which rows have a seeded generator (those get no drafts). Settings come
-    from ``num_speculative_tokens`` (the longest draft) and the environment variables
+    also says which rows have a seeded generator (those get no drafts), and whose ``requests``
+    hold each request's sampling parameters (their ``extra_args`` may set ``REQUEST_MAX_DRAFT``; a
+    vLLM without them drafts for every request, saying so once in its log). Settings come from
+    ``num_speculative_tokens`` (the longest draft) and the environment variables
     ``RAGSPEC_PROPOSER_HISTORY_TOKENS`` (earlier answers kept, default 2048) and
     ``RAGSPEC_PROPOSER_MIN_MATCH`` (shortest match drafted from, default 1).
     """
@@ -316,8 +305,11 @@ class RagspecProposer:
             max_model_len=int(vllm_config.model_config.max_model_len),
             history_tokens=_env_int(HISTORY_ENV, DEFAULT_HISTORY_TOKENS),
             min_match=_env_int(MIN_MATCH_ENV, DEFAULT_MIN_MATCH),
+            request_cap=self._request_cap,
+            max_rows=int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 4)),
         )
         self._runner = _building_runner()
+        self._warned: set[str] = set()
 
     def load_model(self, model: Any) -> None:
         """vLLM's CPU model runner hands every drafter the target model; drafting from text needs none."""
@@ -332,6 +324,34 @@ class RagspecProposer:
         """Drafts for every row of the batch (an empty list: no draft for that request)."""
         batch = self._runner.input_batch
         return self.drafter.step(batch.req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, batch.generators)
+
+    def _request_cap(self, rid: str) -> int:
+        """The request's longest draft: ``extra_args[REQUEST_MAX_DRAFT]`` of its sampling parameters
+        (0: no speculation), else ``num_speculative_tokens``."""
+        longest = self.drafter.max_draft
+        try:
+            params = self._runner.requests[rid].sampling_params
+            extra = getattr(params, "extra_args", None) if params is not None else None
+        except (AttributeError, KeyError):
+            self._warn_once("state", "this vLLM's model runner keeps no request states with sampling parameters: "
+                            f"per-request speculation settings ({REQUEST_MAX_DRAFT}) are ignored")
+            return longest
+        value = extra.get(REQUEST_MAX_DRAFT) if isinstance(extra, dict) else None
+        if value is None:
+            return longest
+        try:  # vLLM may hand vllm_xargs values over as strings
+            cap = int(str(value))
+        except ValueError:
+            cap = -1
+        if cap < 0:
+            self._warn_once("value", f"ignoring {REQUEST_MAX_DRAFT}={value!r} (an integer >= 0 is expected)")
+            return longest
+        return min(cap, longest)
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning("ragspec proposer: %s", message)
 
 
 def _building_runner() -> Any:

@@ -184,7 +184,7 @@ def test_speculative_greedy_equals_plain_greedy(tiny_cache: Path, seed: int) -> 
     oracle = NoisyOracle(expected, len(prompt), seed, len(VOCAB))
     gen = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=16), max_draft=16)
     assert gen.generate(prompt, max_new_tokens=80).token_ids == expected
-    assert gen.generate(prompt, max_new_tokens=80, speculative=False).token_ids == expected
+    assert gen.generate(prompt, max_new_tokens=80, speculation=False).token_ids == expected
     assert any(0 < n < 16 for n in oracle.accepted) and max(oracle.accepted) >= 3  # rollbacks happened
 
 
@@ -344,7 +344,7 @@ def test_speculative_sampling_matches_plain_sampling(tiny_cache: Path, kind: str
     gen = SpeculativeGenerator(lm, drafter=drafter, policy=FixedPolicy(k=n - 1, min_match=0))
     counts: Counter = Counter()
     for seed in range(RUNS):
-        config = params.merged(max_new_tokens=n, speculative=drafter is not None, seed=seed)
+        config = params.merged(max_new_tokens=n, speculation=drafter is not None, seed=seed)
         counts[tuple(gen.generate(PROMPT, config).token_ids)] += 1
     pvalue = chi_square_pvalue(counts, expected, RUNS)
     assert pvalue > ALPHA, f"{kind}: sampled distribution differs from llama.cpp's (p={pvalue:.2e})"
@@ -504,7 +504,7 @@ def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default
                 break
             reference.append(token)
         spec = gen.generate(text, references=passages, max_new_tokens=48)
-        plain = gen.generate(text, max_new_tokens=48, speculative=False)
+        plain = gen.generate(text, max_new_tokens=48, speculation=False)
         accepted += spec.stats.accepted_tokens
         assert plain.token_ids == reference, "ragspec's plain decoding on llama.cpp differs from llama.cpp's greedy"
         if spec.token_ids == reference:

@@ -34,7 +34,10 @@ from ragspec.engine.config import (
         ({"stop": [""]}, "stop strings must be non-empty"),
         ({"stop": [3]}, "stop strings must be non-empty strings, got 3"),
         ({"stop": 3}, "stop must be a string or a list"),
-        ({"speculative": "yes"}, "speculative must be True or False"),
+        ({"speculation": "yes"}, "speculation must be true, false or an object"),
+        ({"speculation": {"max_draft": 0}}, "speculation.max_draft must be >= 1"),
+        ({"speculation": {"enabled": "no"}}, "speculation.enabled must be true or false"),
+        ({"speculation": {"draft": 4}}, "speculation takes enabled and max_draft, got unknown key"),
     ],
 )
 def test_bad_values_name_the_parameter(kwargs: dict, message: str) -> None:

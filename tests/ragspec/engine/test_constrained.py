@@ -90,7 +90,7 @@ def test_constrained_speculation_equals_brute_force_masked_greedy(kind: str, see
     n = 90
     expected = brute_masked_greedy(lm, constraint, prompt, n)
     gen = SpeculativeGenerator(lm, drafter=NgramDrafter(), policy=FixedPolicy(k=rng.choice([2, 5, 12])))
-    plain = gen.generate(prompt, max_new_tokens=n, speculative=False, constraint=constraint)
+    plain = gen.generate(prompt, max_new_tokens=n, speculation=False, constraint=constraint)
     spec = gen.generate(prompt, references=passages, max_new_tokens=n, constraint=constraint)
     assert_same_or_tie(lm, prompt, expected, plain.token_ids)
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
@@ -257,7 +257,7 @@ def test_default_model_constrained_speculation_equals_constrained_plain() -> Non
         [{"role": "user", "content": f"{passage}\n\nExtract the facts as JSON."}], tokenize=False, add_generation_prompt=True)
     prompt = gen.lm.tokenizer.encode(text, add_special_tokens=False)
     constraint = Constraint.json_schema(schema)
-    plain = gen.generate(prompt, max_new_tokens=120, speculative=False, constraint=constraint)
+    plain = gen.generate(prompt, max_new_tokens=120, speculation=False, constraint=constraint)
     spec = gen.generate(prompt, references=[passage], max_new_tokens=120, constraint=constraint)
     assert spec.token_ids == plain.token_ids, (plain.text, spec.text)
     value = json.loads(spec.text)

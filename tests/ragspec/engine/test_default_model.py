@@ -47,7 +47,7 @@ def test_speculative_greedy_is_token_identical_on_document_questions(generator: 
     prompts = document_prompts(12)
     for question, passages in prompts:
         prompt = chat_prompt(generator, question, passages)
-        plain = generator.generate(prompt, max_new_tokens=48, speculative=False)
+        plain = generator.generate(prompt, max_new_tokens=48, speculation=False)
         spec = generator.generate(prompt, references=passages, max_new_tokens=48)
         accepted += spec.stats.accepted_tokens
         if spec.token_ids == plain.token_ids:
@@ -69,7 +69,7 @@ def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGene
     ids = torch.tensor([generator.encode(prompt, special_tokens=True)])
     with torch.inference_mode():
         hf = generator.lm.model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :].tolist()
-    ours = generator.generate(prompt, max_new_tokens=24, speculative=False).token_ids
+    ours = generator.generate(prompt, max_new_tokens=24, speculation=False).token_ids
     eos = generator.lm.tokenizer.eos_token_id
     assert ours == [t for t in hf if t != eos][: len(ours)] and len(ours) >= min(24, hf.index(eos) if eos in hf else 24)
 

@@ -85,7 +85,7 @@ def test_ngram_speculation_equals_brute_force_greedy(vocab: int, seed: int) -> N
     passages = [[rng.choice(motif) for _ in range(20)], []]
     expected = brute_greedy(lm, prompt, 60)
     gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=rng.choice([1, 3, 8])))
-    plain = gen.generate(prompt, references=passages, max_new_tokens=60, speculative=False)
+    plain = gen.generate(prompt, references=passages, max_new_tokens=60, speculation=False)
     spec = gen.generate(prompt, references=passages, max_new_tokens=60)
     assert_same_or_tie(lm, prompt, expected, plain.token_ids)
     assert_same_or_tie(lm, prompt, expected, spec.token_ids)
@@ -159,7 +159,7 @@ def _printable_model() -> tuple[LoadedModel, list[int], str]:
             if not (len(text) == 1 and text.isascii() and text.isprintable()):
                 lm.model.lm_head.weight[token] = 0.0
     prompt = lm.tokenizer.encode("hello there")
-    text = SpeculativeGenerator(lm).generate(prompt, max_new_tokens=40, speculative=False).text
+    text = SpeculativeGenerator(lm).generate(prompt, max_new_tokens=40, speculation=False).text
     assert len(text) == 40 and text.isprintable()
     return lm, prompt, text
 
@@ -170,7 +170,7 @@ def test_stop_string_split_across_tokens_never_appears() -> None:
     cut = plain_text.find(stop)
     gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=4))
     for speculative in (False, True):
-        stream = gen.stream(prompt, max_new_tokens=40, stop=["never-there", stop], speculative=speculative)
+        stream = gen.stream(prompt, max_new_tokens=40, stop=["never-there", stop], speculation=speculative)
         deltas = list(stream)
         result = stream.result
         assert result is not None and result.finish_reason == "stop"
@@ -202,7 +202,7 @@ def test_eos_ends_generation_and_is_not_returned() -> None:
     lm.model.generation_config.eos_token_id = out[7]  # pretend the 8th token is EOS
     first = out.index(out[7])
     for speculative in (False, True):
-        result = SpeculativeGenerator(lm).generate(prompt, max_new_tokens=30, speculative=speculative)
+        result = SpeculativeGenerator(lm).generate(prompt, max_new_tokens=30, speculation=speculative)
         assert result.finish_reason == "eos"
         assert result.token_ids == out[:first]
 
@@ -308,7 +308,7 @@ def test_abandoned_stream_releases_the_model_and_keeps_no_cache() -> None:
 
 def test_stream_stats_are_live() -> None:
     lm = tiny_model(300, 2)
-    stream = SpeculativeGenerator(lm).stream([1, 2, 3], max_new_tokens=12, speculative=False)
+    stream = SpeculativeGenerator(lm).stream([1, 2, 3], max_new_tokens=12, speculation=False)
     seen = []
     for _ in stream:
         seen.append((stream.stats.new_tokens, stream.stats.forward_passes))
@@ -432,7 +432,7 @@ def test_a_stream_gives_one_delta_per_token_however_many_a_forward_accepts() -> 
     lm = tiny_model(300, 4)
     prompt = [random.Random(4).randrange(EOS) for _ in range(11)]
     expected = brute_greedy(lm, prompt, 40)
-    plain = SpeculativeGenerator(lm).stream(prompt, max_new_tokens=40, speculative=False)
+    plain = SpeculativeGenerator(lm).stream(prompt, max_new_tokens=40, speculation=False)
     plain_deltas = list(plain)
     oracle = NoisyOracle(expected, len(prompt), 4, 300)
     drafted = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=8)).stream(prompt, max_new_tokens=40)
@@ -440,3 +440,26 @@ def test_a_stream_gives_one_delta_per_token_however_many_a_forward_accepts() -> 
     assert drafted.result.stats.tokens_per_forward > 1.5  # forwards accepted several tokens each
     assert drafted_deltas == plain_deltas and "".join(plain_deltas) == plain.result.text
     assert len(drafted_deltas) > drafted.result.stats.forward_passes  # not one delta per forward
+
+
+class AskedOracle(NoisyOracle):
+    """Also remembers how many tokens each step asked for."""
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
+        self.asked.append(max_tokens)
+        return super().propose(context, max_tokens)
+
+
+def test_a_requests_speculation_setting_caps_or_stops_its_drafts_and_keeps_the_output() -> None:
+    lm = tiny_model(300, 4, layers=2)
+    prompt = [random.Random(4).randrange(EOS) for _ in range(11)]
+    expected = brute_greedy(lm, prompt, 60)
+    oracle = AskedOracle(expected, len(prompt), 4, 300)
+    gen = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=16), max_draft=16)
+    for setting, longest in (({"max_draft": 3}, 3), ({"enabled": False}, 0), (True, 16)):
+        oracle.asked = []
+        result = gen.generate(prompt, max_new_tokens=60, speculation=setting)
+        assert_same_or_tie(lm, prompt, expected, result.token_ids)
+        assert (max(oracle.asked) if oracle.asked else 0) == longest
+        assert result.stats.drafted_tokens <= longest * result.stats.forward_passes
+        assert (result.stats.drafted_tokens > 0) == (longest > 0)

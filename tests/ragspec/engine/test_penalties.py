@@ -101,7 +101,7 @@ def test_speculative_greedy_with_penalties_equals_plain_and_brute_force(config: 
     for gen in (SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=8)),
                 SpeculativeGenerator(lm, policy=FixedPolicy(k=4, min_match=1))):  # fmt: skip
         spec = gen.generate(prompt, config, references=[motif * 5], max_new_tokens=48)
-        plain = gen.generate(prompt, config, max_new_tokens=48, speculative=False)
+        plain = gen.generate(prompt, config, max_new_tokens=48, speculation=False)
         assert_same_or_tie(lm, prompt, expected, plain.token_ids)
         assert spec.token_ids == plain.token_ids
     assert max(oracle.accepted) >= 3 and any(0 < n < 8 for n in oracle.accepted), "drafts were partly rejected: rows saw different histories"

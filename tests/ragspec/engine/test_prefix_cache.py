@@ -146,10 +146,10 @@ def test_sampled_answer_after_a_hit_equals_the_cold_one_with_the_same_seed() -> 
     warm.generate(system + p1, max_new_tokens=4)
     prompt = system + p2
     # Plain sampling: with drafts the random draws depend on what the drafter saw before (same distribution).
-    hit = warm.generate(prompt, max_new_tokens=16, temperature=0.9, seed=11, speculative=False)
+    hit = warm.generate(prompt, max_new_tokens=16, temperature=0.9, seed=11, speculation=False)
     assert hit.stats.cached_prompt_tokens == len(system)
     cold = SpeculativeGenerator(lm, prefix_cache=False).generate(
-        prompt, max_new_tokens=16, temperature=0.9, seed=11, speculative=False
+        prompt, max_new_tokens=16, temperature=0.9, seed=11, speculation=False
     )
     assert hit.token_ids == cold.token_ids
 

@@ -109,7 +109,7 @@ def sample_counts(lm: LoadedModel, params: GenerationConfig, drafter: object | N
     gen = SpeculativeGenerator(lm, drafter=drafter, policy=FixedPolicy(k=n - 1, min_match=0))
     counts: Counter = Counter()
     for seed in range(runs):
-        config = params.merged(max_new_tokens=n, speculative=drafter is not None, seed=seed)
+        config = params.merged(max_new_tokens=n, speculation=drafter is not None, seed=seed)
         result = gen.generate(PROMPT, config)
         counts[tuple(result.token_ids)] += 1
     return counts
@@ -225,9 +225,9 @@ def test_greedy_config_and_validation() -> None:
 def test_seeded_sampling_is_reproducible(lm: LoadedModel) -> None:
     # Plain sampling: the seed fixes the sample.
     gen = SpeculativeGenerator(lm)
-    a = gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=5, speculative=False).token_ids
-    b = gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=5, speculative=False).token_ids
-    c = [gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s, speculative=False).token_ids
+    a = gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=5, speculation=False).token_ids
+    b = gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=5, speculation=False).token_ids
+    c = [gen.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s, speculation=False).token_ids
          for s in range(6, 10)]
     assert a == b and any(x != a for x in c)
     # Speculative sampling draws as many random numbers as its drafts need, so the sample for a

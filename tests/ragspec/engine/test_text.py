@@ -133,10 +133,10 @@ def test_the_answer_is_the_plain_answer_cut_where_it_first_repeats_itself(seed: 
     lm = tiny_model(257, seed, layers=1)  # a random model loops soon
     prompt = [random.Random(seed).randrange(256) for _ in range(12)]
     gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=6, min_match=1))
-    whole = gen.generate(prompt, max_new_tokens=120, speculative=False)
+    whole = gen.generate(prompt, max_new_tokens=120, speculation=False)
     cut = first_repeat_or_sentence(whole.token_ids, 8, sentence_end_tokens(lm.tokenizer))
     for speculative in (False, True):
-        with gen.stream(prompt, max_new_tokens=120, repetition_stop=8, speculative=speculative) as stream:
+        with gen.stream(prompt, max_new_tokens=120, repetition_stop=8, speculation=speculative) as stream:
             shown = "".join(stream)
         result = stream.result
         assert result is not None and shown == result.text

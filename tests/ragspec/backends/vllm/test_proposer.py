@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.backends.vllm.proposer import STATS_ENV, BatchDrafter, RagspecProposer, StepCosts, plan_batch
+from ragspec.backends.vllm.proposer import REQUEST_MAX_DRAFT, STATS_ENV, BatchDrafter, RagspecProposer, StepCosts
+from ragspec.engine.ngram_batch import HISTORY, SOURCES
+from ragspec.engine.planning import plan
 from ragspec.engine.policy import AdaptivePolicy
 
 PASSAGE = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112]
@@ -78,8 +79,8 @@ def test_a_request_drafts_the_passage_that_its_prompt_holds() -> None:
     assert batch.call(drafter)["a"] == [104, 105, 106, 107, 108, 109]
     batch.extend("a", [104, 105, 106])  # vLLM accepted two, its own third token agrees too
     assert batch.call(drafter)["a"] == [107, 108, 109, 110, 111, 112]
-    request = drafter.requests["a"]
-    assert request.tokens == batch.rows["a"] and request.prompt_len == len(PASSAGE) + 3
+    assert drafter.index.tokens("a").tolist() == batch.rows["a"]
+    assert drafter.index.requests[drafter.index.slot_of["a"], 0] == len(PASSAGE) + 3  # its prompt
 
 
 def test_state_follows_the_request_id_when_rows_move_and_acceptance_is_counted() -> None:
@@ -88,7 +89,7 @@ def test_state_follows_the_request_id_when_rows_move_and_acceptance_is_counted()
     batch.add("a", [*PASSAGE, 7], 101)
     batch.add("b", [9, 8, 7, 6, 5, 9, 8], 7)
     batch.call(drafter, ["a", "b"])
-    states = {rid: drafter.requests[rid] for rid in "ab"}
+    states = dict(drafter.index.slot_of)
     batch.extend("a", [102])
     batch.extend("b", [6])
     drafts = batch.call(drafter, ["b", "a"])  # vLLM reordered its rows
@@ -96,11 +97,10 @@ def test_state_follows_the_request_id_when_rows_move_and_acceptance_is_counted()
     batch.extend("a", [103, 104, 99])  # two drafted tokens accepted, then the target's own token
     batch.extend("b", [5, 9, 8, 7, 6])  # all four accepted plus the bonus token
     batch.call(drafter, ["a", "b"])
-    assert {rid: drafter.requests[rid] for rid in "ab"} == states  # the same objects, extended
-    assert drafter.requests["a"].tokens == batch.rows["a"] and drafter.requests["b"].tokens == batch.rows["b"]
+    assert drafter.index.slot_of == states  # the same rows of state, extended
+    for rid in "ab":
+        assert drafter.index.tokens(rid).tolist() == batch.rows[rid]
     assert drafter.accepted == 2 + 4
-    # Indexed incrementally: the running automaton holds each token once.
-    assert len(drafter.requests["a"].drafter._self) == len(batch.rows["a"])
 
 
 def test_rows_still_prefilling_get_no_draft_and_no_state() -> None:
@@ -108,7 +108,7 @@ def test_rows_still_prefilling_get_no_draft_and_no_state() -> None:
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[0, :3] = [5, 6, 5]
     drafts = drafter.step(["a", "b"], [[5], []], np.array([3, 40]), token_ids)
-    assert drafts[1] == [] and set(drafter.requests) == {"a"}
+    assert drafts[1] == [] and set(drafter.index.slot_of) == {"a"}
 
 
 def test_seeded_rows_get_no_draft_but_stay_indexed() -> None:
@@ -117,7 +117,7 @@ def test_seeded_rows_get_no_draft_but_stay_indexed() -> None:
     token_ids[:, :14] = [*PASSAGE, 7, 101]
     drafts = drafter.step(["a", "b"], [[101], [101]], np.array([14, 14]), token_ids, seeded_rows={0})
     assert drafts == [[], [102, 103, 104, 105]]
-    assert drafter.requests["a"].tokens == token_ids[0, :14].tolist()
+    assert drafter.index.tokens("a").tolist() == token_ids[0, :14].tolist()
 
 
 def test_ended_requests_are_freed_and_their_answers_draft_later_ones() -> None:
@@ -131,9 +131,8 @@ def test_ended_requests_are_freed_and_their_answers_draft_later_ones() -> None:
     del batch.rows["a"], batch.new["a"]
     batch.add("b", [1, 2, 3], 50)  # a second request starts the same answer
     drafts = batch.call(drafter)
-    assert set(drafter.requests) == {"b"}
-    assert drafts["b"] == [51, 52, 53, 54]
-    assert drafter.requests["b"].draft is not None and drafter.requests["b"].draft.source == DraftSource.HISTORY
+    assert set(drafter.index.slot_of) == {"b"}
+    assert drafts["b"] == [51, 52, 53, 54] and SOURCES[drafter.index.cand[0, 0]] == SOURCES[HISTORY]
 
 
 def test_state_stays_bounded_over_many_sequential_requests() -> None:
@@ -149,9 +148,9 @@ def test_state_stays_bounded_over_many_sequential_requests() -> None:
         del batch.rows[rid], batch.new[rid]
     batch.add("last", [1, 2], 3)
     batch.call(drafter)
-    assert list(drafter.requests) == ["last"] and drafter.requests_seen == 201
+    assert list(drafter.index.slot_of) == ["last"] and drafter.requests_seen == 201
     assert len(drafter.history) <= 101
-    assert len(drafter.policy._acceptance) <= 3 * 9  # by source group and match length bucket
+    assert drafter.index.automata.count == 4 and drafter.index.versions.count == 4 + 2  # rows and history versions reused, never grown
 
 
 def test_drafts_respect_the_longest_draft_and_the_model_length() -> None:
@@ -182,28 +181,64 @@ def test_expensive_verification_and_rejected_drafts_make_it_propose_nothing() ->
     assert drafter.costs.relative(1, 4) > 1.5
 
 
-def test_plan_batch_for_one_request_is_the_policys_own_choice() -> None:
+def _plan(p1: list[float], q: list[float], lengths: list[int], cost: list[float], margin: float = 0.03) -> list[int]:
+    ks = np.zeros(len(lengths), np.int64)
+    kinds = {(a, b): i for i, (a, b) in enumerate(dict.fromkeys(zip(p1, q)))}  # rows of equal p1 and q share a kind
+    plan(np.array(p1), np.array(q), np.array(lengths), np.array([kinds[a, b] for a, b in zip(p1, q)]), len(kinds),
+         np.array(cost), margin, len(lengths), ks)
+    return ks.tolist()
+
+
+def _brute_force_plan(p1, q, lengths, cost, margin) -> float:
+    """The best expected tokens per cost over every allocation of draft lengths (0 when none beats plain)."""
+    rows, plain = len(lengths), len(lengths) / cost[0]
+    best = (1 + margin) * plain
+    found = 0.0
+    for ks in itertools.product(*(range(n + 1) for n in lengths)):
+        if not sum(ks):
+            continue
+        expected = rows + sum(p * (1 - b**k) / (1 - b) for p, b, k in zip(p1, q, ks))
+        rate = expected / cost[sum(ks)]
+        if rate > best:
+            best, found = rate, rate
+    return found
+
+
+def test_the_plan_is_the_best_allocation_and_for_one_request_the_policys_choice() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        rows = int(rng.integers(1, 5))
+        lengths = rng.integers(0, 5, rows).tolist()
+        pairs = [(float(rng.uniform(0, 1)), float(rng.uniform(0, 0.999))) for _ in range(2)]
+        p1, q = map(list, zip(*(pairs[int(rng.integers(2))] for _ in range(rows))))  # some rows share a kind
+        cost = np.maximum.accumulate(1 + np.cumsum(rng.uniform(0, 0.3, sum(lengths) + 1)) - rng.uniform(0, 0.3)).tolist()
+        cost[0] = 1.0
+        ks = _plan(p1, q, lengths, cost)
+        assert all(0 <= k <= n for k, n in zip(ks, lengths))
+        best = _brute_force_plan(p1, q, lengths, cost, 0.03)
+        if best == 0.0:
+            assert sum(ks) == 0
+        else:
+            rate = (rows + sum(p * (1 - b**k) / (1 - b) for p, b, k in zip(p1, q, ks))) / cost[sum(ks)]
+            assert rate == pytest.approx(best, rel=1e-9)
     policy = AdaptivePolicy(max_draft=8)
     policy.calibrate({0: 0.05, 1: 0.1, 2: 0.1, 4: 0.07, 8: 0.09})
-    for length, source in itertools.product((1, 3, 8), (DraftSource.PROMPT, DraftSource.OUTPUT, DraftSource.HISTORY)):
-        draft = Draft(tuple(range(8)), source, match_length=length)
-        assert plan_batch(policy, [draft]) == [policy.choose(draft)]
-    assert plan_batch(policy, [None, Draft((), DraftSource.PROMPT)]) == [0, 0]
+    for length in (1, 3, 8):
+        p1, q = policy.acceptance.rates(0, length)
+        gains = {k: (1 + p1 * (1 - q**k) / (1 - q)) / policy.relative_cost(k) for k in range(1, 9)}
+        best = max(gains, key=gains.get)
+        assert _plan([p1], [q], [8], policy.costs.table(8).tolist()) == [best if gains[best] > 1.03 else 0]
 
 
 def test_a_full_batch_backs_off_where_a_single_request_drafts() -> None:
     """CPU-like costs: a step's cost grows with the tokens it carries, one token at a time."""
     policy = AdaptivePolicy(max_draft=8)
     policy.calibrate({0: 0.10, 4: 0.115, 7: 0.17, 15: 0.25})
-    draft = Draft(tuple(range(8)), DraftSource.PROMPT, match_length=3)
-    assert plan_batch(policy, [draft])[0] > 0
-    weak = Draft(tuple(range(8)), DraftSource.OUTPUT, match_length=1)
-    assert plan_batch(policy, [weak] * 8) == [0] * 8
-    # A plan never lowers the step's expected tokens per unit of cost below drafting nothing.
-    mixed = [draft, weak, None, draft]
-    ks = plan_batch(policy, mixed)
-    expected = 4 + sum(policy.expected_yield(d, k) - 1 for d, k in zip(mixed, ks) if k)
-    assert expected / policy.relative_cost(3 + sum(ks)) >= 4 / policy.relative_cost(3)
+    strong, weak = policy.acceptance.rates(0, 3), policy.acceptance.rates(1, 1)
+    single = policy.costs.table(8).tolist()
+    assert _plan([strong[0]], [strong[1]], [8], single)[0] > 0
+    batch = [policy.relative_cost(7 + d) for d in range(65)]  # eight rows: a step of 8 + d tokens
+    assert _plan([weak[0]] * 8, [weak[1]] * 8, [8] * 8, batch) == [0] * 8
 
 
 def _isotonic_brute_force(points: list[tuple[int, float, float]]) -> list[float]:
@@ -240,17 +275,18 @@ def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
     assert costs.measured(1) and costs.measured(4) and not costs.measured(8)
     assert costs.relative(1, 4) == pytest.approx(2.0) and costs.relative(1, 2) == pytest.approx(1.5)
     pooled = (0.40 + 3 * 0.13) / 4  # the outlier is pooled with the cell after it, by weight
-    assert costs.fitted(4) == pytest.approx({0: 0.12, 2: pooled, 4: pooled})
+    assert costs.curve(4).fitted() == pytest.approx({0: 0.12, 2: pooled, 4: pooled})
     assert costs.relative(4, 8) == pytest.approx(pooled / 0.12 + 0.4)
     rng = np.random.default_rng(1)
     for trial in range(30):  # against a brute-force isotonic fit, on random timings
         costs = StepCosts()
         for _ in range(12):
             costs.record(2, int(rng.integers(0, 6)), float(rng.uniform(0.05, 0.2)))
-        cells = sorted(costs.cells[2].items())
-        expected = _isotonic_brute_force([(d, m, w) for d, (m, w) in cells])
-        assert [costs.fitted(2)[d] for d, _ in cells] == pytest.approx(expected)
-        if 0 in costs.cells[2]:
+        curve = costs.curve(2)
+        cells = [(d, m, curve.timings()[d]) for d, m in sorted(curve.measured().items())]
+        expected = _isotonic_brute_force(cells)
+        assert [curve.fitted()[d] for d, *_ in cells] == pytest.approx(expected)
+        if curve.has_plain:
             assert all(1.0 <= costs.relative(2, d) <= costs.relative(2, d + 1) for d in range(10))
 
 
@@ -291,9 +327,12 @@ def test_stats_file_reports_live_requests_and_costs(tmp_path, monkeypatch) -> No
 class FakeModelRunner:
     """Builds the drafter in its constructor, as vLLM's GPUModelRunner (and the CPU runner) do."""
 
-    def __init__(self, config: SimpleNamespace) -> None:
+    def __init__(self, config: SimpleNamespace, extra: dict[str, dict] | None = None) -> None:
         self.drafter = RagspecProposer(config)
         self.input_batch = SimpleNamespace(req_ids=["x", "y"], generators={1: object()})
+        if extra is not None:  # vLLM's request states: their sampling parameters' extra_args
+            self.requests = {rid: SimpleNamespace(sampling_params=SimpleNamespace(extra_args=args))
+                             for rid, args in extra.items()}
 
 
 def _config(k: int = 4) -> SimpleNamespace:
@@ -309,7 +348,7 @@ def test_the_vllm_class_reads_request_ids_from_the_runner_that_built_it() -> Non
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[:, :15] = [*PASSAGE, 7, 101, 102]
     drafts = runner.drafter.propose([[102], [102]], np.array([15, 15]), token_ids)
-    assert set(runner.drafter.drafter.requests) == {"x", "y"}
+    assert set(runner.drafter.drafter.index.slot_of) == {"x", "y"}
     assert drafts[0] and drafts[1] == []  # "y" is sampled with a seed (the runner has a generator for its row)
 
 
@@ -321,3 +360,25 @@ def test_the_vllm_class_outside_a_runner_and_bad_settings_fail_clearly(monkeypat
         FakeModelRunner(_config())
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         BatchDrafter(0, max_model_len=MAX_LEN)
+
+
+def test_requests_cap_or_turn_off_their_own_drafts_through_extra_args(caplog) -> None:
+    token_ids = np.zeros((3, MAX_LEN), dtype=np.int32)
+    token_ids[:, :15] = [*PASSAGE, 7, 101, 102]
+    runner = FakeModelRunner(_config(6), {"x": {REQUEST_MAX_DRAFT: 0}, "y": {REQUEST_MAX_DRAFT: "2"}, "z": None})
+    runner.input_batch = SimpleNamespace(req_ids=["x", "y", "z"], generators={})
+    runner.drafter.drafter.costs = flat_costs()
+    runner.drafter.drafter.policy = cheap_drafts_policy(6)
+    drafts = runner.drafter.propose([[102]] * 3, np.array([15, 15, 15]), token_ids)
+    assert drafts == [[], [103, 104], [103, 104, 105, 106, 107, 108]]
+    assert set(runner.drafter.drafter.index.slot_of) == {"y", "z"}  # "x" is not even indexed
+    stats = runner.drafter.drafter.stats()
+    assert (stats["live_requests"], stats["requests_seen"], stats["undrafted_requests_seen"]) == (3, 2, 1)
+    # A vLLM whose runner keeps no request states: every request drafts, and the log says so once.
+    old = FakeModelRunner(_config(6))
+    old.drafter.drafter.costs = flat_costs()
+    old.drafter.drafter.policy = cheap_drafts_policy(6)
+    old.input_batch = SimpleNamespace(req_ids=["x", "y"], generators={})
+    with caplog.at_level("WARNING"):
+        assert all(old.drafter.propose([[102]] * 2, np.array([15, 15]), token_ids[:2]))
+    assert len([r for r in caplog.records if "per-request speculation" in r.getMessage()]) == 1

@@ -1,0 +1,240 @@
+"""CPU cost per engine step of ragspec's proposer against vLLM's own n-gram proposer, at serving batch sizes.
+
+Inside vLLM the proposer runs on the CPU between two GPU steps, synchronously (vLLM 0.32 runs
+``custom_class`` proposers on its V1 model runner without async scheduling), so whatever it takes
+is added to every step. This simulates the batches vLLM's model runner hands a proposer and times
+both proposers on the same arrays, interleaved, in one run:
+
+- rows of RAG requests: a ~700-token prompt (an instruction and three consecutive passages of the
+  bundled corpus, ``retrievers/data/corpus``, tokenized with the default model's tokenizer) and an
+  answer that copies stretches of those passages joined by a few other tokens; one token per step
+  (every row samples one token, as when no draft is accepted); a request that has answered is
+  replaced by a new one in its row (its prompt is then indexed in that step);
+- ragspec: ``ragspec.backends.vllm.proposer.BatchDrafter.step``, the whole per-step work of
+  ``RagspecProposer.propose`` (request bookkeeping, the compiled kernel, planning, the draft lists).
+  Its step costs are given as flat in the drafted tokens, so it plans drafts for every row that
+  has a match (the most work planning can do);
+- vLLM: ``NgramProposer.propose`` (the proposer vLLM's runner calls for ``"method": "ngram"``,
+  ``prompt_lookup_min`` 2, ``prompt_lookup_max`` 4, one thread as vLLM 0.32 uses) and its kernel
+  ``batch_propose_numba`` alone (which the issue's figures timed).
+
+It reports ms per step and µs per request for each, and the proposer's share of a step for
+``GPU_STEP_MS``. Run it with the Python of vLLM's venv and ragspec's source on the path::
+
+    PYTHONPATH=$PWD .venv-vllm/bin/python benchmarks/proposer_cost.py [--rows 1 8 32 128 256] [--steps 200] [--json out.json]
+
+``--tokenizer`` is a folder with the default model's ``tokenizer.json`` (default: the one ragspec
+converted into its cache, ``~/.cache/ragspec/models/SmolLM2-135M-Instruct*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from itertools import count
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ragspec.backends.vllm.proposer import BatchDrafter, StepCosts  # noqa: E402
+
+CORPUS = ROOT / "retrievers" / "data" / "corpus"
+ROWS = (1, 8, 32, 128, 256)
+GPU_STEP_MS = {1: 10.0, 8: 11.0, 32: 14.0, 128: 22.0, 256: 40.0}
+"""An assumed decode step of an 8B model on one H100 by batch size: the 10-40 ms range issue 31 gives
+for batch 1 to 256, spread over the sizes (not a measurement; docs/scale-out.md says so)."""
+DRAFT_TOKENS = 8
+PROMPT_TOKENS = 700
+MAX_MODEL_LEN = 2048
+
+
+def default_tokenizer_folder() -> Path:
+    root = Path(os.environ.get("RAGSPEC_CACHE_DIR") or Path.home() / ".cache" / "ragspec")
+    found = sorted(root.glob("models/SmolLM2-135M-Instruct*/tokenizer.json"))
+    if not found:
+        raise SystemExit(f"no converted default model under {root}/models: run ragspec once (e.g. `ragspec ask`), "
+                         "or pass --tokenizer")
+    return found[0].parent
+
+
+def corpus_tokens(tokenizer_folder: Path) -> list[np.ndarray]:
+    """Every bundled corpus file as token ids of the default tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder), local_files_only=True)
+    texts = [p.read_text(encoding="utf-8", errors="ignore") for p in sorted(CORPUS.iterdir()) if p.is_file()]
+    return [np.array(tokenizer.encode(t, add_special_tokens=False), np.int32) for t in texts if t.strip()]
+
+
+class Workload:
+    """Requests of the simulated batch: prompts from the corpus, answers copying stretches of them."""
+
+    def __init__(self, docs: list[np.ndarray], seed: int) -> None:
+        self.docs = [d for d in docs if len(d) > 64]
+        self.rng = np.random.default_rng(seed)
+        self.ids = count()
+        self.instruction = self.docs[0][:40]
+
+    def request(self) -> tuple[str, np.ndarray, np.ndarray]:
+        rng = self.rng
+        passages = []
+        for _ in range(3):  # three retrieved passages
+            doc = self.docs[int(rng.integers(len(self.docs)))]
+            start = int(rng.integers(0, max(1, len(doc) - 220)))
+            passages.append(doc[start : start + 220])
+        prompt = np.concatenate([self.instruction, *passages])[:PROMPT_TOKENS]
+        answer: list[int] = []
+        for _ in range(int(rng.integers(3, 8))):  # stretches copied from the passages, a few other tokens between
+            length = int(rng.integers(8, 40))
+            start = int(rng.integers(40, max(41, len(prompt) - length)))
+            answer += prompt[start : start + length].tolist()
+            other = self.docs[int(rng.integers(len(self.docs)))]
+            answer += other[: int(rng.integers(1, 6))].tolist()
+        return f"req-{next(self.ids)}", prompt, np.array(answer, np.int32)
+
+
+class Batch:
+    """The model runner's arrays for ``rows`` requests in decode, one token sampled per step."""
+
+    def __init__(self, rows: int, workload: Workload) -> None:
+        self.workload = workload
+        self.token_ids = np.zeros((rows, MAX_MODEL_LEN), np.int32)
+        self.num_tokens = np.zeros(rows, np.int32)
+        self.req_ids: list[str] = [""] * rows
+        self.answers: list[np.ndarray] = [np.zeros(0, np.int32)] * rows
+        self.done = [0] * rows
+        self.sampled: list[list[int]] = [[] for _ in range(rows)]
+        for r in range(rows):
+            self._start(r)
+
+    def _start(self, r: int) -> None:
+        rid, prompt, answer = self.workload.request()
+        self.req_ids[r], self.answers[r], self.done[r] = rid, answer, 0
+        self.token_ids[r, : len(prompt)] = prompt
+        self.num_tokens[r] = len(prompt)
+
+    def advance(self) -> None:
+        """Every row samples its answer's next token; a finished request is replaced by a new one."""
+        for r in range(len(self.req_ids)):
+            if self.done[r] >= len(self.answers[r]):
+                self._start(r)
+            token = int(self.answers[r][self.done[r]])
+            self.done[r] += 1
+            self.token_ids[r, self.num_tokens[r]] = token
+            self.num_tokens[r] += 1
+            self.sampled[r] = [token]
+
+
+def vllm_ngram(rows: int) -> Any:
+    try:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer, batch_propose_numba
+    except ImportError as e:
+        raise SystemExit(f"vLLM is not importable here ({e}): run this with .venv-vllm/bin/python "
+                         "(scripts/install-vllm.sh makes it)") from e
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(prompt_lookup_min=2, prompt_lookup_max=4, num_speculative_tokens=DRAFT_TOKENS),
+        model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+        scheduler_config=SimpleNamespace(max_num_seqs=max(rows, 1024)),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+    )
+    return NgramProposer(config), batch_propose_numba
+
+
+def flat_costs(rows: int) -> StepCosts:
+    """Step costs flat in the drafted tokens (a GPU well below its compute limit): planning drafts
+    for every row with a match."""
+    costs = StepCosts()
+    for d in (0, rows * DRAFT_TOKENS):
+        costs.record(rows, d, 0.01)
+    costs.replain_every = 1 << 60
+    return costs
+
+
+def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray]) -> dict[str, float]:
+    batch = Batch(rows, Workload(docs, seed=rows))
+    ragspec = BatchDrafter(DRAFT_TOKENS, max_model_len=MAX_MODEL_LEN, costs=flat_costs(rows), clock=lambda: 0.0,
+                           max_rows=rows)  # as RagspecProposer allocates for vLLM's max_num_seqs
+    ngram, kernel = vllm_ngram(rows)
+    from numba import set_num_threads
+    times = {"ragspec": [], "vllm_propose": [], "vllm_kernel": []}
+    drafted = {"ragspec": 0, "vllm": 0}
+    valid = list(range(rows))
+    for step in range(warmup + steps):
+        batch.advance()
+        order = ("ragspec", "vllm_propose", "vllm_kernel") if step % 2 else ("vllm_kernel", "vllm_propose", "ragspec")
+        for name in order:
+            t0 = time.perf_counter_ns()
+            if name == "ragspec":
+                out = ragspec.step(batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids)
+            elif name == "vllm_propose":
+                out = ngram.propose(DRAFT_TOKENS, batch.sampled, batch.num_tokens, batch.token_ids)
+            else:  # one thread, as NgramProposer sets it below its threshold of batch tokens
+                set_num_threads(1)
+                kernel(valid, batch.num_tokens, batch.token_ids, 2, 4, MAX_MODEL_LEN, DRAFT_TOKENS,
+                       ngram.valid_ngram_draft, ngram.valid_ngram_num_drafts)
+            elapsed = time.perf_counter_ns() - t0
+            if step >= warmup:
+                times[name].append(elapsed / 1e6)
+                if name != "vllm_kernel":
+                    drafted["ragspec" if name == "ragspec" else "vllm"] += sum(map(len, out))
+    result: dict[str, float] = {"rows": rows, "steps": steps}
+    for name, ms in times.items():
+        result[f"{name}_ms"] = float(np.mean(ms))
+        result[f"{name}_median_ms"] = float(np.median(ms))
+        result[f"{name}_us_per_request"] = float(np.mean(ms)) * 1000 / rows
+    result["ragspec_drafted_per_step"] = drafted["ragspec"] / steps
+    result["vllm_drafted_per_step"] = drafted["vllm"] / steps
+    gpu = GPU_STEP_MS.get(rows)
+    if gpu is not None:
+        result["gpu_step_ms"] = gpu
+        for name in ("ragspec", "vllm_propose"):
+            result[f"{name}_share"] = result[f"{name}_ms"] / (gpu + result[f"{name}_ms"])
+    return result
+
+
+def cpu_features() -> str:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].splitlines()[0].split()
+    except (OSError, IndexError):
+        return "unknown"
+    return " ".join(sorted(f for f in set(flags) if f.startswith(("avx512", "amx")))) or "no AVX-512/AMX"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
+    p.add_argument("--steps", type=int, default=200, help="measured steps per batch size")
+    p.add_argument("--warmup", type=int, default=300,
+                   help="steps run first and not timed: compilation, first prompts, requests ending and beginning")
+    p.add_argument("--tokenizer", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    docs = corpus_tokens(args.tokenizer or default_tokenizer_folder())
+    report: dict[str, Any] = {"cpu_features": cpu_features(), "draft_tokens": DRAFT_TOKENS, "results": []}
+    print(f"CPU features: {report['cpu_features']}; {DRAFT_TOKENS} draft tokens; ~{PROMPT_TOKENS}-token prompts")
+    print("ms per step: mean (median); µs per request from the mean")
+    print(f"{'rows':>5} | {'ragspec ms':>17} {'µs/req':>7} | {'vLLM propose ms':>17} {'µs/req':>7} | "
+          f"{'vLLM kernel ms':>17} {'µs/req':>7} | {'GPU ms':>6} {'ragspec share':>13} {'vLLM share':>10}")
+    for rows in args.rows:
+        r = measure(rows, args.steps, args.warmup, docs)
+        report["results"].append(r)
+        share = (f"{r['gpu_step_ms']:>6.0f} {100 * r['ragspec_share']:>12.2f}% {100 * r['vllm_propose_share']:>9.2f}%"
+                 if "gpu_step_ms" in r else "")
+        cells = " | ".join(f"{r[n + '_ms']:>7.4f} ({r[n + '_median_ms']:.4f}) {r[n + '_us_per_request']:>7.2f}"
+                           for n in ("ragspec", "vllm_propose", "vllm_kernel"))
+        print(f"{rows:>5} | {cells} | {share}", flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

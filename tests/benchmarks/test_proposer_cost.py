@@ -1,0 +1,40 @@
+"""``benchmarks/proposer_cost.py`` runs end to end at a tiny size, in vLLM's venv as documented."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ragspec.backends.vllm.server import VllmError, find_python
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _vllm_python() -> Path | None:
+    try:
+        return find_python()
+    except VllmError:
+        return None
+
+
+@pytest.mark.skipif(_vllm_python() is None, reason="vLLM is not installed here: scripts/install-vllm.sh makes .venv-vllm")
+@pytest.mark.timeout(600)
+def test_the_proposer_cost_benchmark_runs_both_proposers_on_the_same_batches(tmp_path: Path) -> None:
+    from ragspec.backends.pytorch.loading import model_folder
+
+    out = tmp_path / "cost.json"
+    command = [str(_vllm_python()), "benchmarks/proposer_cost.py", "--rows", "1", "3", "--steps", "6", "--warmup", "2",
+               "--tokenizer", str(model_folder("default")), "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["rows"] for r in report["results"]] == [1, 3]
+    for r in report["results"]:
+        assert r["steps"] == 6 and r["ragspec_ms"] > 0 and r["vllm_propose_ms"] > 0 and r["vllm_kernel_ms"] > 0
+        assert 0 < r["ragspec_share"] < 1 and r["gpu_step_ms"] > 0 if r["rows"] == 1 else "gpu_step_ms" not in r
+    assert "ragspec ms" in done.stdout and report["cpu_features"]
