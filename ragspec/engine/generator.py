@@ -169,6 +169,8 @@ class SpeculativeGenerator(Generator):
             raise TypeError("references must be a list of passages (texts or token-id lists), got one string: wrap it in a list")
         ref_ids = [self.encode(r, special_tokens=False, what=f"reference {i}") for i, r in enumerate(references)]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        if config.speculative:  # drafting figures from here on (vLLM's shape: ``GenerationStats.speculative_decoding``)
+            stats.acceptance_histogram = [0] * (self.max_draft + 1)
         cancel = current_cancel_event()
         steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats, cancel)
         return GenerationStream(steps, stats, cancel)
@@ -450,5 +452,4 @@ def _count(stats: GenerationStats, draft: Draft, n_accepted: int) -> None:
             src.drafted += drafted
             src.accepted += accepted
             src.verify_steps += 1
-    stats.drafted_tokens += len(draft)
-    stats.accepted_tokens += n_accepted
+    stats.count_draft(len(draft), n_accepted)
