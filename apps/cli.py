@@ -567,11 +567,10 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     If vLLM exits while the app serves, the app stops too and the command fails with vLLM's status.
     """
     import _thread
+    from dataclasses import replace
 
     from apps.web.server import serve
     from ragspec.engine.config import GenerationConfig
-    from dataclasses import replace
-
     from ragspec.backends.models import model_label
     from ragspec.backends.pytorch.loading import model_folder
     from ragspec.backends.vllm.server import DEFAULT_DRAFT_TOKENS, VllmServer, speculative_config
