@@ -97,16 +97,17 @@ def test_own_engine_methods_get_a_new_generator_for_every_method_and_cell(tmp_pa
 
 
 @needs_vllm
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(2700)
 def test_the_readme_command_runs_end_to_end_on_vllm(tmp_path: Path) -> None:
     """``python benchmarks/vllm_bench.py`` at a tiny size, from another folder: vLLM without speculation,
     with ragspec's proposer, and ragspec's own engine plain and drafting, one vLLM at a time (-O0: no
-    compilation). Greedy fp32 at one client: every answer equals vLLM's without speculation."""
+    compilation). Greedy fp32 at one client: every answer equals vLLM's without speculation.
+    It took 24 minutes on 2 cores under a load average of 15 (other jobs), hence the timeout."""
     out = tmp_path / "vllm_bench.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "vllm_bench.py"), "--questions", "1", "--open-ended", "1",
                "--clients", "1", "--max-tokens", "8", "--methods", "vllm,vllm_ragspec,ragspec_plain,ragspec_ngram",
                "--no-together", "--vllm-arg=-O0", "--out", str(out)]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=1700)
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=2600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["skipped"] == {} and report["prefix_caching"] is True and "--enable-prefix-caching" in report["flags"]
