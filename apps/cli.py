@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trusted-host", action="append", default=[], metavar="NAME",
                        help="also answer requests whose Host is NAME, e.g. the name a reverse proxy forwards "
                             "(repeatable; default: localhost names and the bound address)")
+    serve.add_argument("--shared-prefix-cache", action="store_true",
+                       help="let every web session and /v1 client reuse each other's cached prompt prefixes (faster, "
+                            "but a user can then probe another's prompts); default: each session, and each /v1 "
+                            "cache_salt, has its own (docs/threat-model.md)")
     serve.add_argument("--max-queue", type=_non_negative, default=16, metavar="N",
                        help="requests that may wait for the model (web questions and /v1 calls together); "
                             "more get a 429 with Retry-After (default: 16)")
@@ -528,6 +532,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout,
         concurrency=args.concurrency or (4 if remote is not None else 8 if args.engine == "vllm" else 1),
+        shared_prefix_cache=args.shared_prefix_cache,
     )
     if allow_folders and not is_loopback(args.host):
         print(f"{PROG}: warning: --allow-folders on {args.host}: anyone with the API key can index server folders", file=sys.stderr)

@@ -1,8 +1,8 @@
-"""Conversion speed of the Office, e-book and table formats: ragspec's loader (MarkItDown) against the bare per-format libraries.
+"""Conversion speed of the Office, e-book and table formats: ragspec's loader (its streaming converters) against the bare per-format libraries.
 
 Builds one larger file per format with the library that writes it (a 300-paragraph Word file with
 lists and a table, a 60-slide deck, a 5,000-row workbook, a 30-chapter EPUB), then times
-``load_file`` (MarkItDown conversion, parts and metadata) and the plain text the writing library
+``load_file`` (conversion, parts and metadata) and the plain text the writing library
 reads back (python-docx paragraphs and cells, python-pptx text frames, openpyxl cell values,
 ebooklib + BeautifulSoup), median of ``--rounds`` warm runs each, interleaved.
 
@@ -115,9 +115,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         files = build(Path(tmp))
         start = time.perf_counter()
-        load_file(files["docx"])  # imports MarkItDown, mammoth, pandas once
+        load_file(files["docx"])  # imports the converters once
         print(f"first conversion (imports): {time.perf_counter() - start:.2f} s")
-        print("| file | size | ragspec (MarkItDown) | parts | bare library | text chars (ragspec / bare) |")
+        print("| file | size | ragspec | parts | bare library | text chars (ragspec / bare) |")
         print("|---|---|---|---|---|---|")
         for kind, path in files.items():
             ours: list[float] = []

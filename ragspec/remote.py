@@ -60,6 +60,7 @@ from ragspec.engine.results import (
     SourceStats,
     Generator,
 )
+from ragspec.engine.tenancy import current_cache_scope, scope_salt
 from ragspec.engine.text import StopTextAssembler, clean_text
 
 if TYPE_CHECKING:
@@ -273,8 +274,8 @@ class RemoteGenerator(Generator):
         Arguments are checked here; the request is sent on the first ``next``.
         """
         config = (config if config is not None else self.config).merged(options)
-        response_format = _response_format(config)
         info = self._served()
+        constrained = _constraint_fields(config, info.server)
         prompt_ids = self.encode(prompt, special_tokens=True)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -304,8 +305,9 @@ class RemoteGenerator(Generator):
                 body[name] = getattr(config, name)
         if config.repeat_penalty != 1:  # llama.cpp's and ragspec's names (llama.cpp's window also holds the prompt)
             body["repeat_penalty"], body["repeat_last_n"] = config.repeat_penalty, config.repeat_last_n
-        if response_format is not None:
-            body["response_format"] = response_format  # ragspec and vLLM constrain completions with it
+        body.update(constrained)
+        if info.server in ("vllm", "ragspec"):  # their prefix caches are salted per user (ragspec.engine.tenancy)
+            body["cache_salt"] = scope_salt(current_cache_scope())
         if info.server == "vllm":
             body["return_token_ids"] = True  # the answer's own ids, not the text encoded again here
         if info.server == "ragspec":  # extensions only where they are understood
@@ -551,18 +553,27 @@ def _sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def _response_format(config: GenerationConfig) -> dict[str, Any] | None:
-    """A JSON constraint as OpenAI's ``response_format``; other grammars cannot travel (``ValueError``)."""
+def _constraint_fields(config: GenerationConfig, server: str) -> dict[str, Any]:
+    """The request fields that carry ``config.constraint`` to ``server``: JSON as OpenAI's
+    ``response_format`` (ragspec and vLLM constrain completions with it); to vLLM, a Lark grammar
+    (the tool-call format of ``ragspec.engine.tool_calls`` is one) or a regex as its own
+    ``structured_outputs`` (vLLM hands a grammar with llguidance's ``%json`` to its llguidance
+    back end). Anything else is a ``ConstraintError``: the server has no way to take it."""
+    from ragspec.engine.constraints import ConstraintError
+
     constraint = config.constraint
     if constraint is None:
-        return None
+        return {}
     if constraint.kind == "json":
-        return {"type": "json_object"}
+        return {"response_format": {"type": "json_object"}}
     if constraint.kind == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": "output", "schema": json.loads(constraint.source)}}
-    raise ValueError(
-        f"a {constraint.kind} constraint cannot be sent to a remote generator: OpenAI's API carries JSON Schemas "
-        "(response_format) only; use a JSON Schema, or generate locally"
+        schema = json.loads(constraint.source)
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}}
+    if server == "vllm" and constraint.kind in ("lark", "regex"):
+        return {"structured_outputs": {"grammar" if constraint.kind == "lark" else "regex": constraint.source}}
+    raise ConstraintError(
+        f"a {constraint.kind} constraint cannot be sent to this generator: its OpenAI API carries JSON Schemas "
+        "(response_format) only (vLLM also takes grammars and regexes); use a JSON Schema, or generate locally"
     )
 
 

@@ -1,30 +1,38 @@
-"""Office files, e-books, spreadsheets, CSV and notebooks as Markdown parts, through MarkItDown.
+"""Office files, e-books, spreadsheets, CSV and notebooks as Markdown parts, read within limits.
 
-MarkItDown (Microsoft's maintained converter, on mammoth and python-pptx) turns ``.docx``,
-``.pptx``, ``.csv``, ``.epub`` and ``.ipynb`` files into Markdown that keeps headings, lists and
-table rows; OpenDocument text (``.odt``, which MarkItDown does not read) goes through odfpy's
-XHTML export and MarkItDown's HTML converter; Excel workbooks are read with openpyxl into
-MarkItDown's layout (its own path through pandas and HTML is ten times slower). `convert` then cuts
-the Markdown where a citation should point: one part per slide (``slide``), per sheet
-(``sheet``) or per heading (``section``), each with a ``location`` a person reads ("slide 3",
-"sheet Budget", "section Refunds").
+Word (``.docx``), PowerPoint (``.pptx``), Excel (``.xlsx``), OpenDocument text (``.odt``) and
+EPUB files are parsed as streams by `retrievers.office` and `retrievers.epub`; CSV tables are
+read row by row and notebooks as JSON. The Markdown keeps the layout MarkItDown gave these files
+(headings, list items, table rows, ``<!-- Slide number: N -->``), and `convert` then cuts it where
+a citation should point: one part per slide (``slide``), per sheet (``sheet``) or per heading
+(``section``), each with a ``location`` a person reads ("slide 3", "sheet Budget", "section Refunds").
 
-Every file is bounded before a parser sees it: a zip-based format (all but CSV and notebooks)
-may declare at most `MAX_ZIP_MEMBERS` members and expand to at most `max_unzipped_bytes`
-(Python's zipfile never inflates past a member's declared size, so the central directory is a
-true bound), and the converted text may not outgrow the per-file limit. Any failure is a
-`ConversionError` whose message is the file's skip reason.
+Every file is converted within a `retrievers.bounds.Budget`: at most ``max_text_chars``
+characters of Markdown (a longer result refuses the file: a truncated document would be cited as
+if whole), at most ``max_unzipped_bytes`` bytes actually inflated from its zip members (read as
+streams, so a member that under-declares its size is cut where it ends its declaration, and the
+declared total is checked first), and at most ``time_limit_s`` seconds (`DEFAULT_TIME_LIMIT_S`).
+Memory follows the text extracted, not the size of the XML or the CSV. A zip may declare at
+most `MAX_ZIP_MEMBERS` members. Any failure is a `ConversionError` whose message is the file's
+skip reason.
 """
 
 from __future__ import annotations
 
+import csv
 import io
+import json
 import re
 import zipfile
 from dataclasses import dataclass, field
 
+from retrievers.blocks import TextBuffer
+from retrievers.bounds import Budget, ConversionError, ZipMembers, mib
+
 __all__ = [
     "CONVERTED_TYPES",
+    "DEFAULT_TIME_LIMIT_S",
+    "MAX_JSON_VALUES",
     "MAX_ZIP_MEMBERS",
     "ConversionError",
     "Part",
@@ -60,15 +68,20 @@ _ZIPPED = ("docx", "pptx", "xlsx", "epub", "odt")
 #: Most members a zip-based document may declare (a large workbook or e-book has a few thousand).
 MAX_ZIP_MEMBERS = 10_000
 
+#: Seconds a file's conversion may take (a 100 MiB workbook converts in well under a minute here).
+DEFAULT_TIME_LIMIT_S = 120.0
+
+#: Most values (objects, arrays, numbers, strings...) a notebook's JSON may hold: parsed whole, each
+#: costs tens of bytes; a notebook of text and code has a few thousand.
+MAX_JSON_VALUES = 2_000_000
+
 _HEADING = re.compile(r"^(#{1,3})[ \t]+(.+?)[ \t]*#*[ \t]*$")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 _SLIDE = re.compile(r"^<!-- Slide number: (\d+) -->$", re.MULTILINE)
 _SHEET = re.compile(r"^## (.+)$", re.MULTILINE)
-_EPUB_TITLE = re.compile(r"^\*\*Title:\*\* (.+)$", re.MULTILINE)
-
-
-class ConversionError(Exception):
-    """A file the converter cannot read; the message is its skip reason."""
+_PIPE = re.compile(r"(?<!\\)(\\*)\|")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_TICK_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,8 @@ def zip_kind(data: bytes) -> str | None:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = set(archive.namelist())
             if "mimetype" in names:
-                mimetype = archive.read("mimetype")[:100]
+                with archive.open("mimetype") as stream:
+                    mimetype = stream.read(100)  # a stream: a lying member is not inflated past 100 bytes
                 if mimetype == b"application/epub+zip":
                     return "epub"
                 if mimetype == b"application/vnd.oasis.opendocument.text":
@@ -126,19 +140,23 @@ def check_zip(data: bytes, max_unzipped_bytes: int, max_members: int = MAX_ZIP_M
         )
 
 
-def convert(data: bytes, kind: str, *, max_text_chars: int, max_unzipped_bytes: int) -> list[Part]:
+def convert(
+    data: bytes, kind: str, *, max_text_chars: int, max_unzipped_bytes: int, time_limit_s: float = DEFAULT_TIME_LIMIT_S
+) -> list[Part]:
     """Convert a file of type `kind` (a value of `CONVERTED_TYPES`) into its citable parts.
 
     `data` is the file's content; for ``csv`` and ``ipynb`` it must be valid UTF-8 (the caller
     checks the text). Parts without text are left out; an empty list means the file had none.
 
     Raises:
-        ConversionError: the file is malformed, hostile or too large once converted; the message says which.
+        ConversionError: the file is malformed, hostile, too large once converted, or took longer
+            than `time_limit_s`; the message says which.
     """
+    budget = Budget(max_text_chars=max_text_chars, max_unzipped_bytes=max_unzipped_bytes, time_limit_s=time_limit_s)
     if kind in _ZIPPED:
         check_zip(data, max_unzipped_bytes)
     try:
-        markdown = _markdown(data, kind)
+        markdown, title = _markdown(data, kind, budget)
     except ConversionError:
         raise
     except RecursionError as e:
@@ -147,11 +165,6 @@ def convert(data: bytes, kind: str, *, max_text_chars: int, max_unzipped_bytes: 
         raise ConversionError(f"not readable as {describe(kind)}: out of memory while converting") from e
     except Exception as e:  # noqa: BLE001 - a converter's failure on one file is that file's skip reason
         raise ConversionError(f"not readable as {describe(kind)}: {type(e).__name__}: {_short(e)}") from e
-    if len(markdown) > max_text_chars:
-        raise ConversionError(
-            f"its text is larger than the per-file limit of {mib(max_text_chars)} once converted; "
-            "split the file or raise max_file_bytes"
-        )
     if kind == "pptx":
         parts = _slides(markdown)
     elif kind == "xlsx":
@@ -160,85 +173,97 @@ def convert(data: bytes, kind: str, *, max_text_chars: int, max_unzipped_bytes: 
         parts = [Part(markdown.strip())]
     else:
         parts = _sections(markdown)
-    title = _title(data, kind, markdown)
     if title:
         parts = [Part(p.text, {"title": title, **p.metadata}) for p in parts]
     return [p for p in parts if p.text.strip()]
 
 
-def _markdown(data: bytes, kind: str) -> str:
-    from markitdown import StreamInfo
-    from markitdown.converters import (
-        CsvConverter,
-        DocxConverter,
-        EpubConverter,
-        HtmlConverter,
-        IpynbConverter,
-        PptxConverter,
-    )
+def _markdown(data: bytes, kind: str, budget: Budget) -> tuple[str, str | None]:
+    """The file as Markdown, and its stated title (OOXML core properties, the EPUB's metadata, or the first heading)."""
+    from retrievers.epub import epub_markdown
+    from retrievers.office import docx_markdown, odt_markdown, pptx_markdown, xlsx_markdown
 
-    stream = io.BytesIO(data)
-    info = StreamInfo(extension=f".{kind}", charset="utf-8")
+    if kind == "csv":
+        return _csv_markdown(data.decode("utf-8"), budget), None
+    if kind == "ipynb":
+        markdown = _ipynb_markdown(data.decode("utf-8"), budget)
+        return markdown, _first_heading(markdown)
+    members = ZipMembers(data, budget)
+    if kind == "epub":
+        return epub_markdown(members)
     if kind == "odt":
-        return HtmlConverter().convert_string(_odt_html(data)).markdown
-    if kind == "xlsx":
-        return _xlsx_markdown(data)
-    converter = {
-        "docx": DocxConverter,
-        "pptx": PptxConverter,
-        "csv": CsvConverter,
-        "epub": EpubConverter,
-        "ipynb": IpynbConverter,
-    }[kind]()
-    return converter.convert(stream, info).markdown
+        markdown = odt_markdown(members)
+        return markdown, _first_heading(markdown)
+    office = {"docx": docx_markdown, "pptx": pptx_markdown, "xlsx": xlsx_markdown}[kind]
+    return office(members), _core_title(members)
 
 
-def _xlsx_markdown(data: bytes) -> str:
-    """MarkItDown's Excel layout (``## sheet`` and a Markdown table per sheet), read straight from openpyxl.
-
-    MarkItDown goes through pandas, HTML and markdownify: 5,000 rows took 10 s (see
-    docs/retrieval.md); openpyxl's read-only rows take a tenth of that. Empty rows and trailing
-    empty cells are dropped; the first row left is the header.
-    """
-    import openpyxl
-
-    workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
-    try:
-        out: list[str] = []
-        for sheet in workbook.worksheets:
-            rows = [[_cell(v) for v in row] for row in sheet.iter_rows(values_only=True)]
-            rows = [row[: max(i + 1 for i, v in enumerate(row) if v)] for row in rows if any(row)]
-            if not rows:
-                continue
-            width = max(len(row) for row in rows)
-            lines = [f"## {sheet.title}"]
-            for i, row in enumerate(rows):
-                lines.append("| " + " | ".join(row + [""] * (width - len(row))) + " |")
-                if i == 0:
-                    lines.append("|" + " --- |" * width)
-            out.append("\n".join(lines))
-        return "\n\n".join(out)
-    finally:
-        workbook.close()
-
-
-def _cell(value: object) -> str:
-    """A cell as table text: dates in ISO form, whole floats without ``.0``, pipes escaped, one line."""
-    if value is None:
+def _csv_markdown(text: str, budget: Budget) -> str:
+    """MarkItDown's CSV table, read row by row in two passes (the first finds the width and the blank rows
+    to trim: those before the header, right after it and at the end), holding only the Markdown written."""
+    text = text.lstrip("\ufeff")
+    header = start = end = -1
+    width = 0
+    for i, row in enumerate(csv.reader(io.StringIO(text, newline=""))):
+        if i % _TICK_ROWS == 0:
+            budget.tick()
+        if not row:
+            continue
+        if header < 0:
+            header = i
+        elif start < 0:
+            start = i
+        end = i + 1
+        width = max(width, len(row))
+    if header < 0:
         return ""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif hasattr(value, "isoformat"):
-        value = value.isoformat()  # type: ignore[union-attr]
-    return " ".join(str(value).split()).replace("|", "\\|")
+    out = TextBuffer()
+    for i, row in enumerate(csv.reader(io.StringIO(text, newline=""))):
+        if i != header and not 0 <= start <= i < end:
+            continue
+        line = "| " + " | ".join([_csv_cell(c) for c in row] + [""] * (width - len(row))) + " |"
+        if i == header:
+            line += "\n| " + " | ".join(["---"] * width) + " |"
+        budget.text(len(line) + 1)
+        out.write(line if i == header else "\n" + line)
+    return out.value()
 
 
-def _odt_html(data: bytes) -> str:
-    from odf.odf2xhtml import ODF2XHTML
+def _csv_cell(value: str) -> str:
+    """A CSV value in a Markdown cell: pipes escaped (a backslash before one doubled), line breaks as spaces."""
+    if "|" in value:
+        value = _PIPE.sub(lambda m: m.group(1) * 2 + "\\|", value)
+    if "\n" in value or "\r" in value:
+        value = value.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return value
 
-    exporter = ODF2XHTML(generate_css=False, embedable=True)
-    exporter.load(io.BytesIO(data))
-    return exporter.xhtml()
+
+def _ipynb_markdown(text: str, budget: Budget) -> str:
+    """MarkItDown's notebook layout: Markdown cells as they are, code cells fenced as Python, raw cells fenced.
+
+    The JSON is parsed whole, so first its values are counted (strings blanked out, then the
+    commas and brackets that separate them): more than `MAX_JSON_VALUES` refuses the file.
+    """
+    structure = _JSON_STRING.sub("", text)
+    values = structure.count(",") + structure.count("[") + structure.count("{")
+    del structure
+    if values > MAX_JSON_VALUES:
+        raise ConversionError(
+            f"its JSON holds about {values:,} values, over the limit of {MAX_JSON_VALUES:,} (large outputs?); "
+            "clear its outputs (`jupyter nbconvert --clear-output`) to index it"
+        )
+    budget.tick()
+    notebook = json.loads(text.lstrip("\ufeff"))
+    out: list[str] = []
+    for cell in notebook.get("cells", []):
+        source = cell.get("source", [])
+        source = "".join(source) if isinstance(source, list) else str(source)
+        kind = cell.get("cell_type", "")
+        piece = source if kind == "markdown" else f"```python\n{source}\n```" if kind == "code" else f"```\n{source}\n```" if kind == "raw" else None
+        if piece is not None:
+            budget.text(len(piece) + 2)
+            out.append(piece)
+    return "\n\n".join(out)
 
 
 def _slides(markdown: str) -> list[Part]:
@@ -305,28 +330,12 @@ def _plain(heading: str) -> str:
     return " ".join(heading.replace("*", "").replace("_", " ").split())
 
 
-def _title(data: bytes, kind: str, markdown: str) -> str | None:
-    """The document's stated title: OOXML core properties, the EPUB's metadata, or the first heading of a notebook or ODT."""
-    if kind in ("docx", "pptx", "xlsx"):
-        return _core_title(data)
-    if kind == "epub":
-        match = _EPUB_TITLE.search(markdown)
-        return " ".join(match.group(1).split()) if match else None
-    if kind in ("ipynb", "odt"):
-        return _first_heading(markdown)
-    return None
-
-
-def _core_title(data: bytes) -> str | None:
-    """``dc:title`` of ``docProps/core.xml``, read with defusedxml (no entities, no external references)."""
+def _core_title(members: ZipMembers) -> str | None:
+    """``dc:title`` of ``docProps/core.xml`` (at most 1 MiB), read with defusedxml (no entities, no external references)."""
     from defusedxml import ElementTree
 
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            info = archive.getinfo("docProps/core.xml")
-            if info.file_size > 2**20:
-                return None
-            root = ElementTree.fromstring(archive.read(info))
+        root = ElementTree.fromstring(members.read("docProps/core.xml", 2**20))
     except Exception:  # noqa: BLE001 - no or broken properties: the document has no stated title
         return None
     element = root.find("{http://purl.org/dc/elements/1.1/}title")
@@ -337,8 +346,3 @@ def _core_title(data: bytes) -> str | None:
 def _short(error: BaseException, limit: int = 200) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def mib(n: int) -> str:
-    """A size for messages: "3.2 MiB", or "512 bytes" below one MiB."""
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"

@@ -451,7 +451,7 @@ def _chunk_files(
     for path in paths:
         done_before = tracker.snapshot.bytes_done
         try:
-            chunks = _chunk_file(path, digests[path], chunking, max_file_bytes, plan.store, tracker)
+            chunks = _chunk_file(path, chunking, max_file_bytes, plan.store, tracker)
         except FileSkippedError as e:
             report.skipped.append(SkippedFile(e.path, e.reason))
             chunks = None
@@ -478,7 +478,6 @@ def _drop(report: SyncReport, path: str) -> None:
 
 def _chunk_file(
     path: str,
-    scanned: tuple[str, int],
     chunking: ChunkingSettings,
     max_file_bytes: int,
     store: FaissVectorStore,
@@ -486,13 +485,14 @@ def _chunk_file(
 ) -> _FileChunks:
     """Chunk one file into its catalog record and the texts of its distinct chunks the store lacks.
 
-    Text and Markdown files are streamed and hashed as they are read (the record has the hash
-    of what was chunked); HTML, PDF and converted files are parsed whole and keep the hash of the scan.
+    Every file is hashed as it is read for chunking (text and Markdown streamed, HTML, PDF and
+    converted files whole), so the record has the hash of what was chunked: a file rewritten
+    after the scan is recorded as read, and the next sync sees whether it changed since.
     """
     kind = file_type(path)
-    counter: _CountingDigest | None = None
+    counter = _CountingDigest(tracker)
     if kind not in ("txt", "md"):
-        loaded = load_file(path, max_file_bytes=max_file_bytes, warn=False)
+        loaded = load_file(path, max_file_bytes=max_file_bytes, warn=False, digest=counter)
         if loaded.skipped:
             raise FileSkippedError(path, loaded.skipped[0].reason)
         chunks: Iterable[Document] = split_documents(
@@ -505,7 +505,6 @@ def _chunk_file(
                 title = markdown_title(blocks)  # read only up to the first heading
             if title:
                 metadata["title"] = title
-        counter = _CountingDigest(tracker)
         chunks = split_stream(iter_text(path, max_file_bytes=max_file_bytes, digest=counter), metadata, chunking)
     refs: dict[str, ChunkRef] = {}
     texts: dict[str, str] = {}
@@ -521,8 +520,7 @@ def _chunk_file(
         stored = store.get_by_ids([key])
         if not stored or text_sha(stored[0].page_content) != ref.text_sha:
             texts[key] = chunk.page_content
-    sha, size = (counter.sha.hexdigest(), counter.size) if counter is not None else scanned
-    return _FileChunks(FileRecord(sha, size, count, tuple(refs.values())), texts)
+    return _FileChunks(FileRecord(counter.sha.hexdigest(), counter.size, count, tuple(refs.values())), texts)
 
 
 class _CountingDigest:
@@ -702,11 +700,8 @@ def _texts_for(
         else:
             reread.setdefault(primary, []).append(key)
     for path, keys in reread.items():
-        record = files[path]
         try:
-            fresh = _chunk_file(
-                path, (record.sha256, record.size), chunking, max_file_bytes, FaissVectorStore(store.embeddings), _Tracker(None)
-            ).texts
+            fresh = _chunk_file(path, chunking, max_file_bytes, FaissVectorStore(store.embeddings), _Tracker(None)).texts
         except FileSkippedError:
             fresh = {}
         for key in keys:  # a file changed since the scan: keep the text held (the next sync reads the file)

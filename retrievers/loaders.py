@@ -23,10 +23,11 @@ Metadata of each Document: ``source`` (the path as found, a string), ``file_type
 ``title`` where the file states one, and for PDFs ``page`` (1-based, one Document per page
 with text), ``total_pages`` and ``ocr`` (True) on a page read by OCR: a page without a text
 layer is OCR'd when the OCR extra (`retrievers.ocr`) is installed, else left out with a note. Word, PowerPoint, Excel, CSV, EPUB, OpenDocument text and
-notebook files are converted to Markdown by `retrievers.converters` (MarkItDown): one
+notebook files are converted to Markdown by `retrievers.converters` (streamed, bounded): one
 Document per slide (``slide``), sheet (``sheet``) or heading (``section``), each with a
-``location`` ("slide 3", "sheet Budget") that citations show. Zip-based formats are bounded
-before parsing (`DEFAULT_MAX_UNZIPPED_BYTES`, `retrievers.converters.MAX_ZIP_MEMBERS`).
+``location`` ("slide 3", "sheet Budget") that citations show. Their conversion is bounded in
+text (the per-file limit), bytes inflated (`DEFAULT_MAX_UNZIPPED_BYTES`, counted as they are
+inflated, `retrievers.converters.MAX_ZIP_MEMBERS`) and time (`retrievers.converters.DEFAULT_TIME_LIMIT_S`).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ _BINARY_SNIFF_BYTES = 8192
 # ESC, plus DEL). Random bytes have ~11% of them; text in any single-byte encoding ~0%.
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x1B), *range(0x1C, 0x20), 0x7F])
 _BINARY_CONTROL_RATIO = 0.03
-_LIBRARY_LOGGERS = ("pypdf", "bs4", "markitdown", "mammoth", "pptx", "openpyxl", "odf")
+_LIBRARY_LOGGERS = ("pypdf", "bs4")
 _logger = logging.getLogger(__name__)
 
 
@@ -197,8 +198,15 @@ def load_documents(
     return result
 
 
-def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, warn: bool = True) -> LoadResult:
-    """Load one file; a problem with it becomes a `SkippedFile` (and a warning unless `warn` is False), never an exception."""
+def load_file(
+    path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, warn: bool = True, digest: SupportsUpdate | None = None
+) -> LoadResult:
+    """Load one file; a problem with it becomes a `SkippedFile` (and a warning unless `warn` is False), never an exception.
+
+    `digest`, if given, is updated with exactly the bytes that were parsed (the file is read once),
+    so a caller that records a hash records the content it loaded, even if the file changed since
+    it was last hashed.
+    """
     _check_max_file_bytes(max_file_bytes)
     path = Path(path)
     skip: _Skip | None = None
@@ -206,7 +214,7 @@ def load_file(path: PathLike, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, w
         try:
             if _undecodable(str(path)):
                 raise _Skip(_BAD_NAME)
-            documents = _load(path, max_file_bytes)
+            documents = _load(path, max_file_bytes, digest)
         except _Skip as e:
             skip = e
         except Exception as e:  # noqa: BLE001 - whatever a parser raises on a file's content is that file's skip
@@ -559,16 +567,16 @@ def _glob_to_regex(pattern: str) -> tuple[re.Pattern[str], bool]:
 # --- per-format loaders -------------------------------------------------------------------
 
 
-def _load(path: Path, max_file_bytes: int) -> list[Document]:
+def _load(path: Path, max_file_bytes: int, digest: SupportsUpdate | None) -> list[Document]:
     kind = file_type(path)
     if kind in CONVERTED_TYPES.values():
-        return _load_converted(path, kind, max_file_bytes)
+        return _load_converted(path, kind, max_file_bytes, digest)
     if kind == "image":
-        return _load_image(path, max_file_bytes)
+        return _load_image(path, max_file_bytes, digest)
     _refuse_misnamed(path, kind, max_file_bytes)
     if kind == "pdf":
-        return _load_pdf(path, max_file_bytes)
-    text = _read_text(path, max_file_bytes)
+        return _load_pdf(path, max_file_bytes, digest)
+    text = _read_text(path, max_file_bytes, digest)
     if kind == "html":
         return _load_html(path, text)
     if kind == "md":
@@ -576,12 +584,12 @@ def _load(path: Path, max_file_bytes: int) -> list[Document]:
     return [_document(text, path, "txt", None)]
 
 
-def _load_converted(path: Path, kind: str, max_file_bytes: int) -> list[Document]:
+def _load_converted(path: Path, kind: str, max_file_bytes: int, digest: SupportsUpdate | None) -> list[Document]:
     """An Office, e-book, table or notebook file through `retrievers.converters`: one Document per part."""
     if kind in ("csv", "ipynb"):
-        data = _read_text(path, max_file_bytes).encode("utf-8")  # the text checks and their reasons
+        data = _read_text(path, max_file_bytes, digest).encode("utf-8")  # the text checks and their reasons
     else:
-        data = _read_bytes(path, max_file_bytes)
+        data = _read_bytes(path, max_file_bytes, digest)
         if not data.strip():
             raise _Skip("empty file")
     actual = zip_kind(data)
@@ -603,11 +611,11 @@ def _load_converted(path: Path, kind: str, max_file_bytes: int) -> list[Document
     return documents
 
 
-def _load_image(path: Path, max_file_bytes: int) -> list[Document]:
+def _load_image(path: Path, max_file_bytes: int, digest: SupportsUpdate | None) -> list[Document]:
     """An image of text through OCR: one Document per frame (page of a TIFF) with text."""
     from PIL import Image, ImageSequence, UnidentifiedImageError
 
-    data = _read_bytes(path, max_file_bytes)
+    data = _read_bytes(path, max_file_bytes, digest)
     if not ocr.available():
         raise _Skip(f"an image; {ocr.INSTALL_HINT}")
     texts: list[str] = []
@@ -645,12 +653,19 @@ def _refuse_misnamed(path: Path, kind: str, max_file_bytes: int) -> None:
         raise _Skip(f"it is {describe(actual)} named {path.suffix or 'without a suffix'}; rename it to .{actual}")
 
 
-def _read_bytes(path: Path, max_file_bytes: int) -> bytes:
-    """Read a regular file of at most `max_file_bytes` (see `_checked_open`); the read stops one byte past the limit."""
+def _read_bytes(path: Path, max_file_bytes: int, digest: SupportsUpdate | None = None) -> bytes:
+    """Read a regular file of at most `max_file_bytes` (see `_checked_open`); the read stops one byte past the limit.
+
+    `digest` gets the bytes read (the caller parses exactly these)."""
     with _checked_open(path, max_file_bytes) as f:
-        data = f.read(max_file_bytes + 1)
-    if len(data) > max_file_bytes:  # it grew after the size check
+        size = os.fstat(f.fileno()).st_size  # read() sizes its buffer by what it is asked for
+        data = f.read(min(size, max_file_bytes) + 1)
+        if len(data) > size:  # it grew after the size check: read on to one byte past the limit
+            data += f.read(max_file_bytes + 1 - len(data))
+    if len(data) > max_file_bytes:
         raise _Skip(_too_large(len(data), max_file_bytes, grew=True))
+    if digest is not None:
+        digest.update(data)
     return data
 
 
@@ -682,8 +697,8 @@ def _looks_binary(data: bytes) -> bool:
     return controls > _BINARY_CONTROL_RATIO * len(sample)
 
 
-def _read_text(path: Path, max_file_bytes: int) -> str:
-    data = _read_bytes(path, max_file_bytes)
+def _read_text(path: Path, max_file_bytes: int, digest: SupportsUpdate | None = None) -> str:
+    data = _read_bytes(path, max_file_bytes, digest)
     if not data.strip():
         raise _Skip("empty file")
     if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
@@ -741,10 +756,10 @@ def _tidy(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-def _load_pdf(path: Path, max_file_bytes: int) -> list[Document]:
+def _load_pdf(path: Path, max_file_bytes: int, digest: SupportsUpdate | None) -> list[Document]:
     from pypdf import PdfReader
 
-    data = _read_bytes(path, max_file_bytes)
+    data = _read_bytes(path, max_file_bytes, digest)
     if not data.strip():
         raise _Skip("empty file")
     if not data.lstrip().startswith(b"%PDF-"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -10,7 +11,9 @@ from langchain_core.documents import Document
 
 from retrievers.errors import FilterError
 
-__all__ = ["COMBINATIONS", "COMPARISONS", "MetadataFilter", "ScoredDocument", "check_filter", "matches_filter"]
+__all__ = [
+    "COMBINATIONS", "COMPARISONS", "MAX_FILTER_DEPTH", "MetadataFilter", "ScoredDocument", "check_filter", "matches_filter",
+]  # fmt: skip
 
 #: A dict of conditions on metadata (see `matches_filter`), or a callable(metadata) -> bool.
 MetadataFilter = Union[Mapping[str, Any], Callable[[Mapping[str, Any]], bool]]
@@ -19,6 +22,8 @@ COMPARISONS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin")
 """The operators a field's condition may use, as in Chroma's and PGVector's filters."""
 COMBINATIONS = ("$and", "$or")
 """The operators that combine filters."""
+MAX_FILTER_DEPTH = 32
+"""Most levels of ``$and``/``$or`` one inside another; deeper is a ``FilterError`` (matching recurses per level)."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,8 @@ class ScoredDocument:
 
 def check_filter(filter: MetadataFilter | None) -> None:  # noqa: A002 - LangChain's name for it
     """Raise early for a filter that cannot be applied: TypeError for one that is neither a mapping
-    nor a callable, `FilterError` for an unknown operator or a malformed condition."""
+    nor a callable, `FilterError` for an unknown operator, a malformed condition or combinations nested
+    deeper than `MAX_FILTER_DEPTH`."""
     if filter is not None and not isinstance(filter, Mapping) and not callable(filter):
         raise TypeError(
             f"filter must be a dict of metadata conditions or a callable(metadata) -> bool, got {type(filter).__name__}"
@@ -40,13 +46,15 @@ def check_filter(filter: MetadataFilter | None) -> None:  # noqa: A002 - LangCha
         _check_conditions(filter)
 
 
-def _check_conditions(filter: Mapping[str, Any]) -> None:  # noqa: A002
+def _check_conditions(filter: Mapping[str, Any], depth: int = 1) -> None:  # noqa: A002
     for key, value in filter.items():
         if key in COMBINATIONS:
             if not isinstance(value, list) or not value or not all(isinstance(f, Mapping) for f in value):
-                raise FilterError(f"{key} takes a non-empty list of filters, got {value!r}")
+                raise FilterError(f"{key} takes a non-empty list of filters, got {_brief(value)}")
+            if depth > MAX_FILTER_DEPTH:
+                raise FilterError(f"{' and '.join(COMBINATIONS)} are nested more than {MAX_FILTER_DEPTH} levels deep: flatten the filter")
             for part in value:
-                _check_conditions(part)
+                _check_conditions(part, depth + 1)
         elif isinstance(key, str) and key.startswith("$"):
             raise FilterError(f"unsupported filter operator {key!r}: combine filters with {' or '.join(COMBINATIONS)}")
         elif isinstance(value, Mapping):
@@ -59,9 +67,14 @@ def _check_conditions(filter: Mapping[str, Any]) -> None:  # noqa: A002
                         "(or a callable filter for anything else)"
                     )
                 if op in ("$in", "$nin") and not isinstance(operand, (list, tuple)):
-                    raise FilterError(f"{op} on {key!r} takes a list of values, got {operand!r}")
+                    raise FilterError(f"{op} on {key!r} takes a list of values, got {_brief(operand)}")
                 if op in ("$gt", "$gte", "$lt", "$lte") and not _orderable(operand):
-                    raise FilterError(f"{op} on {key!r} takes a number or a string, got {operand!r}")
+                    raise FilterError(f"{op} on {key!r} takes a number or a string, got {_brief(operand)}")
+
+
+def _brief(value: object) -> str:
+    """``value``'s repr, cut short in length and depth (a filter may be nested far too deep to print whole)."""
+    return reprlib.repr(value)
 
 
 def _orderable(value: object) -> bool:

@@ -19,6 +19,7 @@ from apps.web.queue import QueueFullError, QueueTimeoutError, Ticket
 from apps.web.sessions import Answerer, Session
 from apps.web.state import COOKIE, ApiError, WebState, display, web_state
 from apps.web.streaming import EventStream
+from ragspec.engine.tenancy import SHARED, in_cache_scope, scoped_key
 from ragspec.engine.text import question_text
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ async def _answer(web: WebState, session: Session, answerer: Answerer, question:
             yield sse("error", {"message": f"the server is busy: no model free after {config.queue_timeout_s:g} s, try again"})
             return
         history = list(session.history)
-        events = iterate_in_thread(lambda: answerer.stream(question, history))
+        scope = SHARED if config.shared_prefix_cache else scoped_key("web", session.id)  # see ragspec.engine.tenancy
+        events = iterate_in_thread(lambda: in_cache_scope(scope, lambda: answerer.stream(question, history)))
         deadline = time.monotonic() + config.answer_timeout_s
         try:
             while True:

@@ -52,6 +52,10 @@ class AppConfig:
     model_name: str | None = None
     """The name ``/v1`` clients send as ``model`` (None: the generation source's ``model``); the
     model's own name is accepted too (``apps.web.openai_api.ApiSettings``)."""
+    shared_prefix_cache: bool = False
+    """Let every web session and ``/v1`` client reuse each other's prompt prefixes (one user, or users who
+    may see each other's prompts); by default each session, and each ``/v1`` ``cache_salt``, has its own
+    (``ragspec.engine.tenancy``, docs/threat-model.md)."""
 
     def __post_init__(self) -> None:
         names = (

@@ -28,6 +28,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 
 from apps.web.openai_api import OpenAIError, _json_body
+from ragspec.engine.text import clean_text
 
 MAX_INPUTS = 2048
 """Most texts per request (OpenAI's limit)."""
@@ -67,6 +68,8 @@ def parse_inputs(body: object, model_id: str) -> tuple[list[str], str, int | Non
             raise OpenAIError(400, f"input[{i}] is empty: every text needs at least one character", param="input")
         if len(text) > MAX_INPUT_CHARS:
             raise OpenAIError(400, f"input[{i}] has {len(text)} characters; at most {MAX_INPUT_CHARS}", param="input")
+        if clean_text(text) != text:  # the tokenizer takes valid Unicode only
+            raise OpenAIError(400, f"input[{i}] is not valid text (a lone surrogate such as \\ud800): send valid Unicode", param="input")
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise OpenAIError(400, f'encoding_format must be "float" or "base64", got {encoding!r}', param="encoding_format")

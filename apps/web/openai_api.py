@@ -7,7 +7,9 @@ talks to the served model through these routes; docs/serving.md is the reference
   ``temperature`` (default 0, greedy: ragspec's default, not OpenAI's 1), ``top_p``, ``seed``,
   ``stop``, ``frequency_penalty``, ``presence_penalty``, and the extensions ``top_k``,
   ``repeat_penalty``, ``repeat_last_n`` (llama.cpp's names), ``repetition_stop``, ``speculative`` and ``references``
-  (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client).
+  (passages the drafter copies from: ``extra_body={"references": [...]}`` in the ``openai`` client), and
+  vLLM's ``cache_salt``: only requests with the same salt reuse each other's prompt prefixes
+  (``request_scope``; docs/threat-model.md).
   ``response_format`` (``json_object``, ``json_schema``) constrains the output with a grammar
   (``ragspec.engine.constraints``), on both routes. ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
   list functions in the system turn and constrain the answer to well-formed calls with the same
@@ -57,12 +59,15 @@ from apps.web.security import plain_error
 from apps.web.streaming import ClientGone, EventStream, unless_gone
 from ragspec.bridge import iterate_in_thread, next_before
 from ragspec.engine.config import DEFAULT_MAX_TOKENS, GenerationConfig, GenerationConfigError, request_config, request_max_tokens
+from ragspec.engine.tenancy import in_cache_scope
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "/v1/"
 MAX_STOP = 16
 MAX_REFERENCES = 64
+MAX_CACHE_SALT = 1024
+"""Longest ``cache_salt`` (vLLM's limit)."""
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -104,6 +109,9 @@ class ApiSettings:
     answer_timeout_s: float = 300.0
     embedding_model: str | None = None
     """The name ``/v1/embeddings`` answers to (``/v1/models`` lists it after the chat model); None: no embeddings."""
+    shared_prefix_cache: bool = False
+    """Every request reuses every other's prompt prefixes (``ragspec serve --shared-prefix-cache``); by
+    default only requests with the same ``cache_salt`` do (``request_scope``)."""
 
 
 class OpenAIError(Exception):
@@ -141,7 +149,7 @@ def error_object(status: int, message: str, *, param: str | None = None, code: s
         "error": {
             "message": clean_text(message),
             "type": ERROR_TYPES.get(status, "server_error"),
-            "param": param,
+            "param": None if param is None else clean_text(param),  # a name sent with a lone surrogate in it
             "code": code,
         }
     }
@@ -160,6 +168,7 @@ _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "response_format",
     "top_k", "repeat_penalty", "repeat_last_n", "repetition_stop", "speculative", "references",  # ragspec's extensions (response_format on completions, as vLLM)
+    "cache_salt",  # vLLM's
 }  # fmt: skip
 _CHAT_ONLY = {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
@@ -193,6 +202,8 @@ class ApiRequest:
     """Checked in shape only; compiled, like the tools' grammar, once the request holds the model (``compile_constraint``)."""
     retrieval: Retrieval | None = None
     """Answer over the server's documents (chat only; ``apps.web.retrieval_api``)."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: requests that send the same one (with the same API key) reuse each other's prompt prefixes."""
 
 
 def parse_request(body: object, *, chat: bool) -> ApiRequest:
@@ -240,9 +251,12 @@ def parse_request(body: object, *, chat: bool) -> ApiRequest:
                                     response_format=format_kind is not None) if chat else None  # fmt: skip
     except RetrievalError as e:
         raise OpenAIError(400, str(e), param=e.param) from e
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT):
+        raise OpenAIError(400, f"cache_salt must be a string of 1 to {MAX_CACHE_SALT} characters", param="cache_salt")
     return ApiRequest(
         chat, model, prompt, options, _references(body.get("references")), stream, include_usage, tools, tool_choice, parallel,
-        response_format, retrieval,
+        response_format, retrieval, salt,
     )
 
 
@@ -634,8 +648,22 @@ def sse_data(payload: object) -> str:
 _Event = Union[str, Any]
 
 
+def request_scope(request: Request, api_request: ApiRequest, settings: ApiSettings) -> str:
+    """The cache scope of a ``/v1`` request (``ragspec.engine.tenancy``). One API key serves every client
+    of a server, so it cannot tell them apart: a client that sends a ``cache_salt`` (a secret of its
+    own, as vLLM asks) shares its prefixes with requests that send the same salt and key; one that
+    sends none gets a scope of its own and reuses nothing. ``shared_prefix_cache``: all share one."""
+    from ragspec.engine.tenancy import SHARED, private_scope, scoped_key
+
+    if settings.shared_prefix_cache:
+        return SHARED
+    if api_request.cache_salt is None:
+        return private_scope()
+    return scoped_key("v1", request.headers.get("authorization", ""), api_request.cache_salt)
+
+
 def _events(generator: Any, job: Job) -> Generator[_Event, None, None]:
-    """The live stats, the text deltas, then the result (for a worker thread)."""
+    """The live stats, the text deltas, then the result (for a worker thread, inside the request's cache scope)."""
     if job.retrieved is not None:
         yield from job.retrieved.events()
         return
@@ -740,7 +768,8 @@ def add_openai_routes(
         except BaseException:
             ticket.release()
             raise
-        events = iterate_in_thread(lambda: _events(gen, job))
+        scope = request_scope(request, api_request, settings)
+        events = iterate_in_thread(lambda: in_cache_scope(scope, lambda: _events(gen, job)))
         answer = Answer(job, ticket, events, gen.model_name, time.monotonic() + settings.answer_timeout_s)
         if api_request.stream:
             return EventStream(
@@ -813,7 +842,7 @@ class Answer:
             async for _ in self.run():
                 pass
         except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
-            raise _generation_error(e) from e
+            raise _generation_error(e, self._constraint_param()) from e
         request = self.job.request
         finish = _finish(self.finish_reason)
         if request.chat:
@@ -835,6 +864,10 @@ class Answer:
             "ragspec": self.extension(),
             **_metrics(self.stats),
         }
+
+    def _constraint_param(self) -> str:
+        """The parameter the answer's grammar came from."""
+        return "tools" if self.job.request.tools and self.job.request.response_format is None else "response_format"
 
     def _calls(self) -> Any:
         """A ``ragspec.engine.tool_calls.CallStream`` for this answer's text."""
@@ -894,7 +927,7 @@ class Answer:
             if request.include_usage:
                 yield sse_data({**self.chunk(None), "choices": [], "usage": self.usage()})
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
-            error = _generation_error(e)
+            error = _generation_error(e, self._constraint_param())
             yield sse_data(error_object(error.status, error.message, code=error.code))
         finally:
             await self.events.aclose()  # stops the generation if the stream ended early
@@ -916,15 +949,15 @@ def _piece_delta(piece: Any) -> dict[str, Any]:
     return {"tool_calls": [{"index": piece.index, **_tool_call(piece)}]}
 
 
-def _generation_error(e: Exception) -> OpenAIError:
-    """An exception from the generator as an OpenAI error."""
+def _generation_error(e: Exception, constraint_param: str = "response_format") -> OpenAIError:
+    """An exception from the generator as an OpenAI error (a constraint's is a 400 naming ``constraint_param``)."""
     from ragspec.engine.constraints import ConstraintError
     from ragspec.engine.results import GeneratorBusyError, PromptTooLongError
 
     if isinstance(e, OpenAIError):
         return e
-    if isinstance(e, ConstraintError):  # found when the grammar meets the tokenizer, after the queue
-        return OpenAIError(400, f"response_format: {_first_line(str(e))}", param="response_format")
+    if isinstance(e, ConstraintError):  # found when the grammar meets the tokenizer or a remote generator, after the queue
+        return OpenAIError(400, f"{constraint_param}: {_first_line(str(e))}", param=constraint_param)
     if isinstance(e, PromptTooLongError):
         return OpenAIError(400, str(e), code="context_length_exceeded")
     if isinstance(e, GeneratorBusyError):

@@ -178,6 +178,7 @@ def create_app(
             queue_timeout_s=config.queue_timeout_s,
             answer_timeout_s=config.answer_timeout_s,
             embedding_model=embeddings.model_id,
+            shared_prefix_cache=config.shared_prefix_cache,
         ),
         documents=preload if isinstance(preload, Documents) else None,  # "retrieval" requests answer over it
     )

@@ -72,6 +72,7 @@ class Constraint:
             raise ConstraintError(
                 f"a JSON Schema must be a JSON object (a dict), got {type(schema).__name__}: {schema!r}"
             )
+        check_finite(schema)
         try:
             text = json.dumps(schema)
         except (TypeError, ValueError) as e:
@@ -110,6 +111,70 @@ class Constraint:
         if error:
             raise ConstraintError(f"invalid or unsupported {what}: {error.strip()}")
         return cls(kind, grammar, source)
+
+
+MAX_FINITE_CHECK_STEPS = 10_000
+"""Most subschemas ``check_finite`` visits; beyond it the schema is left to the grammar engine."""
+
+
+def check_finite(schema: Mapping[str, Any], what: str = "the JSON Schema") -> None:
+    """``ConstraintError`` for a schema whose every instance would contain itself: an object that
+    requires a property whose schema (through local references ``$ref``, ``allOf``, every ``anyOf``/``oneOf``
+    branch, or arrays with ``minItems``) leads back to it, as ``{"type": "object", "properties": {"a":
+    {"$ref": "#"}}, "required": ["a"]}``. No finite JSON matches it; llguidance accepts it and only
+    fails deep into generation (its parser's item limit), so it is refused here, when a request is
+    built. Conservative: a schema it cannot follow (remote refs, ``type`` lists) passes."""
+    steps = [0]
+
+    def resolve(ref: str) -> Any:
+        if ref == "#":
+            return schema
+        if not ref.startswith("#/"):
+            return None
+        node: Any = schema
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node.get(part) if isinstance(node, Mapping) else None
+        return node
+
+    def finite(node: Any, resolving: frozenset[str]) -> bool:
+        steps[0] += 1
+        if not isinstance(node, Mapping) or steps[0] > MAX_FINITE_CHECK_STEPS:
+            return True
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref in resolving:
+                return False
+            if not finite(resolve(ref), resolving | {ref}):
+                return False
+        for key in ("anyOf", "oneOf"):
+            branches = node.get(key)
+            if isinstance(branches, list) and branches and not any(finite(b, resolving) for b in branches):
+                return False
+        parts = node.get("allOf")
+        if isinstance(parts, list) and not all(finite(p, resolving) for p in parts):
+            return False
+        if node.get("type") == "object":
+            properties = node.get("properties")
+            required = node.get("required")
+            if isinstance(properties, Mapping) and isinstance(required, list):
+                if any(isinstance(n, str) and n in properties and not finite(properties[n], resolving) for n in required):
+                    return False
+        if node.get("type") == "array":
+            least = node.get("minItems", 0)
+            if isinstance(least, int) and least > 0 and not finite(node.get("items"), resolving):
+                return False
+        return True
+
+    try:
+        ok = finite(schema, frozenset())
+    except RecursionError:
+        raise ConstraintError(f"{what} is nested too deeply") from None
+    if not ok:
+        raise ConstraintError(
+            f"no finite JSON matches {what}: a required property (or a non-empty array's items) refers back "
+            "to the schema that contains it; make that property optional or allow another type (anyOf with null)"
+        )
 
 
 OPENAI_RESPONSE_FORMATS = ("text", "json_object", "json_schema")

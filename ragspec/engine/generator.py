@@ -45,6 +45,7 @@ from ragspec.engine.results import (
     Generator,
 )
 from ragspec.engine.sampling import Acceptor, MaskedAcceptor, make_acceptor
+from ragspec.engine.tenancy import SHARED, current_cache_scope
 from ragspec.engine.text import StopTextAssembler, clean_text
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ class SpeculativeGenerator(Generator):
     at most ``prefix_cache_bytes``), and a new prompt that starts with the same tokens as one of
     them (a system prompt, the earlier turns of a conversation, the same first passages) only
     computes the rest, which shortens the time to first token. A hit gives what a cold prefill gives.
+    Prefixes are reused only within the request's cache scope (``ragspec.engine.tenancy``: one web
+    session, one ``/v1`` client), and the state kept across requests for drafting (the n-gram
+    drafter's earlier answers, cleared through its ``forget()``, and the draft model's cache) belongs
+    to one scope at a time: a request of another scope starts without it.
 
     Lossless: greedy output is token-identical to plain greedy decoding of the same model on the
     same back end (a drafted token is kept only when it equals the target's argmax after the
@@ -115,6 +120,8 @@ class SpeculativeGenerator(Generator):
         self.prefix_cache = prefix_cache
         self.prefixes = PrefixCache(prefix_cache_bytes)
         """Saved prompt prefixes (empty unless ``prefix_cache``)."""
+        self._drafting_scope = SHARED
+        """The cache scope whose requests the drafters' cross-request state came from."""
         if getattr(self.policy, "needs_calibration", False):
             self._calibrate()
         self._lock = threading.Lock()
@@ -172,7 +179,8 @@ class SpeculativeGenerator(Generator):
         if config.speculative:  # drafting figures from here on (vLLM's shape: ``GenerationStats.speculative_decoding``)
             stats.acceptance_histogram = [0] * (self.max_draft + 1)
         cancel = current_cancel_event()
-        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats, cancel)
+        scope = current_cache_scope()
+        steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats, cancel, scope)
         return GenerationStream(steps, stats, cancel)
 
     def calibrate(self, context: int = 128) -> None:
@@ -257,9 +265,17 @@ class SpeculativeGenerator(Generator):
         grammar: Grammar | None,
         stats: GenerationStats,
         cancel: threading.Event,
+        scope: str,
     ) -> StepGenerator[str, None, GenerationResult]:
         with self._hold(cancel):
             start = time.perf_counter()
+            if scope != self._drafting_scope:  # earlier answers and the draft model's cache stay with their scope
+                forget = getattr(self.drafter, "forget", None)
+                if callable(forget):
+                    forget()
+                if self.model_drafter is not None:
+                    self.model_drafter.clear_cache()
+                self._drafting_scope = scope
             budget = min(config.max_tokens, self.context_length - len(prompt_ids))
             finish = "length"
             out: list[int] = []
@@ -268,7 +284,7 @@ class SpeculativeGenerator(Generator):
                 self.drafter.begin(prompt_ids, ref_ids)
                 if self.model_drafter is not None:
                     self.model_drafter.begin(prompt_ids, ref_ids)
-                cache, reused = self._take_cache(prompt_ids, len(prompt_ids) + budget + self.max_draft + 1)
+                cache, reused = self._take_cache(prompt_ids, len(prompt_ids) + budget + self.max_draft + 1, scope)
                 stats.cached_prompt_tokens = reused
                 check_cancelled(cancel)
                 logits = self._forward(prompt_ids[reused:], cache, last_only=True, cancel=cancel)
@@ -303,7 +319,7 @@ class SpeculativeGenerator(Generator):
                 if self.model_drafter is not None:
                     self.model_drafter.finish(out)
                 if self.prefix_cache:
-                    self._keep(cache, prompt_ids)
+                    self._keep(cache, prompt_ids, scope)
             tail = assembler.flush()
             if tail:
                 yield tail
@@ -340,14 +356,14 @@ class SpeculativeGenerator(Generator):
         calibration.save(key, seconds)
         self.policy.calibrate(seconds)  # type: ignore[attr-defined]
 
-    def _take_cache(self, prompt_ids: list[int], capacity: int) -> tuple[KVCache, int]:
-        """A cache holding the longest prefix of this prompt that a kept entry has, or a new one.
+    def _take_cache(self, prompt_ids: list[int], capacity: int, scope: str) -> tuple[KVCache, int]:
+        """A cache holding the longest prefix of this prompt that a kept entry of ``scope`` has, or a new one.
 
         Returns the cache and how many prompt tokens it already holds. At least the last prompt
         token is always computed again, since its logits give the first new token. A request that
         does not finish (an abandoned stream, an error) stores nothing.
         """
-        found = self.prefixes.best(prompt_ids, len(prompt_ids) - 1) if self.prefix_cache else None
+        found = self.prefixes.best(prompt_ids, len(prompt_ids) - 1, scope) if self.prefix_cache else None
         if found is not None:
             entry, shared = found
             cache = self.backend.load(entry.saved, shared, capacity)
@@ -355,13 +371,14 @@ class SpeculativeGenerator(Generator):
                 return cache, shared
         return self.backend.new_cache(capacity), 0
 
-    def _keep(self, cache: KVCache, prompt_ids: list[int]) -> None:
-        """Store a finished request's prompt positions (its answer's are cropped: see ``ragspec.engine.prefix_cache``)."""
+    def _keep(self, cache: KVCache, prompt_ids: list[int], scope: str) -> None:
+        """Store a finished request's prompt positions for ``scope`` (its answer's are cropped: see
+        ``ragspec.engine.prefix_cache``)."""
         keep = min(len(prompt_ids), cache.get_seq_length())
         cache.crop(keep - cache.get_seq_length())
         saved = self.backend.save(cache)
         if saved is not None:
-            self.prefixes.add(prompt_ids[:keep], saved)
+            self.prefixes.add(prompt_ids[:keep], saved, scope)
 
     def _clip(self, new: list[int], room: int, grammar: Grammar | None = None) -> tuple[list[int], str]:
         """Cut newly accepted tokens at EOS and at the token budget. An output that fills the budget

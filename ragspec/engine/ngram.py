@@ -152,6 +152,11 @@ class AnswerHistory:
             tokens += answer + [-1 - i]  # a distinct separator: no match crosses two answers
         self.index = self.automaton(tokens)
 
+    def clear(self) -> None:
+        """Forget every answer."""
+        self._answers.clear()
+        self.index = SuffixAutomaton()
+
 
 class NgramDrafter:
     """Proposes copies of reference spans that continue the longest matching suffix.
@@ -246,3 +251,8 @@ class NgramDrafter:
     def finish(self, output: Sequence[int]) -> None:
         """Remember a finished answer in the bounded cross-request history (if enabled)."""
         self.history.add(output)
+
+    def forget(self) -> None:
+        """Forget the earlier answers (the generator does when a request of another cache scope comes:
+        what one user was answered must not speed up, or show in the statistics of, another's answer)."""
+        self.history.clear()

@@ -7,6 +7,11 @@ token ids it holds, least recently used first out, within a memory bound; a new 
 the longest prefix an entry shares with it, and the entry stays (a request that is abandoned or
 fails loses nothing); the request's own entry replaces those it makes redundant.
 
+Every entry belongs to a cache scope (``ragspec.engine.tenancy``: a web session, a ``/v1`` client,
+or ``SHARED``), and a prompt only ever gets a prefix of its own scope: whether, and how much of, a
+prompt was cached must say nothing about another user's prompts. The memory bound is shared: one
+scope's entries can push out another's (which says how busy the server is, not what it was asked).
+
 Only prompt positions are kept (a request's answer positions are cropped before it is stored):
 they were all computed by a prefill, so a hit gives what a cold prefill of the same prompt gives
 (the tests compare both on each back end). Entries are opaque ``SavedPrefix`` objects made by the
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from ragspec.engine.tenancy import SHARED
 
 DEFAULT_MAX_BYTES = 512 * 2**20
 """Default memory bound: about 11,000 prompt positions of the default model in fp32 (46 KiB each)."""
@@ -39,6 +46,8 @@ class Entry:
     tokens: list[int]
     """The ids whose keys and values ``saved`` holds, in position order."""
     saved: SavedPrefix
+    scope: str = SHARED
+    """The cache scope of the request that computed it; only requests of that scope reuse it."""
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -75,11 +84,13 @@ class PrefixCache:
         """The token ids of each entry, least recently used first."""
         return [list(e.tokens) for e in self._entries.values()]
 
-    def best(self, tokens: Sequence[int], limit: int) -> tuple[Entry, int] | None:
-        """The entry sharing the longest prefix with ``tokens`` (at most ``limit`` ids) and how many ids
-        it shares, None when none shares any; the entry becomes the most recently used."""
+    def best(self, tokens: Sequence[int], limit: int, scope: str = SHARED) -> tuple[Entry, int] | None:
+        """The entry of ``scope`` sharing the longest prefix with ``tokens`` (at most ``limit`` ids) and
+        how many ids it shares, None when none shares any; the entry becomes the most recently used."""
         found: tuple[int, int] | None = None  # (shared, key)
         for key, entry in self._entries.items():
+            if entry.scope != scope:
+                continue
             shared = min(shared_prefix(entry.tokens, tokens), limit)
             if shared > 0 and (found is None or shared >= found[0]):  # ties: the most recent
                 found = (shared, key)
@@ -89,16 +100,17 @@ class PrefixCache:
         self._entries.move_to_end(key)
         return self._entries[key], shared
 
-    def add(self, tokens: Sequence[int], saved: SavedPrefix) -> None:
-        """Keep ``saved`` (the keys and values of ``tokens``) as the most recent entry; entries it
-        makes redundant (their ids start ``tokens``) go, then the least recently used ones beyond the
-        bounds. An entry larger than ``max_bytes`` is not kept."""
+    def add(self, tokens: Sequence[int], saved: SavedPrefix, scope: str = SHARED) -> None:
+        """Keep ``saved`` (the keys and values of ``tokens``, computed for ``scope``) as the most recent
+        entry; entries of the scope it makes redundant (their ids start ``tokens``) go, then the least
+        recently used ones beyond the bounds. An entry larger than ``max_bytes`` is not kept."""
         tokens = list(tokens)
-        for key in [k for k, e in self._entries.items() if shared_prefix(e.tokens, tokens) == len(e.tokens)]:
+        redundant = [k for k, e in self._entries.items() if e.scope == scope and shared_prefix(e.tokens, tokens) == len(e.tokens)]
+        for key in redundant:
             del self._entries[key]
         if saved.nbytes > self.max_bytes or not tokens:
             return
-        self._entries[self._next] = Entry(tokens, saved)
+        self._entries[self._next] = Entry(tokens, saved, scope)
         self._next += 1
         total = self.nbytes
         while total > self.max_bytes or len(self._entries) > self.max_entries:

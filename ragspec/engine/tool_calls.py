@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragspec.engine.constraints import JSON_OPTIONS, Constraint, ConstraintError
+from ragspec.engine.constraints import JSON_OPTIONS, Constraint, ConstraintError, check_finite
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -190,7 +190,8 @@ def parse_choice(tool_choice: object, tools: Sequence[Tool]) -> str:
     elif tool_choice is False:
         tool_choice = "none"
     elif isinstance(tool_choice, Mapping):
-        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+        function = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, Mapping) else None
         if not isinstance(name, str):
             raise ToolError(f"tool_choice {dict(tool_choice)!r} is not {{'type': 'function', 'function': {{'name': ...}}}}")
         tool_choice = name
@@ -209,6 +210,11 @@ def tool_call_constraint(tools: Sequence[Tool], choice: str | None = "auto", par
     text = "TEXT: /(.|\\n)*/ & ~/[ \\t\\n]*<(.|\\n)*/"
     if choice == "none" or not chosen:
         return _lark("start: TEXT\n" + text, "none")
+    for t in chosen:
+        try:
+            check_finite(t.parameters, f"the parameters of tool {t.name!r}")
+        except ConstraintError as e:
+            raise ToolError(str(e)) from e
     # Each tool's argument schema sits under $defs, its local $refs rebased there, so that "#/$defs/X"
     # (or "#" for a recursive schema) still means what it meant in the tool's own schema.
     schema = {

@@ -302,3 +302,14 @@ def test_serve_runs_the_chosen_model_and_backend_for_the_page_and_the_api(monkey
     page = web.create_app(seen["config"], generation=generation).state.backend  # type: ignore[arg-type]
     assert isinstance(page, web.DefaultBackend) and (page.model, page.model_backend) == ("my.gguf", "llamacpp")
     assert cli.main(["serve", "--backend", "onnx"]) == 2  # argparse names the choices
+
+
+def test_serve_keeps_prompt_caches_per_client_unless_told_to_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    import apps.web.server as web
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(web, "serve", lambda host, port, **kw: seen.update(kw))
+    assert cli.main(["serve"]) == 0
+    assert seen["config"].shared_prefix_cache is False  # type: ignore[attr-defined]
+    assert cli.main(["serve", "--shared-prefix-cache"]) == 0
+    assert seen["config"].shared_prefix_cache is True  # type: ignore[attr-defined]

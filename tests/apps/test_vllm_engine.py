@@ -10,6 +10,8 @@ cache (~/.cache/vllm) and only the first start of a machine compiles.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,9 +31,11 @@ from ragspec.backends.vllm.server import (
     VllmServer,
     check_model_folder,
     find_python,
+    group_members,
     speculative_config,
 )
 from ragspec.backends.pytorch.loading import model_folder
+from tests.ragspec.backends.vllm.processes import children
 
 
 def _vllm_python() -> Path | None:
@@ -279,6 +283,32 @@ def test_a_folder_vllm_cannot_load_is_a_clear_error(tmp_path, served_folder, spe
         VllmServer(bad, speculation=None, extra_args=FLAGS, log=tmp_path / "bad.log").start()
 
 
+@needs_vllm
+@pytest.mark.timeout(600)
+def test_a_vllm_server_killed_mid_stream_leaves_no_engine_or_worker_once_stopped(
+    tmp_path, served_folder, spec_server, rag_ids
+) -> None:
+    """Issue 30: after a SIGKILL of the API server, its EngineCore and Worker lived on under PID 1;
+    ``stop`` ends the server's whole process group. (After the other servers' tests.)"""
+    spec_server.stop()  # one vLLM at a time
+    server = VllmServer(served_folder, speculation=None, extra_args=FLAGS, served_name="smol", log=tmp_path / "killed.log")
+    server.start()
+    assert server.process is not None
+    group = server.process.pid
+    try:
+        assert len(group_members(group)) >= 2, server.log_tail()  # the API server and its EngineCore at least
+        body = {"model": "smol", "prompt": rag_ids[0], "max_tokens": 1000, "temperature": 0.0, "stream": True,
+                "ignore_eos": True}
+        with pytest.raises(httpx.HTTPError), httpx.stream("POST", f"{server.base_url}/completions", json=body, timeout=60) as response:
+            for n, _ in enumerate(response.iter_lines()):
+                if n == 3:
+                    os.kill(group, signal.SIGKILL)
+        server.process.wait(timeout=60)
+    finally:
+        server.stop()
+    assert group_members(group) == []
+
+
 def test_vllm_serves_without_torchvision_torchaudio_torchcodec() -> None:
     if VLLM_PYTHON is None:
         pytest.skip("vLLM is not installed here: scripts/install-vllm.sh makes .venv-vllm")
@@ -350,12 +380,15 @@ def test_serve_engine_vllm_answers_through_vllm_and_stops_it(spec_server, tmp_pa
         assert (drafting["num_draft_tokens"], drafting["num_accepted_draft_tokens"]) == (
             extension["drafted_tokens"], extension["accepted_tokens"])
         assert "forward_passes" not in extension and "by_source" not in extension and "tokens_per_forward" not in extension
+        vllm_group = children(process.pid)[0]  # the vLLM server, leader of its process group
     finally:
         process.terminate()
         process.wait(timeout=120)
         log.close()
+    assert group_members(vllm_group) == []  # no EngineCore or Worker left behind
     text = (tmp_path / "serve.log").read_text()
     assert "generating on vLLM at http://127.0.0.1:" in text
     vllm_port = int(text.split("generating on vLLM at http://127.0.0.1:")[1].split("/")[0])
     with pytest.raises(httpx.HTTPError):  # vLLM went with it
         httpx.get(f"http://127.0.0.1:{vllm_port}/health", timeout=2)
+

@@ -209,3 +209,56 @@ def test_vllms_per_request_drafting_metrics_become_the_stats(server: type[Handle
         server.events = [*events, *tail, "data: [DONE]\n\n"]
         stats = gen.generate("Hello", max_new_tokens=8).stats
         assert stats.speculative_decoding() is None and stats.drafted_tokens == 0 and stats.acceptance_histogram == []
+
+
+VLLM_MODELS = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
+
+
+@pytest.mark.timeout(60)
+def test_the_cache_scope_travels_as_a_salt_never_as_itself(server: type[Handler]) -> None:
+    """vLLM's ``cache_salt``: the same scope the same salt, another scope another, and no scope's text in it."""
+    from ragspec.engine.tenancy import cache_scope
+
+    server.models_body = VLLM_MODELS
+    server.events = [chunk("Hi", "stop"), "data: [DONE]\n\n"]
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+
+    def salt() -> str:
+        gen.generate("Hello", max_new_tokens=2)
+        return server.request["cache_salt"]  # type: ignore[attr-defined]
+
+    with cache_scope("web:session-secret"):
+        alice, alice_again = salt(), salt()
+    with cache_scope("v1:other"):
+        bob = salt()
+    shared = salt()
+    assert alice == alice_again and len({alice, bob, shared}) == 3
+    assert "session-secret" not in alice and len(alice) == 43
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    RemoteGenerator(server.url, model="m", tokenizer="default").generate("Hello", max_new_tokens=2)  # type: ignore[attr-defined]
+    assert "cache_salt" not in server.request  # type: ignore[attr-defined]  # a server that may not know it
+
+
+@pytest.mark.timeout(60)
+def test_grammars_reach_vllm_as_its_structured_outputs_and_json_as_response_format(server: type[Handler]) -> None:
+    from ragspec.engine.constraints import Constraint, ConstraintError
+    from ragspec.engine.tool_calls import Tool, tool_call_constraint
+
+    server.models_body = VLLM_MODELS
+    server.events = [chunk("1", "stop"), "data: [DONE]\n\n"]
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    tools = tool_call_constraint([Tool("weather", "the weather in a city", {"type": "object", "properties": {"city": {"type": "string"}}})])
+    gen.generate("Weather?", max_new_tokens=4, constraint=tools)
+    assert server.request["structured_outputs"] == {"grammar": tools.source}  # type: ignore[attr-defined]
+    assert "%json" in tools.source and "weather" in tools.source and "response_format" not in server.request  # type: ignore[attr-defined]
+    gen.generate("Digits?", max_new_tokens=4, constraint=Constraint.regex("[0-9]+"))
+    assert server.request["structured_outputs"] == {"regex": "[0-9]+"}  # type: ignore[attr-defined]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    gen.generate("Number?", max_new_tokens=4, constraint=Constraint.json_schema(schema))
+    sent = server.request  # type: ignore[attr-defined]
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    assert "structured_outputs" not in sent
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+    other = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    with pytest.raises(ConstraintError, match="a lark constraint cannot be sent to this generator"):
+        other.stream("Weather?", constraint=tools)

@@ -8,6 +8,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
 from retrievers import DimensionMismatchError, FaissVectorStore, FlatIndex, HNSWIndex
+from retrievers.types import MAX_FILTER_DEPTH
 
 DIM = 16
 
@@ -209,3 +210,41 @@ def test_unknown_operators_and_malformed_conditions_are_refused(where: dict, mes
         store.similarity_search("apple", filter=where)
     with pytest.raises(FilterError, match=message):
         BM25Retriever.from_documents([Document("apple pie"), Document("pear")]).invoke("apple", filter=where)
+
+
+def nested(op: str, depth: int) -> dict:
+    """``{op: [{op: [... {"i": 1} ...]}]}`` with ``depth`` levels of ``op``."""
+    where: dict = {"i": 1}
+    for _ in range(depth):
+        where = {op: [where]}
+    return where
+
+
+@pytest.mark.parametrize("op", ["$and", "$or"])
+@pytest.mark.parametrize("depth", [MAX_FILTER_DEPTH + 1, 900, 5000])
+def test_combinations_nested_too_deep_are_a_filter_error_on_every_retriever(op: str, depth: int) -> None:
+    from retrievers import BM25Retriever, FilterError, HybridRetriever
+
+    store, _, _ = random_store(5)
+    docs = [Document("apple pie", metadata={"i": 1}), Document("pear", metadata={"i": 2})]
+    where = nested(op, depth)
+    searches = {
+        "FaissVectorStore": lambda: store.similarity_search("apple", filter=where),
+        "BM25Retriever": lambda: BM25Retriever.from_documents(docs).invoke("apple", filter=where),
+        "HybridRetriever": lambda: HybridRetriever(vectorstore=store, documents=docs).invoke("apple", filter=where),
+    }
+    for name, search in searches.items():
+        with pytest.raises(FilterError, match=f"nested more than {MAX_FILTER_DEPTH} levels"):
+            search()
+    malformed = {op: {"not": "a list"}}
+    for _ in range(depth):
+        malformed = {op: malformed}  # a dict where a list belongs, nested: its message must not recurse either
+    with pytest.raises(FilterError, match="non-empty list"):
+        store.similarity_search("apple", filter=malformed)
+
+
+def test_combinations_nested_as_deep_as_allowed_match_as_the_flat_filter() -> None:
+    store, _, _ = random_store(6)
+    for op in ("$and", "$or"):
+        got = store.similarity_search("apple", k=6, filter=nested(op, MAX_FILTER_DEPTH))
+        assert [d.metadata["i"] for d in got] == [d.metadata["i"] for d in store.similarity_search("apple", k=6, filter={"i": 1})]

@@ -229,17 +229,12 @@ class VllmServer:
         return " | ".join(line.strip() for line in chosen) + f" (full log: {self.log})"
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End the server and its workers (its process group)."""
+        """End the server and every process it started: its whole process group, even when the server
+        itself has already exited (killed, or crashed): vLLM's EngineCore and workers outlive it,
+        re-parented to PID 1, until their group is signalled. SIGTERM first, SIGKILL after `timeout_s`."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            except ProcessLookupError:
-                pass
+        if process is not None:
+            end_process_group(process, timeout_s)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -249,6 +244,56 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def end_process_group(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """End `process` (started with ``start_new_session=True``, so it leads its own process group) and
+    every process left in that group: SIGTERM, then SIGKILL for what still runs after `timeout_s`.
+
+    Returns once no process of the group is left (zombies not reaped by their new parent aside)."""
+    group = process.pid
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            break  # nothing left in the group
+        if _ended(process, group, wait_s):
+            break
+    process.wait()
+
+
+def _ended(process: subprocess.Popen[bytes], group: int, wait_s: float) -> bool:
+    """Whether `process` has exited and its group is empty within `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None and not group_members(group):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def group_members(group: int) -> list[int]:
+    """The processes of process group `group` that still run (zombies left out), from ``/proc`` (Linux);
+    elsewhere, ``[group]`` while the group can be signalled."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").is_file():
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return []
+        return [group]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended while we looked
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": state, ppid, pgrp, ...
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
 
 
 def _default_dtype() -> str:

@@ -313,3 +313,49 @@ def test_an_output_whose_grammar_completes_at_the_budget_ends_as_eos_not_length(
     assert (exact.token_ids, exact.finish_reason) == (whole.token_ids, "eos")
     short = generator.generate("x", config.merged(max_new_tokens=n - 1))
     assert (short.token_ids, short.finish_reason) == (whole.token_ids[: n - 1], "length")
+
+
+SELF = {"$ref": "#"}
+NODE = {"$ref": "#/$defs/node"}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": SELF}, "required": ["a"]},
+        {"type": "object", "properties": {"a": NODE}, "required": ["a"],
+         "$defs": {"node": {"type": "object", "properties": {"next": NODE}, "required": ["next"]}}},
+        {"type": "object", "properties": {"a": {"anyOf": [SELF, {"allOf": [SELF]}]}}, "required": ["a"]},
+        {"type": "object", "properties": {"a": {"type": "array", "items": SELF, "minItems": 1}}, "required": ["a"]},
+    ],
+)
+def test_a_schema_that_requires_itself_is_refused_when_built_not_deep_in_generation(schema: dict) -> None:
+    """The third probe: llguidance compiled these, then hit its 50,000-item limit while decoding."""
+    with pytest.raises(ConstraintError, match="no finite JSON matches"):
+        Constraint.json_schema(schema)
+    with pytest.raises(ValueError, match="no finite JSON matches the parameters of tool 'w'"):
+        tool_call_constraint([Tool("w", "walks the tree", schema)], "w")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": SELF}},  # optional: {} ends it
+        {"type": "object", "properties": {"a": {"anyOf": [SELF, {"type": "null"}]}}, "required": ["a"]},
+        {"type": "object", "properties": {"a": {"type": "array", "items": SELF}}, "required": ["a"]},  # [] ends it
+        {"type": "object", "properties": {"a": {"allOf": [{"anyOf": [{"type": "integer"}, SELF]}]}}, "required": ["a"]},
+    ],
+)
+def test_recursive_schemas_with_a_finite_instance_are_kept(schema: dict) -> None:
+    assert Constraint.json_schema(schema).kind == "json_schema"
+    assert tool_call_constraint([Tool("w", "walks the tree", schema)], "w").kind == "lark"
+
+
+def test_a_tool_choice_whose_function_is_not_an_object_is_a_tool_error() -> None:
+    from ragspec.engine.tool_calls import ToolError, parse_choice
+
+    tools = [Tool("w", "walks")]
+    for choice in ({"type": "function", "function": "w"}, {"type": "function", "function": ["w"]}, {"type": "function"}):
+        with pytest.raises(ToolError, match="is not"):
+            parse_choice(choice, tools)
+    assert parse_choice({"type": "function", "function": {"name": "w"}}, tools) == "w"

@@ -169,3 +169,58 @@ def test_the_memory_bound_holds_across_requests() -> None:
     assert len(gen.prefixes) == 2
     gen.clear_cache()
     assert len(gen.prefixes) == 0
+
+
+def test_an_entry_is_found_only_in_its_own_scope() -> None:
+    cache = PrefixCache(max_bytes=100)
+    cache.add([1, 2, 3, 4], Blob(10), "alice")
+    assert cache.best([1, 2, 3, 9], limit=3, scope="bob") is None
+    assert cache.best([1, 2, 3, 9], limit=3) is None  # the shared scope is a scope like any other
+    entry, shared = cache.best([1, 2, 3, 9], limit=3, scope="alice")
+    assert (entry.tokens, entry.scope, shared) == ([1, 2, 3, 4], "alice", 3)
+    cache.add([1, 2, 3, 4, 5], Blob(10), "bob")  # makes alice's entry redundant only for bob: alice keeps hers
+    assert sorted(cache.prefixes()) == [[1, 2, 3, 4], [1, 2, 3, 4, 5]]
+    cache.add([1, 2, 3, 4, 5, 6], Blob(10), "alice")
+    assert sorted(cache.prefixes()) == [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6]]
+    assert cache.best([1, 2, 3, 4, 5, 7], limit=5, scope="bob")[0].scope == "bob"
+
+
+@pytest.mark.timeout(60)
+def test_a_prompt_reuses_the_prefixes_of_its_own_scope_only() -> None:
+    """The third probe's finding: one user's cached prompt counted (and sped up) another user's guess."""
+    from ragspec.engine.tenancy import cache_scope
+
+    lm = tiny_model(300, 6)
+    system, (p1, p2, _) = _prompts(6)
+    gen = SpeculativeGenerator(lm)
+    cold = SpeculativeGenerator(lm, prefix_cache=False)
+    with cache_scope("alice"):
+        gen.generate(system + p1, max_new_tokens=4)
+    with cache_scope("bob"):
+        guess = gen.generate(system + p1, max_new_tokens=4)
+    assert guess.stats.cached_prompt_tokens == 0
+    assert gen.generate(system + p1, max_new_tokens=4).stats.cached_prompt_tokens == 0  # outside any scope: SHARED
+    with cache_scope("alice"):
+        follow_up = gen.generate(system + p2, max_new_tokens=4)
+    assert follow_up.stats.cached_prompt_tokens == len(system)
+    assert follow_up.token_ids == cold.generate(system + p2, max_new_tokens=4).token_ids
+    with cache_scope("bob"):
+        assert gen.generate(system + p1 + [7], max_new_tokens=4).stats.cached_prompt_tokens == len(system + p1)
+
+
+@pytest.mark.timeout(60)
+def test_earlier_answers_are_drafted_from_within_their_scope_only() -> None:
+    """The n-gram drafter copies from earlier answers: another user's answer must not be drafted (its
+    acceptance would show in ``by_source`` and in the time taken)."""
+    from ragspec.engine.tenancy import cache_scope
+
+    lm = tiny_model(300, 7)
+    prompt = [random.Random(7).randrange(EOS) for _ in range(30)]
+    gen = SpeculativeGenerator(lm, policy=FixedPolicy(k=4), prefix_cache=False)
+    with cache_scope("alice"):
+        first = gen.generate(prompt, max_new_tokens=24)
+        again = gen.generate(prompt, max_new_tokens=24)
+    assert again.token_ids == first.token_ids and again.stats.by_source["history"].accepted > 0  # reuse within a scope
+    with cache_scope("bob"):
+        other = gen.generate(prompt, max_new_tokens=24)
+    assert other.token_ids == first.token_ids and "history" not in other.stats.by_source
