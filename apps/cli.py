@@ -673,11 +673,13 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     If vLLM exits while the app serves, the app stops too and the command fails with vLLM's status.
     """
     import _thread
+    from dataclasses import replace
 
     from apps.web.server import serve
     from ragspec.engine.config import GenerationConfig
-    from ragspec.backends.vllm.server import DEFAULT_DRAFT_TOKENS, VllmServer, speculative_config
+    from ragspec.backends.models import model_label
     from ragspec.backends.pytorch.loading import model_folder
+    from ragspec.backends.vllm.server import DEFAULT_DRAFT_TOKENS, VllmServer, speculative_config
     from ragspec.remote import RemoteModel
 
     if args.generator_url:
@@ -686,8 +688,9 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         raise CLIError("--backend picks what runs the local model; with --engine vllm, vLLM runs it")
     draft_tokens = DEFAULT_DRAFT_TOKENS if args.vllm_draft_tokens is None else args.vllm_draft_tokens
     folder = model_folder(args.model)
+    label = model_label(args.model)  # the model's own name, as ragspec's engine gives it
     server = VllmServer(folder, speculation=speculative_config(draft_tokens) if draft_tokens else None,
-                        extra_args=args.engine_args, served_name=folder.name)
+                        extra_args=args.engine_args, served_name=label)
     print(f"{PROG}: starting vLLM on {folder} (the first start compiles for a few minutes)", file=sys.stderr)
     server.start()
     vllm_exit: list[int] = []
@@ -706,8 +709,9 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     previous = signal.signal(signal.SIGTERM, terminated)  # so that vLLM is stopped below, not orphaned
     try:
         threading.Thread(target=watch, name="vllm-watch", daemon=True).start()
-        remote = RemoteModel(server.base_url, model=folder.name, tokenizer=str(folder),
+        remote = RemoteModel(server.base_url, model=label, tokenizer=str(folder),
                              config=GenerationConfig(max_tokens=args.max_tokens))
+        config = replace(config, model_name=args.model)  # /v1 answers to --model as given, as without --engine
         preload = _preload(args, remote)
         _quiet_model_loading()
         url = f"http://{args.host}:{args.port}"

@@ -6,16 +6,26 @@ at once, idle but for the one measured, and each cell runs the methods one after
 order reversed from cell to cell, so that the machine's drift hits them alike),
 measured on the bundled RAG workload (a question and 3 retrieved passages) and the open workload
 (no passages) at 1, 4 and 8 concurrent streaming clients, each client count on prompts of its own
-(the same for every method). Per method, workload and client count: per-request decode tokens/s
-(tokens after the first over the time from the first to the last token kept), total
-throughput (all new tokens over the wall time), mean TTFT, vLLM's own drafted/accepted counters
-(``/metrics``), how many answers ended by themselves (EOS, or where ragspec's repetition stop
-cuts them, see ``stream``; not the token limit), and how many outputs equal vLLM without
-speculation token for token (at 1 client, where batching does not change the numerics).
+(the same for every method). Per method, workload and client count: decode tokens/s as all
+tokens after each answer's first over all the time from each answer's first to its last token kept
+(the headline: a 7-token answer weighs what it decodes, not what a 59-token one does), the mean of
+the per-request rates beside it, total throughput (all new tokens over the wall time), mean TTFT,
+vLLM's own drafted/accepted counters (``/metrics``), how many answers ended by themselves (EOS, or
+where ragspec's repetition stop cuts them, see ``stream``; not the token limit), and how many
+outputs equal vLLM without speculation token for token (at 1 client, where batching does not
+change the numerics), compared on what both engines emit: the answer's ids without the EOS that
+ended it (vLLM returns it among the ids, ragspec's engine does not; ``stream`` drops it, once).
+
+Every method starts from a state of its own: each vLLM method is its own server (they share no
+cache), and ragspec's own engine gets a new generator (empty prefix cache, no earlier answers to
+draft from) for every method and cell, on one loaded model. Prefix caching is one switch for all
+methods (``--prefix-caching``, default on as in both engines; ``--no-prefix-caching`` turns it off
+in vLLM and in ragspec's engine alike), and the report states it.
 ragspec's proposer also reports the step costs it measured (``r``: a step of
 T tokens in one-token steps, keyed by T - 1), which is vLLM's verify cost on this device.
 
     python benchmarks/vllm_bench.py                                   # CPU: the default model, fp32
+    python benchmarks/vllm_bench.py --questions 1 --open-ended 1 --clients 1 --max-tokens 8   # a smoke run
     python benchmarks/vllm_bench.py --device cuda --model /models/Qwen2.5-7B-Instruct \\
         --vllm-arg=--gpu-memory-utilization=0.85                      # a GPU: nothing else changes
 
@@ -44,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
+from ragspec.backends.pytorch.loading import model_folder  # noqa: E402
 from ragspec.backends.vllm.proposer import STATS_ENV  # noqa: E402
 from ragspec.backends.vllm.server import VllmServer, speculative_config  # noqa: E402
-from ragspec.backends.pytorch.loading import model_folder  # noqa: E402
 from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 from ragspec.prompts import chat_prompt_ids  # noqa: E402
 from ragspec.remote import load_tokenizer  # noqa: E402
@@ -70,6 +80,7 @@ class Request:
     ttft_s: float = 0.0
     decode_s: float = 0.0
     finish: str | None = None
+    """``eos`` (the answer ended itself; its EOS is not among ``tokens``), ``length`` or ``repetition``."""
 
 
 @dataclass
@@ -78,6 +89,9 @@ class Cell:
     workload: str
     clients: int
     decode_tokens_per_s: float
+    """All tokens after each answer's first over all their decode time (the headline)."""
+    mean_request_tokens_per_s: float
+    """The mean of the per-request decode rates."""
     throughput_tokens_per_s: float
     ttft_s: float
     drafted: int
@@ -88,11 +102,14 @@ class Cell:
     identical: int | None = None
 
 
-def stream(base_url: str, index: int, ids: list[int], max_tokens: int, guard: RepeatGuard | None) -> Request:
+def stream(base_url: str, index: int, ids: list[int], max_tokens: int, guard: RepeatGuard | None, eos: int | None
+           ) -> Request:
     """One streamed greedy answer, cut as ragspec in front of vLLM cuts it: where it starts
     repeating itself (``guard``, as ``RemoteGenerator`` builds it), the stream is closed, which
     ends the request in vLLM; the tokens kept are those before the repeat, timed to the token that
-    showed it. So a loop, which every method drafts well from the answer itself, is not measured."""
+    showed it. So a loop, which every method drafts well from the answer itself, is not measured.
+    An answer that ends by itself ends with the ``eos`` id among vLLM's ids: it is dropped here,
+    so that ``tokens`` is what ragspec's own engine returns for the same answer."""
     body = {"model": "bench", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "return_token_ids": True}
     request = Request(index)
@@ -105,9 +122,14 @@ def stream(base_url: str, index: int, ids: list[int], max_tokens: int, guard: Re
                 continue
             for choice in json.loads(line[6:]).get("choices") or ():
                 new = choice.get("token_ids") or []
+                finish = choice.get("finish_reason")
+                if finish == "stop":  # no stop strings here: vLLM stopped at the EOS, the last id
+                    if new and new[-1] == eos:
+                        new = new[:-1]
+                    finish = "eos"
                 request.tokens += new
                 arrived += [time.perf_counter()] * len(new)
-                request.finish = choice.get("finish_reason") or request.finish
+                request.finish = finish or request.finish
                 cut = guard.add(new) if guard is not None else None
                 if cut is not None:
                     del request.tokens[cut:]
@@ -132,7 +154,7 @@ def counters(base_url: str) -> tuple[int, int]:
 
 
 def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: int,
-             new_guard: Callable[[], RepeatGuard | None]) -> tuple[list[Request], float, int, int]:
+             new_guard: Callable[[], RepeatGuard | None], eos: int | None) -> tuple[list[Request], float, int, int]:
     todo: queue.Queue[int] = queue.Queue()
     for i in range(len(prompts)):
         todo.put(i)
@@ -145,7 +167,7 @@ def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: 
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            result = stream(base_url, i, prompts[i], max_tokens, new_guard())
+            result = stream(base_url, i, prompts[i], max_tokens, new_guard(), eos)
             with lock:
                 done.append(result)
 
@@ -161,16 +183,18 @@ def run_cell(base_url: str, prompts: list[list[int]], clients: int, max_tokens: 
     return sorted(done, key=lambda r: r.prompt), wall, drafted1 - drafted0, accepted1 - accepted0
 
 
-def summarize(method: str, workload: str, clients: int, runs: list[Request], wall: float, drafted: int, accepted: int,
-              eos: int) -> Cell:
-    decode = [(len(r.tokens) - 1) / r.decode_s for r in runs if len(r.tokens) > 1 and r.decode_s > 0]
+def summarize(method: str, workload: str, clients: int, runs: list[Request], wall: float, drafted: int, accepted: int
+              ) -> Cell:
+    timed = [r for r in runs if len(r.tokens) > 1 and r.decode_s > 0]
+    decode_s = sum(r.decode_s for r in timed)
     return Cell(
         method, workload, clients,
-        decode_tokens_per_s=statistics.mean(decode) if decode else 0.0,
+        decode_tokens_per_s=sum(len(r.tokens) - 1 for r in timed) / decode_s if decode_s else 0.0,
+        mean_request_tokens_per_s=statistics.mean((len(r.tokens) - 1) / r.decode_s for r in timed) if timed else 0.0,
         throughput_tokens_per_s=sum(len(r.tokens) for r in runs) / wall,
         ttft_s=statistics.mean(r.ttft_s for r in runs),
         drafted=drafted, accepted=accepted,
-        ended_by_eos=sum(1 for r in runs if r.finish == "stop" or (r.tokens and r.tokens[-1] == eos)),
+        ended_by_eos=sum(1 for r in runs if r.finish == "eos"),
         ended_by_repeat=sum(1 for r in runs if r.finish == "repetition"),
         requests=len(runs),
     )
@@ -192,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-tokens", type=int, default=8, help="longest draft of ragspec's proposer and suffix decoding")
     p.add_argument("--ngram-best", default='{"num_speculative_tokens": 4, "prompt_lookup_min": 3, "prompt_lookup_max": 5}',
                    help="vLLM n-gram settings of the tuned row (JSON)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the keys and values of earlier prompts' shared prefixes, in every method alike "
+                        "(vLLM's --enable-prefix-caching, ragspec's prefix cache; default on, as in both)")
     p.add_argument("--vllm-arg", action="append", default=[], help="a flag passed to every vLLM server (repeatable)")
     p.add_argument("--out", default=str(ROOT / "bench-out" / "vllm_bench.json"))
     p.add_argument("--together", action=argparse.BooleanOptionalAction, default=None,
@@ -218,21 +245,23 @@ def main(argv: list[str] | None = None) -> int:
 
     def new_guard() -> RepeatGuard | None:  # the repetition stop as ragspec applies it (12 tokens or a sentence)
         return RepeatGuard(args.repetition_stop, ends) if args.repetition_stop else None
-    flags = ["--max-model-len", "2048", "--max-num-seqs", str(max(levels)), "--seed", "0", *args.vllm_arg]
+    flags = ["--max-model-len", "2048", "--max-num-seqs", str(max(levels)), "--seed", "0",
+             "--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching", *args.vllm_arg]
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16"]
     table = methods(args.draft_tokens, json.loads(args.ngram_best))
     cells: list[Cell] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {}
     report: dict[str, Any] = {"model": str(folder), "device": args.device, "max_tokens": args.max_tokens,
-                              "repetition_stop": args.repetition_stop,
+                              "repetition_stop": args.repetition_stop, "prefix_caching": args.prefix_caching,
                               "flags": flags, "cells": [], "proposer": None, "skipped": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     chosen = args.methods.split(",")
     if args.keep and out.is_file():  # an earlier run's other methods, measured with the same settings
         earlier = json.loads(out.read_text())
-        if any(earlier.get(k) != report[k] for k in ("model", "device", "max_tokens", "repetition_stop", "flags")):
+        if any(earlier.get(k) != report[k] for k in ("model", "device", "max_tokens", "repetition_stop", "prefix_caching",
+                                                     "flags")):
             p.error(f"--keep: {out} was measured with other settings")
         cells += [Cell(**c) for c in earlier["cells"] if c["method"] not in chosen]
         outputs.update({m: o for m, o in earlier.get("outputs", {}).items() if m not in chosen})
@@ -240,12 +269,19 @@ def main(argv: list[str] | None = None) -> int:
         report["proposer"] = earlier.get("proposer")
 
     servers: dict[str, VllmServer] = {}
+    eos = tokenizer.eos_token_id
+    own_model: list[Any] = []  # ragspec's own engine's model, loaded once for its methods
 
     def start(method: str) -> Any:
         """The method's ``run(prompts, clients)`` -> (requests, wall s, drafted, accepted), or None."""
         if method in OWN_ENGINE:
-            generator = own_generator(folder, args.device, args.draft_tokens)
-            return lambda prompts, _: own_cell(generator, prompts, args.max_tokens, new_guard, OWN_ENGINE[method])
+            if not own_model:
+                own_model.append(load_own_model(folder, args.device))
+
+            def run_own(prompts: list[list[int]], _: int) -> tuple[list[Request], float, int, int]:
+                generator = fresh_generator(own_model[0], args.draft_tokens, args.prefix_caching, warm_up)
+                return own_cell(generator, prompts, args.max_tokens, new_guard, OWN_ENGINE[method])
+            return run_own
         server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
                             env={STATS_ENV: str(out.parent / f"{method}-proposer.json")}, log=out.parent / f"{method}.log")
         started = time.perf_counter()
@@ -257,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             return None
         servers[method] = server
         print(f"{method}: server up in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        stream(server.base_url, 0, warm_up, 8, 0)  # a prompt of no workload
-        return lambda prompts, clients: run_cell(server.base_url, prompts, clients, args.max_tokens, new_guard)
+        stream(server.base_url, 0, warm_up, 8, None, eos)  # a prompt of no workload
+        return lambda prompts, clients: run_cell(server.base_url, prompts, clients, args.max_tokens, new_guard, eos)
 
     def measure(runners: dict[str, Any]) -> None:
         """Every cell, each cell's methods one after another, their order reversed from cell to cell."""
@@ -270,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = [m for m in runners if clients == 1 or m not in OWN_ENGINE]
                 for method in order if turn % 2 == 0 else order[::-1]:
                     runs, wall, drafted, accepted = runners[method](prompts, clients)
-                    cell = summarize(method, workload, clients, runs, wall, drafted, accepted, tokenizer.eos_token_id)
+                    cell = summarize(method, workload, clients, runs, wall, drafted, accepted)
                     if clients == 1:
                         outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
                     cells.append(cell)
@@ -319,12 +355,22 @@ OWN_ENGINE = {"ragspec_plain": False, "ragspec_ngram": True}
 """ragspec's own engine (PyTorch, one request at a time), plain and with its drafting: 1 client only."""
 
 
-def own_generator(folder: Path, device: str, max_draft: int) -> Any:
-    """ragspec's own generator on the same model and dtype as vLLM (fp32 on a CPU), loaded once."""
-    from ragspec.registry import get_generator
+def load_own_model(folder: Path, device: str) -> Any:
+    """The model vLLM serves, loaded for ragspec's own engine in the same dtype (fp32 on a CPU)."""
+    from ragspec.backends import load_model
 
-    return get_generator(str(folder), device=device, dtype="float32" if device == "cpu" else "bfloat16",
-                         max_draft=max_draft, backend="torch")
+    return load_model(str(folder), device=device, dtype="float32" if device == "cpu" else "bfloat16", backend="torch")
+
+
+def fresh_generator(model: Any, max_draft: int, prefix_cache: bool, warm_up: list[int]) -> Any:
+    """A new generator on ``model`` (its weights shared): an empty prefix cache and no earlier answers
+    to draft from, so no method or cell finds another's prompt or answer. Warmed up, as each vLLM
+    server is, on a prompt of no workload."""
+    from ragspec.engine.generator import SpeculativeGenerator
+
+    generator = SpeculativeGenerator(model, max_draft=max_draft, prefix_cache=prefix_cache)
+    generator.generate(warm_up, max_new_tokens=8, temperature=0.0)
+    return generator
 
 
 def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, new_guard: Callable[[], RepeatGuard | None],
@@ -339,7 +385,7 @@ def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, new_guar
             for _ in deltas:  # one delta per accepted token
                 arrived.append(time.perf_counter())
         result = deltas.result
-        request.tokens = list(result.token_ids)
+        request.tokens = list(result.token_ids)  # without the EOS that ended it, as ``stream`` keeps vLLM's
         request.finish = result.finish_reason
         guard = new_guard()
         cut = guard.add(request.tokens) if guard is not None else None
@@ -357,14 +403,20 @@ def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, new_guar
 
 
 def format_table(cells: list[Cell]) -> str:
-    base = {(c.workload, c.clients): c.decode_tokens_per_s for c in cells if c.method == "vllm"}
-    lines = ["| method | workload | clients | decode tok/s | vs vLLM | throughput tok/s | TTFT s | drafted | accepted | "
-             "ended by EOS / repeat | identical |", "|---" * 11 + "|"]
+    """Decode tok/s is all decoded tokens over all decode time; the mean of the per-request rates beside it."""
+    base = {(c.workload, c.clients): c for c in cells if c.method == "vllm"}
+    lines = ["| method | workload | clients | decode tok/s | vs vLLM | mean per request | vs vLLM | throughput tok/s | "
+             "TTFT s | drafted | accepted | ended by EOS / repeat | identical |", "|---" * 13 + "|"]
+
+    def ratio(mine: float, theirs: float | None) -> str:
+        return f"{mine / theirs:.2f}x" if theirs else ""
     for c in cells:
-        ratio = c.decode_tokens_per_s / base[(c.workload, c.clients)] if base.get((c.workload, c.clients)) else None
+        b = base.get((c.workload, c.clients))
         lines.append(
             f"| {c.method} | {c.workload} | {c.clients} | {c.decode_tokens_per_s:.2f} | "
-            f"{'' if ratio is None else f'{ratio:.2f}x'} | {c.throughput_tokens_per_s:.2f} | {c.ttft_s:.2f} | {c.drafted} | "
+            f"{ratio(c.decode_tokens_per_s, b and b.decode_tokens_per_s)} | {c.mean_request_tokens_per_s:.2f} | "
+            f"{ratio(c.mean_request_tokens_per_s, b and b.mean_request_tokens_per_s)} | "
+            f"{c.throughput_tokens_per_s:.2f} | {c.ttft_s:.2f} | {c.drafted} | "
             f"{c.accepted} | {c.ended_by_eos}+{c.ended_by_repeat}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} |"
         )
     return "\n".join(lines)

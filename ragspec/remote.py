@@ -18,9 +18,13 @@ sends the decoded prompt, which the server tokenizes again (it may add a BOS tok
 
 Statistics: ``usage`` gives prompt and answer token counts; a ragspec server also returns its
 speculative statistics (forwards, drafted and accepted tokens, by source), which fill the same
-``GenerationStats`` fields as a local run. Times (``ttft_s``, ``wall_s``) are measured here, so
-they include the network and the server's queue. Other servers report no forwards
-(``forward_passes`` stays 0).
+``GenerationStats`` fields as a local run. vLLM started with ``--per-request-spec-decode-metrics``
+(``ragspec serve --engine vllm`` starts it so) returns each finished request's drafting figures as
+``metrics.speculative_decoding`` (drafts, drafted and accepted tokens, the acceptance histogram),
+and so does a ragspec server: they fill ``drafted_tokens``, ``accepted_tokens`` and
+``acceptance_histogram``. Times (``ttft_s``, ``wall_s``) are measured here, so they include the
+network and the server's queue. Servers other than ragspec count no forwards (``forward_passes``
+stays 0: not measured), and without those metrics no drafting figures either.
 
 Errors: a request that cannot reach the server (connection refused, a timeout) or that it answers
 408, 409 or 5xx is sent again up to ``max_retries`` times (default 2), after 0.5 s, 1 s, 2 s, ...
@@ -381,6 +385,8 @@ class RemoteGenerator(Generator):
                         stats.new_tokens = int(usage.get("completion_tokens") or 0)
                     if isinstance(event.get("ragspec"), dict):
                         remote_finish = _apply_ragspec_stats(stats, event["ragspec"])
+                    if isinstance(event.get("metrics"), dict):  # vLLM's per-request metrics (and ragspec's)
+                        _apply_spec_metrics(stats, event["metrics"].get("speculative_decoding"))
             if finish is None:  # a server always ends with one; the connection closed before it
                 raise RemoteGenerationError(
                     f"the answer from {self.base_url} ended without a finish_reason after {len(text)} characters: "
@@ -623,6 +629,23 @@ def _apply_ragspec_stats(stats: GenerationStats, remote: Mapping[str, Any]) -> s
         }
     finish = remote.get("finish_reason")
     return finish if finish in ("stop", "eos", "length") else None
+
+
+def _apply_spec_metrics(stats: GenerationStats, metrics: object) -> None:
+    """Copy a server's per-request drafting figures (vLLM's ``metrics.speculative_decoding``) into
+    ``stats``; anything not in that shape is ignored, so ``stats`` then has no drafting figures."""
+    if not isinstance(metrics, dict):
+        return
+    hist, drafted = metrics.get("acceptance_histogram"), metrics.get("num_draft_tokens")
+    if not (isinstance(hist, list) and hist and all(_is_count(c) for c in hist) and _is_count(drafted)):
+        return
+    stats.acceptance_histogram = [int(c) for c in hist]
+    stats.drafted_tokens = int(drafted)  # type: ignore[arg-type]
+    stats.accepted_tokens = sum(j * int(c) for j, c in enumerate(hist))
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _finish_reason(

@@ -49,6 +49,9 @@ class AppConfig:
     """Names accepted in the ``Host`` header; ``trusted_hosts_for(bind_address)`` makes the list."""
     api_key: str | None = field(default=None, repr=False)
     """When set, every ``/api/`` and ``/v1/`` request needs ``Authorization: Bearer KEY``."""
+    model_name: str | None = None
+    """The name ``/v1`` clients send as ``model`` (None: the generation source's ``model``); the
+    model's own name is accepted too (``apps.web.openai_api.ApiSettings``)."""
     shared_prefix_cache: bool = False
     """Let every web session and ``/v1`` client reuse each other's prompt prefixes (one user, or users who
     may see each other's prompts); by default each session, and each ``/v1`` ``cache_salt``, has its own

@@ -24,9 +24,12 @@ talks to the served model through these routes; docs/serving.md is the reference
   argument OpenAI does not define.
 - Every response has ``usage``, and a ``ragspec`` object beside the standard fields with the
   speculative statistics (tokens per forward, acceptance, by draft source), the finish reason in
-  ragspec's terms (``eos``, ``stop``, ``length`` or ``repetition``) and the seconds spent in the queue. Streams
-  (``stream: true``) send it in the chunk that carries the ``finish_reason``; with
-  ``stream_options: {"include_usage": true}`` one more chunk carries ``usage``.
+  ragspec's terms (``eos``, ``stop``, ``length`` or ``repetition``) and the seconds spent in the queue;
+  figures the engine did not measure are left out (behind vLLM: forwards, by source, draft time), never
+  sent as zeros. A request that drafted also has vLLM's per-request ``metrics.speculative_decoding``
+  (``GenerationStats.speculative_decoding``), from either engine. Streams (``stream: true``) send both
+  in the chunk that carries the ``finish_reason``; with ``stream_options: {"include_usage": true}``
+  one more chunk carries ``usage``.
 - Errors are OpenAI error objects ``{"error": {"message", "type", "param", "code"}}`` with
   OpenAI's status codes, the security guard's own rejections included (``openai_error_body``).
 - Generation goes through the app's one ``ModelQueue``, shared with the web page's questions: a
@@ -99,7 +102,8 @@ class ApiSettings:
     """The limits of the ``/v1`` routes (``AppConfig`` builds them)."""
 
     model_id: str
-    """The name clients send as ``model`` (and ``/v1/models`` lists)."""
+    """The name clients send as ``model``; the model's own name (the generator's ``model_name``) is
+    accepted too, and ``/v1/models`` lists both (one entry each, as vLLM lists its served names)."""
     max_tokens: int = DEFAULT_MAX_TOKENS
     """Most new tokens per request; also the default when a request sets none."""
     queue_timeout_s: float = 120.0
@@ -674,9 +678,25 @@ def prediction_details(stats: Any, index: int) -> dict[str, int]:
     return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
 
 
+ENGINE_COUNTED = ("forward_passes", "tokens_per_forward", "by_source", "draft_s", "mask_s", "masks", "cached_prompt_tokens")
+"""Figures only ragspec's own engine counts: absent where no forward was counted (vLLM behind ``RemoteGenerator``)."""
+DRAFTING = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "acceptance_histogram", "accepted_by_position")
+"""Drafting figures: absent where the engine reported none (``GenerationStats.acceptance_histogram`` empty)."""
+
+
 def _ragspec(stats: Any, finish_reason: str, ticket: Ticket, model_name: str) -> dict[str, Any]:
     as_dict = stats.as_dict() if hasattr(stats, "as_dict") else {}
+    if not as_dict.get("forward_passes"):
+        as_dict = {k: v for k, v in as_dict.items() if k not in ENGINE_COUNTED}
+        if not as_dict.get("acceptance_histogram"):
+            as_dict = {k: v for k, v in as_dict.items() if k not in DRAFTING}
     return {**as_dict, "finish_reason": finish_reason, "queue_s": round(ticket.waited_s, 3), "model": model_name}
+
+
+def _metrics(stats: Any) -> dict[str, Any]:
+    """vLLM's per-request ``metrics`` member, or nothing where no drafting figures exist."""
+    drafting = stats.speculative_decoding() if hasattr(stats, "speculative_decoding") else None
+    return {"metrics": {"speculative_decoding": drafting}} if drafting is not None else {}
 
 
 def sse_data(payload: object) -> str:
@@ -733,33 +753,39 @@ def add_openai_routes(
     async def generator() -> Any:
         return await asyncio.to_thread(source.load)
 
-    def check_model(model: str, name: str) -> None:
-        if model not in (settings.model_id, name):
+    def names(gen: Any) -> list[str]:
+        """What clients may send as ``model``: the server's name for it, then the model's own."""
+        return list(dict.fromkeys((settings.model_id, gen.model_name)))
+
+    def check_model(model: str, gen: Any) -> None:
+        if model not in names(gen):
+            served = " or ".join(repr(n) for n in names(gen))
             raise OpenAIError(
-                404, f"the model {model[:100]!r} does not exist here: this server serves {settings.model_id!r}",
+                404, f"the model {model[:100]!r} does not exist here: this server serves {served}",
                 param="model", code="model_not_found",
             )  # fmt: skip
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         gen = await generator()
-        return {"object": "list", "data": [model_entry(gen), *([embedding_entry()] if settings.embedding_model else [])]}
+        entries = [model_entry(gen, name) for name in names(gen)]
+        return {"object": "list", "data": [*entries, *([embedding_entry()] if settings.embedding_model else [])]}
 
     @app.get("/v1/models/{model:path}")
     async def get_model(model: str) -> dict[str, Any]:
         if settings.embedding_model and model == settings.embedding_model:
             return embedding_entry()
         gen = await generator()
-        check_model(model, gen.model_name)
-        return model_entry(gen)
+        check_model(model, gen)
+        return model_entry(gen, model)
 
     def embedding_entry() -> dict[str, Any]:
         return {"id": settings.embedding_model, "object": "model", "created": 0, "owned_by": "ragspec",
                 "ragspec": {"kind": "embeddings"}}  # fmt: skip
 
-    def model_entry(gen: Any) -> dict[str, Any]:
+    def model_entry(gen: Any, name: str) -> dict[str, Any]:
         return {
-            "id": settings.model_id,
+            "id": name,
             "object": "model",
             "created": 0,
             "owned_by": "ragspec",
@@ -777,7 +803,7 @@ def add_openai_routes(
 
     async def respond(request: Request, api_request: ApiRequest) -> Response:
         gen = await generator()
-        check_model(api_request.model, gen.model_name)
+        check_model(api_request.model, gen)
         job = await asyncio.to_thread(prepare, gen, api_request, settings, documents)
         try:
             ticket = queue.ticket()
@@ -896,6 +922,7 @@ class Answer:
             "choices": [choice],
             "usage": self.usage(),
             "ragspec": self.extension(),
+            **_metrics(self.stats),
         }
 
     def _constraint_param(self) -> str:
@@ -957,7 +984,8 @@ class Answer:
                     yield sse_data(self.chunk(delta))
                 if self.job.retrieved is not None and self.result is not None and self.result.stream_flag:
                     yield sse_data(self.chunk(self.result.stream_flag))  # an abstaining retrieval answer's note
-            yield sse_data({**self.chunk(None, finish or _finish(self.finish_reason)), "ragspec": self.extension()})
+            yield sse_data({**self.chunk(None, finish or _finish(self.finish_reason)), "ragspec": self.extension(),
+                            **_metrics(self.stats)})
             if request.include_usage:
                 yield sse_data({**self.chunk(None), "choices": [], "usage": self.usage()})
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does

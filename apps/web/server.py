@@ -180,7 +180,7 @@ def create_app(
         source=generation,
         queue=queue,
         settings=ApiSettings(
-            model_id=getattr(generation, "model", "") or generation.load().model_name,
+            model_id=config.model_name or getattr(generation, "model", "") or generation.load().model_name,
             max_tokens=config.max_tokens,
             queue_timeout_s=config.queue_timeout_s,
             answer_timeout_s=config.answer_timeout_s,

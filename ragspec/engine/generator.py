@@ -176,6 +176,8 @@ class SpeculativeGenerator(Generator):
             raise TypeError("references must be a list of passages (texts or token-id lists), got one string: wrap it in a list")
         ref_ids = [self.encode(r, special_tokens=False, what=f"reference {i}") for i, r in enumerate(references)]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        if config.speculative:  # drafting figures from here on (vLLM's shape: ``GenerationStats.speculative_decoding``)
+            stats.acceptance_histogram = [0] * (self.max_draft + 1)
         cancel = current_cancel_event()
         scope = current_cache_scope()
         steps = self._run(prompt_ids, ref_ids, config, assembler, acceptor, grammar, stats, cancel, scope)
@@ -475,5 +477,4 @@ def _count(stats: GenerationStats, draft: Draft, n_accepted: int) -> None:
         ref.drafted += head
         ref.accepted += min(n_accepted, head)
         ref.verify_steps += 1
-    stats.drafted_tokens += len(draft)
-    stats.accepted_tokens += n_accepted
+    stats.count_draft(len(draft), n_accepted)

@@ -52,6 +52,10 @@ class GenerationStats:
     """Target forwards, the prompt's prefill included."""
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    acceptance_histogram: list[int] = field(default_factory=list)
+    """``[j]``: verified drafts of which exactly ``j`` tokens were accepted, ``j`` up to the longest draft
+    the engine proposes (vLLM's per-request ``acceptance_histogram``). Empty when nothing was drafting:
+    speculation off, or an engine that does not report it; then there are no drafting figures."""
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     by_reference: dict[int, SourceStats] = field(default_factory=dict)
     """Drafts copied from each reference, by its index in ``references`` (the ``"passage"`` source split up;
@@ -69,6 +73,40 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def accepted_by_position(self) -> list[int]:
+        """``[i]``: verified drafts whose token ``i`` (0: the first drafted) was accepted."""
+        hist = self.acceptance_histogram
+        return [sum(hist[i + 1 :]) for i in range(len(hist) - 1)]
+
+    def speculative_decoding(self) -> dict[str, object] | None:
+        """The drafting figures in vLLM's per-request shape (``metrics.speculative_decoding`` of its
+        responses with ``--per-request-spec-decode-metrics``; ``vllm.v1.metrics.stats.RequestSpecDecodeMetrics``
+        in vLLM 0.32), or None when nothing was drafting. ``mean_acceptance_length`` counts the token
+        each verify step adds beside the accepted ones, as vLLM does."""
+        hist = self.acceptance_histogram
+        if not hist:
+            return None
+        steps = sum(hist)
+        accepted = sum(j * count for j, count in enumerate(hist))
+        return {
+            "mean_acceptance_length": 1.0 + accepted / steps if steps else 1.0,
+            "draft_acceptance_rate": accepted / self.drafted_tokens if self.drafted_tokens else 0.0,
+            "acceptance_histogram": list(hist),
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": self.drafted_tokens,
+            "num_spec_tokens": len(hist) - 1,
+        }
+
+    def count_draft(self, drafted: int, accepted: int) -> None:
+        """Book-keep one verified draft of ``drafted`` tokens, ``accepted`` of them kept."""
+        if len(self.acceptance_histogram) <= accepted:
+            self.acceptance_histogram.extend([0] * (accepted + 1 - len(self.acceptance_histogram)))
+        self.acceptance_histogram[accepted] += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
 
     @property
     def tokens_per_forward(self) -> float:
@@ -89,6 +127,8 @@ class GenerationStats:
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": self.acceptance_rate,
+            "acceptance_histogram": list(self.acceptance_histogram),
+            "accepted_by_position": self.accepted_by_position,
             "tokens_per_forward": self.tokens_per_forward,
             "ttft_s": self.ttft_s,
             "wall_s": self.wall_s,

@@ -200,8 +200,10 @@ def wait_until(condition: Callable[[], bool], timeout_s: float) -> float:
 @integration
 @pytest.mark.timeout(420)
 def test_models_lists_the_served_model(client: Any) -> None:
-    model, embeddings = client.models.list().data  # the chat model, then the embedding model (/v1/embeddings)
+    # the chat model by the name it is served as, then by its own (both accepted), then the embedding model
+    model, own, embeddings = client.models.list().data
     assert model.id == "default" and model.owned_by == "ragspec"
+    assert own.id == "SmolLM2-135M-Instruct" and client.models.retrieve(own.id).id == own.id
     assert embeddings.id == "sentence-transformers/all-MiniLM-L6-v2" and embeddings.model_extra["ragspec"]["kind"] == "embeddings"
     assert model.model_extra["max_model_len"] > 1000 and model.model_extra["ragspec"]["name"] == "SmolLM2-135M-Instruct"
     assert client.models.retrieve("default").id == "default"

@@ -45,7 +45,7 @@ def check_counts(body: dict[str, Any]) -> dict[str, int]:
 @pytest.mark.timeout(300)
 def test_a_prediction_leaves_the_completion_unchanged_and_is_counted(server: LiveServer) -> None:
     client = client_for(server)
-    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=48, extra_body={"speculative": False})
+    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=48, extra_body={"speculation": False})
     text = plain.choices[0].text
     assert plain.usage.completion_tokens_details is None  # no prediction, no prediction counts
     predicted = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=48,

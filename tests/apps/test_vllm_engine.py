@@ -284,6 +284,16 @@ def test_missing_vllm_too_old_and_unservable_folders_fail_clearly(tmp_path, monk
     check_model_folder(served_folder)  # the converted default model is served as it is
 
 
+def test_vllm_is_asked_for_per_request_drafting_figures_whenever_it_drafts(tmp_path) -> None:
+    """``--per-request-spec-decode-metrics`` (vLLM refuses it without speculation); a caller's own setting wins."""
+    flag = "--per-request-spec-decode-metrics"
+    drafting = VllmServer(tmp_path, python=Path(sys.executable)).command()
+    assert drafting[drafting.index(flag) + 1] == "summary"
+    assert flag not in VllmServer(tmp_path, speculation=None, python=Path(sys.executable)).command()
+    own = VllmServer(tmp_path, extra_args=[f"{flag}=detailed"], python=Path(sys.executable)).command()
+    assert [a for a in own if a.startswith(flag)] == [f"{flag}=detailed"]
+
+
 @needs_vllm
 @pytest.mark.timeout(600)
 def test_a_folder_vllm_cannot_load_is_a_clear_error(tmp_path, served_folder, spec_server) -> None:
@@ -382,11 +392,19 @@ def test_serve_engine_vllm_answers_through_vllm_and_stops_it(spec_server, tmp_pa
                     break
             except httpx.HTTPError:
                 time.sleep(2)
-        name = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"]
-        body = {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300)
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["choices"][0]["message"]["content"]
+        listed = [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]]
+        assert listed[:2] == ["default", "SmolLM2-135M-Instruct"]  # as without --engine: --model as given, the model's own
+        for name in listed[:2]:
+            body = {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"] and answer.json()["model"] == name
+        # vLLM's own per-request drafting figures, passed on in its shape; what vLLM does not count is absent
+        drafting, extension = answer.json()["metrics"]["speculative_decoding"], answer.json()["ragspec"]
+        assert drafting["num_spec_tokens"] == 8 and sum(drafting["acceptance_histogram"]) == drafting["num_spec_steps"]
+        assert (drafting["num_draft_tokens"], drafting["num_accepted_draft_tokens"]) == (
+            extension["drafted_tokens"], extension["accepted_tokens"])
+        assert "forward_passes" not in extension and "by_source" not in extension and "tokens_per_forward" not in extension
         vllm_group = children(process.pid)[0]  # the vLLM server, leader of its process group
     finally:
         process.terminate()

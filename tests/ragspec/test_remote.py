@@ -196,6 +196,35 @@ def test_vllm_answers_end_where_they_start_repeating_themselves(server: type[Han
     assert whole.token_ids == loop and whole.finish_reason == "length"
 
 
+VLLM_SPEC_METRICS = {  # vLLM 0.32's ``metrics.speculative_decoding`` (summary level) for 5 verify steps, k=4
+    "mean_acceptance_length": 1 + 9 / 5, "draft_acceptance_rate": 9 / 18, "acceptance_histogram": [1, 1, 2, 0, 1],
+    "num_spec_steps": 5, "num_accepted_draft_tokens": 9, "num_draft_tokens": 18, "num_spec_tokens": 4,
+}
+
+
+@pytest.mark.timeout(60)
+def test_vllms_per_request_drafting_metrics_become_the_stats(server: type[Handler]) -> None:
+    """The final usage chunk's ``metrics.speculative_decoding`` fills the drafting figures, which read
+    back in the same shape; without it there are none (and vLLM counts no forwards: 0, not measured)."""
+    server.models_body = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
+    last = {"choices": [{"index": 0, "text": "", "token_ids": [2], "finish_reason": "stop", "stop_reason": None}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+             "metrics": {"speculative_decoding": VLLM_SPEC_METRICS}}
+    events = ["data: " + json.dumps({"choices": [{"index": 0, "text": "Hi", "token_ids": [17, 4]}]}) + "\n\n",
+              "data: " + json.dumps(last) + "\n\n"]
+    server.events = [*events, "data: " + json.dumps(usage) + "\n\n", "data: [DONE]\n\n"]
+    gen = RemoteGenerator(server.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
+    stats = gen.generate("Hello", max_new_tokens=8).stats
+    assert stats.speculative_decoding() == VLLM_SPEC_METRICS
+    assert (stats.drafted_tokens, stats.accepted_tokens, stats.accepted_by_position) == (18, 9, [4, 3, 1, 1])
+    assert stats.forward_passes == 0 and stats.by_source == {}
+    usage["metrics"] = {"speculative_decoding": {**VLLM_SPEC_METRICS, "acceptance_histogram": "garbled"}}
+    for tail in ([], ["data: " + json.dumps(usage) + "\n\n"]):  # no metrics (a plain vLLM), or not in vLLM's shape
+        server.events = [*events, *tail, "data: [DONE]\n\n"]
+        stats = gen.generate("Hello", max_new_tokens=8).stats
+        assert stats.speculative_decoding() is None and stats.drafted_tokens == 0 and stats.acceptance_histogram == []
+
+
 VLLM_MODELS = b'{"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}'
 
 

@@ -21,10 +21,10 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from ragspec.backends.models import (
     COMPLETE_MARKER,
     DEFAULT_MODEL,
-    DEFAULT_MODEL_NAME,
     default_gguf_path,
     entry_folder,
     load_tokenizer,
+    model_label,
     not_found_message,
     write_entry,
 )
@@ -86,15 +86,16 @@ def load_torch_model(
     local directory, or a Hugging Face id from the local hub cache."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    label = model_label(name)
     if name == DEFAULT_MODEL:
-        source, label = _converted_gguf(default_gguf_path()), DEFAULT_MODEL_NAME
+        source = _converted_gguf(default_gguf_path())
     elif name.endswith(".gguf"):
         path = Path(name).expanduser()
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
-        source, label = _converted_gguf(path), path.stem
+        source = _converted_gguf(path)
     else:
-        source, label = name, name
+        source = name
     tokenizer = load_tokenizer(source, label)
     try:  # a hub id loads only from the local cache: nothing is downloaded at run time
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dt, local_files_only=True)

@@ -40,6 +40,8 @@ MIN_VERSION = (0, 32)
 SOURCE_ROOT = Path(__file__).resolve().parents[3]
 """The folder that holds the ``ragspec`` package: vLLM's worker imports the proposer from there."""
 DEFAULT_DRAFT_TOKENS = 8
+SPEC_METRICS_FLAG = "--per-request-spec-decode-metrics"
+"""vLLM's flag (0.32: ``vllm/config/observability.py``) for per-request drafting figures in responses."""
 
 
 class VllmError(RuntimeError):
@@ -124,7 +126,10 @@ class VllmServer:
     """One vLLM server process on 127.0.0.1, started by ``start`` and ended by ``stop`` (or ``with``).
 
     ``speculation`` is vLLM's ``--speculative-config`` (default: ragspec's proposer with
-    ``DEFAULT_DRAFT_TOKENS``; ``None`` for none, or e.g. ``{"method": "ngram", ...}``). vLLM's output
+    ``DEFAULT_DRAFT_TOKENS``; ``None`` for none, or e.g. ``{"method": "ngram", ...}``). With
+    speculation, each finished request's drafting figures come back in its response
+    (``--per-request-spec-decode-metrics summary``: ``metrics.speculative_decoding``, read by
+    ``ragspec.remote.RemoteGenerator``) unless ``extra_args`` sets that flag itself. vLLM's output
     goes to ``log`` (a file path; default: a file in the temporary folder), whose end a failure
     message quotes.
     """
@@ -161,6 +166,8 @@ class VllmServer:
             args += ["--dtype", _default_dtype()]
         if self.speculation is not None:
             args += ["--speculative-config", json.dumps(dict(self.speculation))]
+            if not any(a.startswith(SPEC_METRICS_FLAG) for a in self.extra_args):  # vLLM refuses it without speculation
+                args += [SPEC_METRICS_FLAG, "summary"]
         return args + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

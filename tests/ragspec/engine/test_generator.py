@@ -258,6 +258,47 @@ def test_stats_account_for_every_token() -> None:
     # Every forward yields one target token plus its accepted drafts (the final one may be cut).
     assert s.new_tokens <= s.forward_passes + s.accepted_tokens
     assert 0 < s.ttft_s <= s.wall_s and s.decode_tokens_per_s > 0
+
+
+class RecordingOracle(NoisyOracle):
+    """A ``NoisyOracle`` that records every verified draft as (drafted, accepted)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.steps: list[tuple[int, int]] = []
+
+    def feedback(self, draft: Draft, n_accepted: int) -> None:
+        super().feedback(draft, n_accepted)
+        self.steps.append((len(draft), n_accepted))
+
+
+@pytest.mark.parametrize(("seed", "k"), [(0, 6), (1, 3), (2, 16)])
+def test_drafting_metrics_in_vllms_shape_count_every_verified_draft(seed: int, k: int) -> None:
+    """``speculative_decoding()`` against the drafts the drafter was told about, counted by hand with
+    vLLM's formulas (``RequestSpecDecodeMetrics.to_dict``); none at all without speculation."""
+    lm = tiny_model(300, seed, layers=3)
+    prompt = [random.Random(seed).randrange(EOS) for _ in range(9)]
+    expected = brute_greedy(lm, prompt, 60)
+    oracle = RecordingOracle(expected, len(prompt), seed, 300)
+    gen = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=k), max_draft=16)
+    s = gen.generate(prompt, max_new_tokens=60).stats
+    steps = oracle.steps
+    assert steps and any(a < d for d, a in steps)  # rejections happened
+    histogram = [sum(1 for _, a in steps if a == j) for j in range(17)]
+    accepted = sum(a for _, a in steps)
+    assert s.speculative_decoding() == {
+        "mean_acceptance_length": 1 + accepted / len(steps),
+        "draft_acceptance_rate": accepted / sum(d for d, _ in steps),
+        "acceptance_histogram": histogram,
+        "num_spec_steps": len(steps),
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": sum(d for d, _ in steps),
+        "num_spec_tokens": 16,
+    }
+    assert s.accepted_by_position == [sum(1 for _, a in steps if a > i) for i in range(16)]
+    assert s.as_dict()["accepted_by_position"] == s.accepted_by_position
+    plain = gen.generate(prompt, max_new_tokens=20, speculation=False).stats
+    assert plain.speculative_decoding() is None and plain.acceptance_histogram == [] and plain.accepted_by_position == []
     assert s.as_dict()["tokens_per_forward"] == pytest.approx(s.new_tokens / s.forward_passes)
 
 
