@@ -236,7 +236,7 @@ class DocumentQA:
         unsupported: str = "abstain",
     ) -> None:
         """``llm`` is a ``ChatRagSpec``, ``RagSpecLLM``, ``LocalModel`` or ``RemoteModel``; its settings
-        (model, max_tokens, stop, sampling, speculative) apply to every answer. Default:
+        (model, max_tokens, stop, sampling, speculation) apply to every answer. Default:
         ``LocalModel()`` (the default model, greedy, 256 new tokens at most). Any other LangChain
         chat model or LLM (``ChatOpenAI``, ``ChatOllama``, ...) answers too, with the same retrieval,
         prompt, citations and streaming; ragspec then neither drafts nor fits the passages to the

@@ -176,7 +176,7 @@ class SpeculativeGenerator(Generator):
             raise TypeError("references must be a list of passages (texts or token-id lists), got one string: wrap it in a list")
         ref_ids = [self.encode(r, special_tokens=False, what=f"reference {i}") for i, r in enumerate(references)]
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        if config.speculative:  # drafting figures from here on (vLLM's shape: ``GenerationStats.speculative_decoding``)
+        if config.speculation.enabled:  # drafting figures from here on (vLLM's shape: ``GenerationStats.speculative_decoding``)
             stats.acceptance_histogram = [0] * (self.max_draft + 1)
         cancel = current_cancel_event()
         scope = current_cache_scope()
