@@ -31,7 +31,7 @@ class TorchBackend:
 
     def __init__(self, lm: LoadedModel) -> None:
         self.lm = lm
-        self._forward = make_forward(lm.model, lm.device, lm.dtype)
+        self._forward = make_forward(lm.model, lm.device, lm.dtype, lm.prompt_dtype)
         self.description = self._forward.description
         self.model_name = lm.name
         self.tokenizer = lm.tokenizer
