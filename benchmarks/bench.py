@@ -588,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-model", default=None, help="a same-vocabulary draft model (adds a method)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA; fp32 on CPU, prompts in bf16 where the CPU "
+                        "has AMX or AVX512-BF16), float32, bfloat16, float16")
     parser.add_argument("--questions", type=int, default=30, help="bundled RAG questions to run (max 39)")
     parser.add_argument("--open-ended", type=int, default=10, help="open-ended prompts with nothing to copy (max 10)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
