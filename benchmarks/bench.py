@@ -14,8 +14,10 @@ of methods rotates), so drift in machine speed hits all of them alike. Methods, 
   on every physical core too, as Ollama and llama.cpp's own CLI do by default: faster plain
   decoding, but its attention then sums in another order, so it is not the exactness reference.
 
-Reported per method: decode tokens/s (tokens after the first over the time after the first),
-its ratio to transformers greedy and to llama.cpp greedy, time to first token, end-to-end
+Reported per method, first what a user waits for: the time to the whole answer and its ratio to
+the back end's own greedy decoding, the time to first token (TTFT) and its ratio to greedy's on
+the same prompt (the prefill's guard); then decode tokens/s (tokens after the first over the time
+after the first), its ratio to transformers greedy and to llama.cpp greedy, end-to-end
 tokens/s (new tokens over the whole call), new tokens per target forward, draft acceptance,
 drafting time per step, peak resident memory of the process, and how many outputs equal their
 back end's own greedy decoding (transformers for PyTorch methods, llama.cpp for llama.cpp
@@ -124,6 +126,13 @@ class MethodSummary:
     ratio_vs_llama_greedy: float | None = None
     e2e_tokens_per_s: float = 0.0
     """New tokens over the whole call (prefill included)."""
+    answer_ms: float = 0.0
+    """Time to the whole answer (prefill and decoding), mean over prompts: the headline figure."""
+    answer_vs_greedy: float | None = None
+    """Time to the whole answers over its back end's greedy's (below 1: faster); every method decodes the same tokens."""
+    ttft_vs_greedy: float | None = None
+    """Time to first token over its back end's greedy's on the same prompt (interleaved), median over prompts:
+    the prefill's guard (ragspec's must stay at or below 1 against transformers at the same dtype)."""
 
 
 GREEDY = {"torch": "hf_greedy", "llamacpp": "llama_greedy"}
@@ -372,6 +381,7 @@ def run_benchmark(
             methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)
             generators.append(both)
         report |= {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
+                   "prompt_dtype": str(lm.prompt_dtype or lm.dtype).removeprefix("torch."),
                    "threads": torch.get_num_threads(), "ragspec_forward": plain.backend.description}
     if cpp is not None:
         cplain, cngram = SpeculativeGenerator(cpp), SpeculativeGenerator(cpp)
@@ -459,8 +469,12 @@ def _tps(runs: Sequence[Run]) -> float:
 def summarize(runs: dict[str, list[Run]]) -> list[MethodSummary]:
     base = {fam: _tps(runs[m]) for fam, m in GREEDY.items() if m in runs}
     reference = {fam: [r.token_ids for r in runs[m]] for fam, m in GREEDY.items() if m in runs}
+    greedy_runs = {fam: runs[m] for fam, m in GREEDY.items() if m in runs}
     out = []
     for method, rs in runs.items():
+        greedy = greedy_runs.get(family(method))
+        greedy_wall = sum(r.wall_s for r in greedy) if greedy else 0.0
+        ttft_ratios = [r.ttft_s / g.ttft_s for r, g in zip(rs, greedy or []) if g.ttft_s > 0]
         forwards = sum(r.forwards or 0 for r in rs)
         drafted = sum(r.drafted for r in rs)
         steps = sum(max((r.forwards or 1) - 1, 1) for r in rs)
@@ -480,15 +494,19 @@ def summarize(runs: dict[str, list[Run]]) -> list[MethodSummary]:
             peak_rss_mb=round(max(r.peak_rss_mb for r in rs), 1),
             identical=sum(r.token_ids == want for r, want in zip(rs, ref)) if ref is not None else None,
             prompts=len(rs),
+            answer_ms=round(1000 * wall / len(rs), 1),
+            answer_vs_greedy=round(wall / greedy_wall, 3) if greedy_wall > 0 else None,
+            ttft_vs_greedy=round(statistics.median(ttft_ratios), 3) if ttft_ratios else None,
         ))
     return out
 
 
 def format_table(rows: Sequence[dict[str, object]]) -> str:
-    cols = ["method", "decode_tokens_per_s", "ratio_vs_hf_greedy", "ratio_vs_llama_greedy", "ttft_ms",
-            "e2e_tokens_per_s", "tokens_per_forward", "acceptance_rate", "draft_ms_per_step", "peak_rss_mb", "identical"]
-    heads = ["method", "decode tok/s", "vs HF greedy", "vs llama.cpp greedy", "TTFT ms", "e2e tok/s", "tok/forward",
-             "acceptance", "draft ms/step", "peak MB", "identical"]
+    cols = ["method", "answer_ms", "answer_vs_greedy", "ttft_ms", "ttft_vs_greedy", "decode_tokens_per_s",
+            "ratio_vs_hf_greedy", "ratio_vs_llama_greedy", "e2e_tokens_per_s", "tokens_per_forward", "acceptance_rate",
+            "draft_ms_per_step", "peak_rss_mb", "identical"]
+    heads = ["method", "answer ms", "answer time vs greedy", "TTFT ms", "TTFT vs greedy", "decode tok/s", "vs HF greedy",
+             "vs llama.cpp greedy", "e2e tok/s", "tok/forward", "acceptance", "draft ms/step", "peak MB", "identical"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for row in rows:
         cells = []
@@ -500,6 +518,16 @@ def format_table(rows: Sequence[dict[str, object]]) -> str:
                 cells.append("–" if v is None else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def latency_headline(rows: Sequence[dict[str, object]], method: str = "ragspec_ngram") -> str:
+    """One line: ``method``'s time to the whole answer and to the first token, against its back end's greedy."""
+    row = next((r for r in rows if r["method"] == method), None)
+    if row is None or row.get("answer_vs_greedy") is None:
+        return ""
+    greedy = GREEDY[family(method)]
+    return (f"{method}: whole answer in {row['answer_ms']:.0f} ms, {row['answer_vs_greedy']:.2f}x {greedy}'s time; "
+            f"first token in {row['ttft_ms']:.0f} ms, {row['ttft_vs_greedy']:.2f}x {greedy}'s")
 
 
 def headline(rows: Sequence[dict[str, object]], method: str = "ragspec_ngram") -> str:
@@ -560,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-model", default=None, help="a same-vocabulary draft model (adds a method)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16-prompts (fp32 with "
+                        "prompts in bf16 where the CPU has AMX or AVX512-BF16), float32, bfloat16, float16")
     parser.add_argument("--questions", type=int, default=30, help="bundled RAG questions to run (max 39)")
     parser.add_argument("--open-ended", type=int, default=10, help="open-ended prompts with nothing to copy (max 10)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -601,13 +630,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "speedup.png")
-    print(f"\n{report['model']} on {report['device']} ({report['dtype']}, {report['threads']} threads), "
+    prompts = f", prompts in {report['prompt_dtype']}" if report.get("prompt_dtype", report["dtype"]) != report["dtype"] else ""
+    print(f"\n{report['model']} on {report['device']} ({report['dtype']}{prompts}, {report['threads']} threads), "
           f"max_new_tokens={report['max_new_tokens']}, repetition_stop={report['repetition_stop']}")
     for label, key in (("ragspec on PyTorch", "ragspec_forward"), ("ragspec on llama.cpp", "llamacpp")):
         if key in report:
             print(f"{label}: {report[key]}")
     for name, rows in report["workloads"].items():  # type: ignore[union-attr]
-        lines = [headline(rows, m) for m in ("ragspec_ngram", "ragspec_llamacpp_ngram")]
+        lines = [f(rows, m) for m in ("ragspec_ngram", "ragspec_llamacpp_ngram") for f in (latency_headline, headline)]
         print(f"\n{name} workload\n{format_table(rows)}\n" + "\n".join(line for line in lines if line))
         for fam, ended in report["endings"][name].items():  # type: ignore[index]
             print(f"{fam} answers ended by: " + ", ".join(f"{k} {v}" for k, v in sorted(ended.items())))

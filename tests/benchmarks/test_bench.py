@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench import Prompt, Run, format_table, headline, kept_length, main, summarize
+from benchmarks.bench import Prompt, Run, format_table, headline, kept_length, latency_headline, main, summarize
 from ragspec.engine.results import GenerationResult, GenerationStats
 
 
@@ -30,7 +30,22 @@ def test_summary_ratios_and_identity_count() -> None:
     assert (rows["ragspec_ngram"].identical, rows["hf_greedy"].identical) == (1, 2)
     assert rows["hf_greedy"].tokens_per_forward is None
     table = format_table([vars(s) for s in rows.values()])
-    assert "| ragspec_ngram | 14.0 | 2.0 |" in table and "1/2" in table
+    # The headline columns: time to the whole answer and to the first token, against greedy's.
+    assert rows["ragspec_ngram"].answer_ms == pytest.approx(1250.0)
+    assert rows["ragspec_ngram"].answer_vs_greedy == pytest.approx(2.5 / 3.5, abs=1e-3)
+    assert rows["ragspec_ngram"].ttft_vs_greedy == pytest.approx(1.0)
+    assert "| ragspec_ngram | 1250.0 | 0.714 | 750.0 | 1.0 | 14.0 | 2.0 |" in table and "1/2" in table
+    line = latency_headline([vars(s) for s in rows.values()])
+    assert line == "ragspec_ngram: whole answer in 1250 ms, 0.71x hf_greedy's time; first token in 750 ms, 1.00x hf_greedy's"
+
+
+def test_ttft_against_greedy_is_the_median_of_per_prompt_ratios() -> None:
+    """Prompt by prompt (interleaved runs of the same prompt), so a slow prompt does not weigh more."""
+    greedy = [Run(3, 2.0, t, token_ids=[1]) for t in (1.0, 2.0, 4.0)]
+    ours = [Run(3, 2.0, t, forwards=3, token_ids=[1]) for t in (0.5, 3.0, 2.0)]
+    rows = {s.method: s for s in summarize({"hf_greedy": greedy, "ragspec_plain": ours})}
+    assert rows["ragspec_plain"].ttft_vs_greedy == pytest.approx(0.5)  # median of 0.5, 1.5, 0.5
+    assert rows["hf_greedy"].ttft_vs_greedy == 1.0
 
 
 class Answers:

@@ -31,7 +31,7 @@ class TorchBackend:
 
     def __init__(self, lm: LoadedModel) -> None:
         self.lm = lm
-        self._forward = make_forward(lm.model, lm.device, lm.dtype)
+        self._forward = make_forward(lm.model, lm.device, lm.dtype, lm.prompt_dtype)
         self.description = self._forward.description
         self.model_name = lm.name
         self.tokenizer = lm.tokenizer
@@ -44,10 +44,12 @@ class TorchBackend:
             ids.add(lm.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(ids)
 
-    prefill_chunk = 512
+    prefill_chunk = 1024
     """Prompt tokens per forward: a long prompt is evaluated in chunks so that a cancelled request
-    stops within one chunk (under a second for the default model on 2 CPU cores), and the
-    attention scores of one chunk stay small. Prompts up to this length take one forward."""
+    stops within one chunk (about a second for the default model on 2 CPU cores). Prompts up to
+    this length take one forward: a RAG prompt (500-1000 tokens) split at 512 cost ~10% more
+    (a second forward over the weights, and its attention over the first chunk through an explicit
+    mask instead of the causal kernel; docs/backends.md, "Prefill")."""
 
     def forward(
         self, ids: list[int], cache: DynamicCache, last_only: bool = False, cancel: threading.Event | None = None

@@ -23,6 +23,7 @@ import inspect
 import time
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Callable, Protocol
 
 import torch
@@ -54,14 +55,25 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def pick_linear(device: torch.device, dtype: torch.dtype, weights: Sequence[tuple[torch.Tensor, int]] = ()) -> Linear:
-    """``F.linear``; for fp32 on a CPU where torch was built with oneDNN, the faster of oneDNN's
-    linear and ``F.linear`` (MKL) on ``weights`` (each with how often one forward uses it).
+STEP_ROWS = (1, 5)
+"""Rows a decoding step's products are timed at: a plain step, a verify of 4 drafted tokens."""
+PROMPT_ROWS = (256,)
+"""Rows a prompt's products are timed at (a chunk of a RAG prompt: hundreds of positions)."""
 
-    Which is faster depends on the CPU, so it is timed at run time (``fastest_linear``): on 2 cores
-    of an AMD EPYC MKL's products with few rows were about half as fast as oneDNN's, on an Intel
-    Xeon with AMX MKL's were the faster (docs/backends.md, "The PyTorch step per CPU"). Without
-    ``weights`` oneDNN's is taken where it exists. Both compute the same products to float rounding.
+
+def pick_linear(
+    device: torch.device, dtype: torch.dtype, weights: Sequence[tuple[torch.Tensor, int]] = (), rows: Sequence[int] = STEP_ROWS
+) -> Linear:
+    """``F.linear``; for fp32 on a CPU where torch was built with oneDNN, the faster of oneDNN's
+    linear and ``F.linear`` (MKL) on ``weights`` (each with how often one forward uses it) with
+    ``rows`` input rows.
+
+    Which is faster depends on the CPU and on the number of rows, so it is timed at run time
+    (``fastest_linear``), once for decoding steps (``STEP_ROWS``) and once for prompts
+    (``PROMPT_ROWS``): on 2 cores of an AMD EPYC MKL's products with few rows were about half as
+    fast as oneDNN's, on an Intel Xeon with AMX MKL's were the faster (docs/backends.md, "The
+    PyTorch step per CPU"). Without ``weights`` oneDNN's is taken where it exists. Both compute the
+    same products to float rounding.
     """
     candidates: list[Linear] = [F.linear]
     if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
@@ -72,22 +84,22 @@ def pick_linear(device: torch.device, dtype: torch.dtype, weights: Sequence[tupl
             pass
     if len(candidates) == 1 or not weights:
         return candidates[0]
-    key = (str(device), dtype, tuple((tuple(w.shape), uses) for w, uses in weights))
+    key = (str(device), dtype, tuple(rows), tuple((tuple(w.shape), uses) for w, uses in weights))
     if key not in _PICKED:
-        _PICKED[key] = fastest_linear(candidates, weights)
+        _PICKED[key] = fastest_linear(candidates, weights, rows)
     return _PICKED[key]
 
 
 _PICKED: dict[tuple[object, ...], Linear] = {}
-"""The linear chosen per device, dtype and weight shapes: timed once per process."""
+"""The linear chosen per device, dtype, row counts and weight shapes: timed once per process."""
 
 
 def fastest_linear(
-    candidates: Sequence[Linear], weights: Sequence[tuple[torch.Tensor, int]], rows: Sequence[int] = (1, 5), rounds: int = 2
+    candidates: Sequence[Linear], weights: Sequence[tuple[torch.Tensor, int]], rows: Sequence[int] = STEP_ROWS,
+    rounds: int = 2,
 ) -> Linear:
     """The candidate whose products over ``weights`` (each counted ``uses`` times) with ``rows`` input
-    rows (a plain step, a verify of 4 drafted tokens) take least time, in ``rounds`` interleaved
-    rounds after one round of warm-up."""
+    rows take least time, in ``rounds`` interleaved rounds after one round of warm-up."""
     inputs = {(w.shape[1], r): torch.randn(r, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in weights for r in rows}
     spent = [0.0] * len(candidates)
     with torch.inference_mode():
@@ -168,6 +180,51 @@ def _fused(layer: nn.Module) -> tuple[_Fused, _Fused]:
     return _FUSED[layer]
 
 
+@dataclass(frozen=True)
+class _Weights:
+    """One decoder layer's tensors in one dtype: its two norms and its four products (q/k/v and
+    gate/up fused)."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> _Weights:
+        """The layer's own tensors (no copy)."""
+        qkv, gate_up = _fused(layer)
+        att, mlp = layer.self_attn, layer.mlp
+        return cls(layer.input_layernorm.weight, qkv.weight, qkv.bias, att.o_proj.weight, att.o_proj.bias,
+                   layer.post_attention_layernorm.weight, gate_up.weight, gate_up.bias, mlp.down_proj.weight,
+                   mlp.down_proj.bias)
+
+    def to(self, dtype: torch.dtype) -> _Weights:
+        """A copy in ``dtype``."""
+        return _Weights(*(None if (t := getattr(self, f.name)) is None else t.detach().to(dtype) for f in fields(self)))
+
+
+# Copies of a layer's tensors in a prompt dtype (bf16 prompts over fp32 steps), per decoder layer and
+# dtype, so that several generators over one model share one copy.
+_CAST: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, _Weights]] = weakref.WeakKeyDictionary()
+
+
+def _weights(layer: nn.Module, dtype: torch.dtype) -> _Weights:
+    own = _Weights.of(layer)
+    if own.qkv.dtype == dtype:
+        return own
+    copies = _CAST.setdefault(layer, {})
+    if dtype not in copies:
+        copies[dtype] = own.to(dtype)
+    return copies[dtype]
+
+
 class LlamaForward:
     """A ``LlamaForCausalLM`` pass without the module tree (see the module docstring).
 
@@ -175,6 +232,14 @@ class LlamaForward:
     the original ``nn.Linear`` parameters are replaced by views of the concatenation (same values,
     same memory use). transformers' forward is unaffected; saving the model afterwards with
     safetensors needs ``safe_serialization=False`` or cloned weights, since the views share storage.
+
+    Prompts (``last_only``) may run in another dtype than decoding steps (``prompt_dtype``: bf16
+    prompts over fp32 weights on CPUs that compute bf16 natively, see
+    ``ragspec.backends.pytorch.loading.prompt_dtype``): the layers' tensors are then copied once
+    into that dtype, the keys and values a prompt computes are stored in the cache in the weights'
+    dtype (exactly: fp32 holds every bf16 value), and a prompt's last hidden state goes through the
+    final norm and the output head in the weights' dtype. Steps and verify passes never run in the
+    prompt dtype, so plain and speculative decoding read the same cache and compute alike.
     """
 
     @staticmethod
@@ -193,23 +258,36 @@ class LlamaForward:
                     for layer in model.model.layers for m in _projections(layer))
         )
 
-    def __init__(self, model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: PreTrainedModel, device: torch.device, dtype: torch.dtype, prompt_dtype: torch.dtype | None = None
+    ) -> None:
         cfg = model.config
         self.config = cfg
         self.device = device
+        self.dtype = dtype
+        self.prompt_dtype = prompt_dtype or dtype
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.layers = list(inner.layers)
         if device.type == "cpu" and any(layer not in _FUSED for layer in self.layers):
             _own_memory(model)
         self.fused = [_fused(layer) for layer in self.layers]
+        self.weights = {dt: [_weights(layer, dt) for layer in self.layers] for dt in {dtype, self.prompt_dtype}}
+        """Each layer's tensors per dtype that runs: the model's own, and copies in ``prompt_dtype``."""
         self.norm = inner.norm
         self.head = model.lm_head.weight
-        (qkv, gate_up), first = self.fused[0], self.layers[0]
-        products = [(w, len(self.layers)) for w in (qkv.weight, first.self_attn.o_proj.weight, gate_up.weight,
-                                                     first.mlp.down_proj.weight)]
-        self.linear = pick_linear(device, dtype, [*products, (self.head, 1)])
-        self.description = f"lean Llama forward ({'oneDNN' if self.linear is _onednn_linear else 'F.linear'} products)"
+
+        def products(dt: torch.dtype) -> list[tuple[torch.Tensor, int]]:
+            first = self.weights[dt][0]
+            return [(w, len(self.layers)) for w in (first.qkv, first.o, first.gate_up, first.down)]
+
+        self.linear = pick_linear(device, dtype, [*products(dtype), (self.head, 1)], STEP_ROWS)
+        """Products of decoding steps and verify passes (and of the output head)."""
+        # A prompt's head product has one row (its last position): it is a step's product.
+        self.prompt_linear = pick_linear(device, self.prompt_dtype, products(self.prompt_dtype), PROMPT_ROWS)
+        """Products of prompts: timed apart, since the faster kernel for a few rows need not be the faster for hundreds."""
+        self.description = f"lean Llama forward ({_name(self.linear)} products, prompts: {_name(self.prompt_linear)}"
+        self.description += ")" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')})"
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scale = attn.scaling
@@ -218,9 +296,11 @@ class LlamaForward:
         positions = torch.arange(cfg.max_position_embeddings, device=device)[None]
         cos, sin = inner.rotary_emb(self.embed[:1][None], positions)
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
+        # transformers casts the tables to the activations' dtype; keep one cast per dtype that runs.
+        self.rotary = {dt: (self.cos.to(dt), self.sin.to(dt)) for dt in self.weights}
 
     def new_cache(self, capacity: int) -> DynamicCache:
-        return make_cache(self.config, capacity)
+        return make_cache(self.config, capacity, self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # torch's fused kernel; the same arithmetic as below
@@ -234,31 +314,39 @@ class LlamaForward:
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
-        n, past, lin, hd = len(ids), cache.get_seq_length(), self.linear, self.head_dim
-        x = F.embedding(torch.tensor(ids, device=self.device), self.embed)  # [n, hidden]
-        cos, sin = self.cos[past : past + n], self.sin[past : past + n]
+        # ``last_only`` is a prompt (``ragspec.backends.base.Backend.forward``): its dtype and products.
+        dt, lin = (self.prompt_dtype, self.prompt_linear) if last_only else (self.dtype, self.linear)
+        n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
+        x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
+        cos, sin = (t[past : past + n] for t in self.rotary[dt])
         # A new position sees every cached one and the new ones up to itself.
         mask = None if n == 1 or past == 0 else torch.ones(n, past + n, dtype=torch.bool, device=self.device).tril(past)
-        for i, (layer, (qkv, gate_up)) in enumerate(zip(self.layers, self.fused)):
-            att = layer.self_attn
-            h = self._norm(x, layer.input_layernorm.weight)
-            q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in lin(h, qkv.weight, qkv.bias).split(qkv.sizes, -1))
-            keys, values = cache.layers[i].update(self._rotate(k, cos, sin)[None], v[None])
+        for i, w in enumerate(self.weights[dt]):
+            h = self._norm(x, w.input_norm)
+            q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in lin(h, w.qkv, w.qkv_bias).split(self.fused[i][0].sizes, -1))
+            keys, values = cache.layers[i].update(self._rotate(k, cos, sin)[None], v[None])  # stored in self.dtype
             a = F.scaled_dot_product_attention(
-                self._rotate(q, cos, sin)[None], keys, values, attn_mask=mask, scale=self.scale,
+                self._rotate(q, cos, sin)[None], keys.to(dt), values.to(dt), attn_mask=mask, scale=self.scale,
                 is_causal=n > 1 and past == 0, enable_gqa=True,
             )
-            x = x + lin(a[0].transpose(0, 1).reshape(n, -1), att.o_proj.weight, att.o_proj.bias)
-            h = self._norm(x, layer.post_attention_layernorm.weight)
-            gate, up = lin(h, gate_up.weight, gate_up.bias).split(gate_up.sizes, -1)
-            x = x + lin(F.silu(gate) * up, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
+            x = x + lin(a[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias)
+            h = self._norm(x, w.post_norm)
+            gate, up = lin(h, w.gate_up, w.gate_up_bias).split(self.fused[i][1].sizes, -1)
+            x = x + lin(F.silu(gate) * up, w.down, w.down_bias)
         if last_only:
-            x = x[-1:]
-        return lin(self._norm(x, self.norm.weight), self.head, None)
+            x = x[-1:].to(self.dtype)
+        return self.linear(self._norm(x, self.norm.weight), self.head, None)
 
 
-def make_forward(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> Forward:
-    """The lean pass when the model is a plain Llama, else transformers' forward."""
+def _name(linear: Linear) -> str:
+    return "oneDNN" if linear is _onednn_linear else "F.linear"
+
+
+def make_forward(
+    model: PreTrainedModel, device: torch.device, dtype: torch.dtype, prompt_dtype: torch.dtype | None = None
+) -> Forward:
+    """The lean pass when the model is a plain Llama, else transformers' forward (which runs prompts
+    in the model's dtype, whatever ``prompt_dtype`` asks)."""
     if LlamaForward.supports(model):
-        return LlamaForward(model, device, dtype)
+        return LlamaForward(model, device, dtype, prompt_dtype)
     return HFForward(model, device)

@@ -18,15 +18,18 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 class BufferLayer(DynamicLayer):
     """A ``DynamicLayer`` backed by a buffer of ``capacity`` positions (grown by doubling if exceeded)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.capacity = max(capacity, 1)
         self.length = 0
+        self.dtype = dtype
+        """What the buffers hold (None: the first keys' dtype); keys of another dtype are converted when written."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._keys = key_states.new_empty((*key_states.shape[:-2], self.capacity, key_states.shape[-1]))
-        self._values = value_states.new_empty((*value_states.shape[:-2], self.capacity, value_states.shape[-1]))
+        dtype = self.dtype or key_states.dtype
+        self._keys = key_states.new_empty((*key_states.shape[:-2], self.capacity, key_states.shape[-1]), dtype=dtype)
+        self._values = value_states.new_empty((*value_states.shape[:-2], self.capacity, value_states.shape[-1]), dtype=dtype)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
@@ -64,8 +67,9 @@ class BufferLayer(DynamicLayer):
             self._set_length(max(self.length + tokens_to_remove, 0))
 
 
-def make_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` whose attention layers are ``BufferLayer``s sized for ``capacity`` positions.
+def make_cache(config: PretrainedConfig, capacity: int, dtype: torch.dtype | None = None) -> DynamicCache:
+    """A ``DynamicCache`` whose attention layers are ``BufferLayer``s sized for ``capacity`` positions,
+    holding ``dtype`` (None: the dtype of the first keys written).
 
     Sliding-window layers get one too: transformers' own drops positions that leave the window, so
     it cannot be cropped back once the sequence is longer than the window (a rejected draft would
@@ -74,7 +78,7 @@ def make_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
     attention) keep transformers' implementation.
     """
     cache = DynamicCache(config=config)
-    cache.layers = [BufferLayer(capacity) if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+    cache.layers = [BufferLayer(capacity, dtype) if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
                     for layer in cache.layers]
     return cache
 

@@ -18,6 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from retrievers.embeddings import BF16_FLAGS, cpu_flags
 from ragspec.backends.models import (
     COMPLETE_MARKER,
     DEFAULT_MODEL,
@@ -42,6 +43,8 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    prompt_dtype: torch.dtype | None = None
+    """The dtype prompts are evaluated in, when it is not ``dtype`` (``prompt_dtype``); decoding steps run in ``dtype``."""
     backend: ClassVar[str] = "torch"
     """What runs it (``ragspec.backends``); a GGUF file in llama.cpp is a ``LlamaCppModel``."""
 
@@ -67,15 +70,41 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+BF16_PROMPTS = "bf16-prompts"
+"""The dtype setting that evaluates prompts in bf16 over fp32 weights and decoding steps, on a CPU that
+computes bf16 natively (elsewhere it is fp32): opt-in, see ``prompt_dtype``."""
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` is bf16 on CUDA and fp32 on CPU."""
+    """The weights' dtype, in which decoding steps run: ``"auto"`` is bf16 on CUDA and fp32 on CPU;
+    ``"bf16-prompts"`` is fp32 (its prompts may run in bf16: ``prompt_dtype``)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == BF16_PROMPTS:
+        return torch.float32
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use 'auto' or one of {sorted(_DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}: use 'auto', {BF16_PROMPTS!r} or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype | None:
+    """bf16 for prompts where ``dtype`` is ``"bf16-prompts"``, ``device`` a CPU, and the CPU computes bf16
+    natively (AMX or AVX512-BF16: ``retrievers.embeddings.BF16_FLAGS`` in ``flags``, by default this CPU's,
+    as the embeddings decide); None (prompts in the weights' dtype) otherwise.
+
+    A prompt is compute-bound and runs several times faster in bf16 there, while a decoding step is
+    memory-bound and was the faster in fp32 (docs/backends.md, "bf16 prompts"), so steps stay fp32
+    and plain and speculative decoding stay exactly as in fp32 after the same prompt. It is opt-in, not
+    what ``"auto"`` does: a prefix-cache hit evaluates the rest of a prompt in other shapes than a cold
+    prefill, and in bf16 that can move a logit by more than a float tie, so an answer after a hit could
+    differ from a cold prefill's (the design promises they are the same), and ragspec's bf16 prefill
+    has not been timed on such a CPU yet.
+    """
+    if dtype != BF16_PROMPTS or device.type != "cpu":
+        return None
+    return torch.bfloat16 if (cpu_flags() if flags is None else flags) & BF16_FLAGS else None
 
 
 def load_torch_model(
@@ -103,7 +132,8 @@ def load_torch_model(
         raise ModelLoadError(not_found_message(name)) from e
     model.to(dev).eval()
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or tokenizer.eos_token_id
-    return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt,
+                       prompt_dtype=prompt_dtype(dtype, dev))
 
 
 def model_folder(name: str = DEFAULT_MODEL) -> Path:

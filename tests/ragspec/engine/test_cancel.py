@@ -14,8 +14,8 @@ from ragspec.engine.cancel import GenerationCancelled, cancel_scope
 from ragspec.engine.results import GeneratorBusyError
 from tests.slow_forward import slow_generator
 
-PROMPT = [(7 * i) % 250 for i in range(3000)]  # 3000 ids: six prefill chunks of at most 512
-PER_TOKEN_S = 0.001  # 3 s for the whole prompt, 0.5 s for one chunk
+PROMPT = [(7 * i) % 250 for i in range(3000)]  # 3000 ids: three prefill chunks of at most 1024
+PER_TOKEN_S = 0.001  # 3 s for the whole prompt, about 1 s for one chunk
 
 
 @pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ from ragspec.engine.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
 from ragspec.prompts import qa_messages
+from retrievers.embeddings import BF16_FLAGS, cpu_flags
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +62,39 @@ def test_speculative_greedy_is_token_identical_on_document_questions(generator: 
         assert float(top2[0] - top2[1]) < TIE, f"{question!r} diverges at token {i} without a tie"
     assert identical >= len(prompts) - 1, f"outputs identical: {identical}/{len(prompts)}"
     assert accepted > 0, "drafting never helped: the passages were not used as references"
+
+
+@pytest.mark.skipif(not cpu_flags() & BF16_FLAGS,
+                    reason="this CPU has no native bf16 (AMX, AVX512-BF16): dtype 'bf16-prompts' runs prompts in fp32 here")
+@pytest.mark.timeout(1800)
+def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> None:
+    """On a CPU with native bf16, dtype "bf16-prompts" runs prompts in bf16 over fp32 steps; speculative greedy
+    equals plain greedy at those settings (a divergence only at a tie of the generator's own logits)."""
+    # Every prompt from an empty cache: a prefix hit computes the prompt's rest in other shapes, which
+    # in bf16 may move logits by more than a tie (docs/backends.md, "bf16 prompts").
+    gen = SpeculativeGenerator("default", device="cpu", dtype="bf16-prompts", prefix_cache=False)
+    assert gen.lm.dtype == torch.float32 and gen.lm.prompt_dtype == torch.bfloat16
+    identical, accepted = 0, 0
+    prompts = document_prompts(12)
+    for question, passages in prompts:
+        prompt = chat_prompt(gen, question, passages)
+        plain = gen.generate(prompt, max_new_tokens=48, speculation=False)
+        spec = gen.generate(prompt, references=passages, max_new_tokens=48)
+        accepted += spec.stats.accepted_tokens
+        if spec.token_ids == plain.token_ids:
+            identical += 1
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids)) if a != b)
+        ids = gen.encode(prompt, special_tokens=True)
+        with torch.inference_mode():  # the same settings: the prompt in bf16, then fp32 positions
+            cache = gen.backend.new_cache(len(ids) + i + 1)
+            logits = gen.backend.forward(ids, cache, last_only=True)
+            if i:
+                logits = gen.backend.forward(plain.token_ids[:i], cache)[-1:]
+        top2 = logits[0].topk(2).values
+        assert float(top2[0] - top2[1]) < TIE, f"{question!r} diverges at token {i} without a tie"
+    assert identical >= len(prompts) - 1, f"outputs identical: {identical}/{len(prompts)}"
+    assert accepted > 0
 
 
 def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGenerator) -> None:

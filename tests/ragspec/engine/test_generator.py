@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -504,3 +505,24 @@ def test_a_requests_speculation_setting_caps_or_stops_its_drafts_and_keeps_the_o
         assert (max(oracle.asked) if oracle.asked else 0) == longest
         assert result.stats.drafted_tokens <= longest * result.stats.forward_passes
         assert (result.stats.drafted_tokens > 0) == (longest > 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bf16_prompts_keep_speculative_equal_to_plain_decoding(seed: int) -> None:
+    """With prompts in bf16 over fp32 steps (the default on CPUs with AMX or AVX512-BF16), speculative
+    decoding equals plain decoding at those settings, also after a reused prompt prefix."""
+    lm = dataclasses.replace(tiny_model(300, seed, layers=3), prompt_dtype=torch.bfloat16)
+    rng = random.Random(seed)
+    system = [rng.randrange(EOS) for _ in range(24)]
+    prompts = [system + [rng.randrange(EOS) for _ in range(rng.choice([3, 17]))] for _ in range(2)]
+    plain_gen = SpeculativeGenerator(lm, prefix_cache=False)
+    assert "in bfloat16" in plain_gen.backend.description
+    for prompt in prompts:
+        plain = plain_gen.generate(prompt, max_new_tokens=50, speculation=False).token_ids
+        oracle = NoisyOracle(plain, len(prompt), seed, 300)
+        spec_gen = SpeculativeGenerator(lm, drafter=oracle, policy=FixedPolicy(k=6))
+        spec_gen.generate(system + [1], max_new_tokens=2)  # leaves the system prefix in its prefix cache
+        spec = spec_gen.generate(prompt, max_new_tokens=50)
+        assert spec.stats.cached_prompt_tokens == len(system)
+        assert spec.token_ids == plain
+        assert any(0 < n < 6 for n in oracle.accepted), "some drafts were rejected and rolled back"

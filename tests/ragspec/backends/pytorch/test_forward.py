@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -9,7 +10,15 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from ragspec.backends.pytorch.forward import HFForward, LlamaForward, fastest_linear, make_forward, pick_linear
+from ragspec.backends.pytorch.forward import (
+    PROMPT_ROWS,
+    STEP_ROWS,
+    HFForward,
+    LlamaForward,
+    fastest_linear,
+    make_forward,
+    pick_linear,
+)
 
 CPU, FP32 = torch.device("cpu"), torch.float32
 
@@ -139,3 +148,51 @@ def test_the_faster_linear_is_picked_by_timing_the_weights_uses() -> None:
     # per call: 1 warm-up and 2 timed rounds, each over both weights with 1 and 5 rows (two calls)
     assert calls.count(("c", (5, 4))) == 2 * 3 * 2 and calls.count(("c", (1, 4))) == 2 * 3 * 2
 
+
+
+@pytest.mark.parametrize("past", [0, 6])
+@torch.inference_mode()
+def test_bf16_prompts_over_fp32_steps(past: int) -> None:
+    """A prompt in bf16 (``prompt_dtype``) stores its keys and values in the fp32 cache exactly as it
+    computed them, and the steps after it are the fp32 forward's own over that cache."""
+    model = llama()
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    mixed = LlamaForward(model, CPU, FP32, prompt_dtype=torch.bfloat16)
+    plain = LlamaForward(model, CPU, FP32)
+    assert "prompts: F.linear in bfloat16" in mixed.description and "bfloat16" not in plain.description
+    assert all(w.qkv.dtype == FP32 for w in plain.weights[FP32])  # the model's own weights stay fp32
+    assert mixed.weights[torch.bfloat16][0].qkv.dtype == torch.bfloat16
+    cache = mixed.new_cache(40)
+    if past:  # a cached prefix (a reused prompt prefix) before the prompt's remainder
+        mixed(ids[:past], cache, last_only=True)
+    first = mixed(ids[past:20], cache, last_only=True)
+    keys = cache.layers[0].keys
+    assert keys.dtype == FP32 and torch.equal(keys.to(torch.bfloat16).float(), keys)  # bf16 values, stored exactly
+    # The prompt against transformers' own model in bf16 (bf16 rounding apart).
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    want = reference(torch.tensor([ids[:20]])).logits[0, -1:].float()
+    torch.testing.assert_close(first, want, rtol=0.05, atol=0.05)
+    # Steps and verify passes after it: exactly the fp32 forward's over a copy of the same cache.
+    twin = plain.new_cache(40)
+    twin_layers = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    for layer, (k, v) in zip(twin.layers, twin_layers):
+        layer.update(k, v)
+    assert torch.equal(mixed(ids[20:21], cache), plain(ids[20:21], twin))
+    assert torch.equal(mixed(ids[21:26], cache), plain(ids[21:26], twin))
+
+
+def test_prompts_and_steps_each_get_the_faster_linear_for_their_row_counts() -> None:
+    """The product fastest with few rows need not be the fastest with hundreds: each is timed apart."""
+
+    def product(seconds_per_row_few: float, seconds_per_row_many: float):
+        def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            time.sleep((seconds_per_row_few if x.shape[0] <= 8 else seconds_per_row_many) * x.shape[0])
+            return x @ weight.T
+        return linear
+
+    few, many = product(0.0, 2e-5), product(1e-3, 0.0)
+    weights = [(torch.randn(8, 4), 2)]
+    assert fastest_linear([many, few], weights, STEP_ROWS) is few
+    assert fastest_linear([few, many], weights, PROMPT_ROWS) is many
+    fwd = LlamaForward(llama(), CPU, FP32)
+    assert fwd.description.startswith("lean Llama forward (") and ", prompts: " in fwd.description

@@ -1,0 +1,32 @@
+"""The dtype choice of the PyTorch back end made at run time (``resolve_dtype``, ``prompt_dtype``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ragspec.backends.pytorch.loading import prompt_dtype, resolve_dtype
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(("flags", "want"), [
+    ({"avx2", "fma", "amx_bf16", "amx_tile"}, torch.bfloat16),  # Sapphire Rapids and later
+    ({"avx2", "avx512f", "avx512_bf16"}, torch.bfloat16),  # Cooper Lake, Zen 4
+    ({"avx2", "avx512f"}, None),  # AVX-512 without bf16 arithmetic: bf16 would be emulated
+    ({"avx2", "fma"}, None),
+    (set(), None),  # no /proc/cpuinfo
+])
+def test_bf16_prompts_run_in_bf16_only_where_the_cpu_computes_it(flags: set[str], want: torch.dtype | None) -> None:
+    assert prompt_dtype("bf16-prompts", CPU, frozenset(flags)) == want
+    assert resolve_dtype("bf16-prompts", CPU) == torch.float32  # decoding steps stay fp32 either way
+    assert prompt_dtype("auto", CPU, frozenset(flags)) is None  # opt-in: the default keeps prompts in fp32
+
+
+@pytest.mark.parametrize("dtype", ["float32", "fp32", "bfloat16", torch.float32])
+def test_an_explicit_dtype_runs_everything_in_it(dtype: str | torch.dtype) -> None:
+    assert prompt_dtype(dtype, CPU, frozenset({"amx_bf16", "avx512_bf16"})) is None
+
+
+def test_a_gpu_runs_prompts_in_the_weights_dtype() -> None:
+    assert prompt_dtype("bf16-prompts", torch.device("cuda"), frozenset({"amx_bf16"})) is None
