@@ -6,18 +6,16 @@ from typing import Any
 
 import bm25s
 import numpy as np
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
 from retrievers.chunking import contextual_text
-from retrievers.types import MetadataFilter, ScoredDocument, check_filter, matches_filter
+from retrievers.types import MetadataFilter, ScoredDocument, ScoredRetriever, check_filter, matches_filter
 
 __all__ = ["BM25Retriever"]
 
 
-class BM25Retriever(BaseRetriever):
+class BM25Retriever(ScoredRetriever):
     """BM25 over a fixed list of documents (usually the chunks from `split_documents`).
 
     Each document is indexed by its `contextual_text`: a chunk's header (its document's
@@ -70,13 +68,3 @@ class BM25Retriever(BaseRetriever):
         # Highest score first; equal scores keep document order (stable sort on -score).
         order = positive[np.argsort(-scores[positive], kind="stable")][:k]
         return [ScoredDocument(self.documents[i], float(scores[i])) for i in order]
-
-    def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        filter: MetadataFilter | None = None,  # noqa: A002
-    ) -> list[Document]:
-        return [hit.document for hit in self.search(query, k=k, filter=filter)]

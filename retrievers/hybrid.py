@@ -6,15 +6,13 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 from pydantic import Field, PrivateAttr, model_validator
 
 from retrievers.bm25 import BM25Retriever
 from retrievers.rerank import Reranker
-from retrievers.types import MetadataFilter, ScoredDocument, check_filter
+from retrievers.types import MetadataFilter, ScoredDocument, ScoredRetriever, check_filter
 
 __all__ = ["HybridRetriever", "reciprocal_rank_fusion", "relative_score_fusion"]
 
@@ -82,7 +80,7 @@ def _key(document: Document) -> str:
     return "content:" + hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(ScoredRetriever):
     """Dense + BM25 retrieval, fused by normalized scores (or by rank), with an optional reranker.
 
     Build it from the chunks and the vector store holding them:
@@ -178,13 +176,3 @@ class HybridRetriever(BaseRetriever):
         # Stable: equal reranker scores keep the fused order.
         order = sorted(range(len(hits)), key=lambda i: -scores[i])
         return [ScoredDocument(hits[i].document, float(scores[i])) for i in order]
-
-    def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        filter: MetadataFilter | None = None,  # noqa: A002
-    ) -> list[Document]:
-        return [hit.document for hit in self.search(query, k=k, filter=filter)]

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
-from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
 from retrievers.pg_store import PgVectorStore
-from retrievers.types import MetadataFilter, ScoredDocument
+from retrievers.types import MetadataFilter, ScoredDocument, ScoredRetriever
 
 __all__ = ["PgHybridRetriever"]
 
 
-class PgHybridRetriever(BaseRetriever):
+class PgHybridRetriever(ScoredRetriever):
     """`HybridRetriever`'s settings over a `PgVectorStore`: nothing is held in this process, so it
     sees every write to the collection at once (no rebuild), and app replicas share it."""
 
@@ -42,13 +39,3 @@ class PgHybridRetriever(BaseRetriever):
             query, self.k if k is None else k, filter, fetch_k=self.fetch_k, fusion=self.fusion, rrf_k=self.rrf_k,
             dense_weight=self.dense_weight, keyword_weight=self.bm25_weight,
         )  # fmt: skip
-
-    def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        filter: MetadataFilter | None = None,  # noqa: A002
-    ) -> list[Document]:
-        return [hit.document for hit in self.search(query, k=k, filter=filter)]

@@ -7,12 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
 
 from retrievers.errors import FilterError
 
 __all__ = [
-    "COMBINATIONS", "COMPARISONS", "MAX_FILTER_DEPTH", "MetadataFilter", "ScoredDocument", "check_filter", "matches_filter",
+    "COMBINATIONS", "COMPARISONS", "MAX_FILTER_DEPTH", "MetadataFilter", "ScoredDocument", "ScoredRetriever", "check_filter", "matches_filter",
 ]  # fmt: skip
 
 #: A dict of conditions on metadata (see `matches_filter`), or a callable(metadata) -> bool.
@@ -32,6 +34,24 @@ class ScoredDocument:
 
     document: Document
     score: float
+
+
+class ScoredRetriever(BaseRetriever):
+    """A LangChain retriever whose ``search(query, k, filter)`` gives ``ScoredDocument``s, best first;
+    LangChain's ``invoke`` returns their documents."""
+
+    def search(self, query: str, k: int | None = None, filter: MetadataFilter | None = None) -> list[ScoredDocument]:  # noqa: A002
+        raise NotImplementedError
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        filter: MetadataFilter | None = None,  # noqa: A002
+    ) -> list[Document]:
+        return [hit.document for hit in self.search(query, k=k, filter=filter)]
 
 
 def check_filter(filter: MetadataFilter | None) -> None:  # noqa: A002 - LangChain's name for it
