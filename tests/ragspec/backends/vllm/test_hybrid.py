@@ -51,3 +51,68 @@ def test_without_a_model_it_is_plan() -> None:
         drafted, steps = plan_sources(np.full(rows, p1), np.full(rows, q), lengths, np.zeros(rows, np.int64), 1, 0.9, 0.9,
                                       np.zeros(rows, np.int64), cost, np.zeros(1), 0.03, ks, from_model)
         assert ks.tolist() == want.tolist() and steps == 0 and drafted == want.sum()
+
+
+# -- the hybrid drafter on fake batches (vLLM's draft model stood in for by a function) -------------
+
+from ragspec.backends.vllm.hybrid import EXPLORE_TOKENS, HybridDrafter  # noqa: E402
+from ragspec.engine.planning import MODEL  # noqa: E402
+from tests.ragspec.backends.vllm.test_proposer import MAX_LEN, PASSAGE, flat_costs  # noqa: E402
+
+
+def _step(drafter: HybridDrafter, rows: dict[str, list[int]], new: dict[str, list[int]], model: dict[str, list[int]],
+          model_s: float = 0.01) -> tuple[dict[str, list[int]], int]:
+    ids = list(rows)
+    token_ids = np.zeros((len(ids), MAX_LEN), np.int32)
+    for i, rid in enumerate(ids):
+        token_ids[i, : len(rows[rid])] = rows[rid]
+    drafter.candidates(ids, [new[r] for r in ids], np.array([len(rows[r]) for r in ids]), token_ids)
+    steps = drafter.plan()
+    drafter.record_model(steps, model_s * (1 + steps))
+    drafts = drafter.compose([model[r][:steps] for r in ids])
+    return dict(zip(ids, drafts)), steps
+
+
+def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_where_nothing_matches() -> None:
+    drafter = HybridDrafter(8, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
+    rows = {"rag": PASSAGE + [7, 8, 101], "open": [40, 41, 42, 43]}
+    new = {"rag": [101], "open": [43]}
+    model = {"rag": [55] * 8, "open": [60, 61, 62, 63, 64, 65, 66, 67]}
+    drafts, steps = _step(drafter, rows, new, model)
+    assert drafts["rag"] == PASSAGE[1:9]  # the passage's continuation, 8 tokens
+    # The model's cost is only a prior so far: the first chance explores it on the row without a match.
+    assert steps == EXPLORE_TOKENS and drafts["open"] == [60, 61]
+    assert drafter.stats()["drafted_by_source"] == {"ngram": 8, "model": 2}
+    # Its two tokens accepted: the next step records them under the model's source.
+    before = drafter.policy.acceptance.counts[0, MODEL, 0]
+    rows["rag"] += PASSAGE[1:9] + [113]
+    rows["open"] += [60, 61, 62]
+    new = {"rag": PASSAGE[1:9] + [113], "open": [60, 61, 62]}
+    drafts, steps = _step(drafter, rows, new, model)
+    assert drafter.policy.acceptance.counts[0, MODEL, 0] > before * drafter.policy.decay
+    assert drafter.accepted == 8 + 2
+
+
+def test_a_model_that_is_rejected_is_no_longer_run() -> None:
+    drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
+    drafter.policy.explore_every = 1000
+    drafter._since_model = 1000
+    rows, new = {"open": [40, 41, 42, 43]}, {"open": [43]}
+    ran = []
+    for n in range(12):
+        drafts, steps = _step(drafter, rows, new, {"open": [99, 98, 97, 96]})
+        ran.append(steps)
+        token = 200 + n  # the target never says what the model drafted
+        rows["open"].append(token)
+        new["open"] = [token]
+    assert ran[0] > 0 and ran[-4:] == [0, 0, 0, 0]
+
+
+def test_seeded_rows_and_rows_that_asked_for_no_speculation_get_nothing() -> None:
+    drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0,
+                            request_cap=lambda rid: 0 if rid == "off" else 4)
+    ids = ["seeded", "off"]
+    token_ids = np.zeros((2, MAX_LEN), np.int32)
+    token_ids[:, :16] = PASSAGE + [1, 2, 3, 101]
+    drafter.candidates(ids, [[101], [101]], np.array([16, 16]), token_ids, seeded_rows={0})
+    assert drafter.plan() == 0 and drafter.compose([]) == [[], []]
