@@ -68,6 +68,7 @@ class HybridDrafter(BatchDrafter):
         self.ks = np.zeros(0, np.int64)
         self.model_caps = np.zeros(0, np.int64)
         self.drafted_by_source = {"ngram": 0, "model": 0}
+        self.accepted_by_source = {"ngram": 0, "model": 0}
         self.model_steps_run = 0
         self._slot_rows = np.zeros(0, np.int64)
         self._rows = 0
@@ -85,6 +86,7 @@ class HybridDrafter(BatchDrafter):
         ``index.drafts``); rows that may draft get ``model_caps`` > 0."""
         ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
         rows = len(ids)
+        self._count_accepted(n_new)
         _, accepted, restarted = self.index.step(
             self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay)
         self.accepted += accepted
@@ -98,6 +100,17 @@ class HybridDrafter(BatchDrafter):
         self.model_caps = caps
         self._rows = rows
         self._last_ids = ids if all_sampled else None
+
+    def _count_accepted(self, n_new: np.ndarray) -> None:
+        """Per source, the drafted tokens this step kept (the kernel records them into the policy's
+        statistics; this only counts them for ``stats``)."""
+        live = np.flatnonzero(self._slots >= 0)
+        if not len(live):
+            return
+        req = self.index.requests[self._slots[live]]
+        for r, k, group in zip(live.tolist(), req[:, LAST_K].tolist(), req[:, LAST_GROUP].tolist()):
+            if k > 0 and n_new[r] > 0:
+                self.accepted_by_source["model" if group == MODEL else "ngram"] += min(int(n_new[r]) - 1, k)
 
     def plan(self) -> int:
         """Every row's source and length (``ks``, ``from_model``); returns the draft-model steps to run."""
@@ -189,6 +202,7 @@ class HybridDrafter(BatchDrafter):
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["drafted_by_source"] = dict(self.drafted_by_source)
+        out["accepted_by_source"] = dict(self.accepted_by_source)
         out["model_seconds_by_steps"] = {str(j): s for j, s in self.model_seconds.measured().items()}
         out["model_steps"] = self.model_steps_run
         return out

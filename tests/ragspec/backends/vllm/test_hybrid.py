@@ -90,7 +90,7 @@ def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_w
     new = {"rag": PASSAGE[1:9] + [113], "open": [60, 61, 62]}
     drafts, steps = _step(drafter, rows, new, model)
     assert drafter.policy.acceptance.counts[0, MODEL, 0] > before * drafter.policy.decay
-    assert drafter.accepted == 8 + 2
+    assert drafter.accepted == 8 + 2 and drafter.stats()["accepted_by_source"] == {"ngram": 8, "model": 2}
 
 
 def test_a_model_that_is_rejected_is_no_longer_run() -> None:
