@@ -116,3 +116,20 @@ def test_seeded_rows_and_rows_that_asked_for_no_speculation_get_nothing() -> Non
     token_ids[:, :16] = PASSAGE + [1, 2, 3, 101]
     drafter.candidates(ids, [[101], [101]], np.array([16, 16]), token_ids, seeded_rows={0})
     assert drafter.plan() == 0 and drafter.compose([]) == [[], []]
+
+
+def test_the_own_engines_policy_leaves_a_weak_copy_for_a_good_cheap_draft_model_by_the_same_rule() -> None:
+    from ragspec.engine.drafting import Draft, DraftSource
+    from ragspec.engine.policy import AdaptivePolicy
+
+    policy = AdaptivePolicy(max_draft=8)
+    policy.calibrate({0: 0.1, 8: 0.12, 16: 0.14})
+    strong = Draft(tuple(range(8)), DraftSource.PASSAGE, match_length=8)
+    weak = Draft((1, 2), DraftSource.OUTPUT, match_length=1)
+    assert policy.choose(strong) == 8 and policy.choose(weak) > 0  # no draft model measured: copies only
+    for _ in range(40):  # a draft model measured: cheap, and most of its tokens kept
+        policy.record(Draft((5, 6, 7, 8), DraftSource.MODEL), 3, 0.12, 0.004)
+        policy.record(weak, 0, 0.11, 0.0)
+        policy.record(strong, 8, 0.14, 0.0)
+    assert policy.choose(strong) == 8  # a long passage copy that is always right still wins
+    assert policy.choose(weak) == 0 and policy.choose_model(8) > 0  # the model's turn
