@@ -171,3 +171,17 @@ def test_the_hybrid_command_line_for_vllm(tmp_path) -> None:
     spec = json.loads(command[command.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 4}
     assert VllmServer(tmp_path, hybrid=True).environment()["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
+def test_serve_draft_model_needs_engine_vllm_and_a_draft_of_the_same_tokenizer(tmp_path, monkeypatch, capsys) -> None:
+    from apps.cli import main
+
+    monkeypatch.setattr("apps.web.server.serve", lambda *a, **k: pytest.fail("the server started"))
+    monkeypatch.setattr(VllmServer, "start", lambda self: pytest.fail("vLLM started"))
+    assert main(["serve", "--draft-model", "weak"]) == 1
+    assert "need --engine vllm" in capsys.readouterr().err
+    assert main(["serve", "--engine", "vllm", "--draft-model", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "draft model" in err and "no config.json" in err
+    assert main(["serve", "--engine", "vllm", "--draft-model", "weak", "--vllm-draft-tokens", "0"]) == 1
+    assert "needs --vllm-draft-tokens above 0" in capsys.readouterr().err

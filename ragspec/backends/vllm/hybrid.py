@@ -11,9 +11,10 @@ module decides, with no vLLM import (tested on fake batches):
 2. ``plan``: ``ragspec.engine.planning.plan_sources``, the one choice rule: per row the n-gram
    draft or the model's (whichever whole draft yields more; acceptance by source and match length,
    learnt online), every row's length, and how many draft-model steps the batch runs (their cost
-   timed here, ``model_seconds``): where the n-gram drafts win the batch runs none (only the
-   model's catch-up forward, which keeps its KV cache whole and is paid every step), where
-   nothing pays, nothing is drafted.
+   timed here, ``model_seconds``): where the n-gram drafts win the batch runs none, where
+   nothing pays, nothing is drafted. The model's first forward over each step's tokens (its
+   catch-up, which keeps its KV cache whole) is the one cost paid without drafting: it stops
+   ``MODEL_IDLE_STEPS`` steps after the model last drafted (``_decide_catch_up``).
 3. ``compose``: the drafts vLLM verifies, from the n-gram candidates and the model's tokens;
    each row's choice is remembered so that the next step's kernel records its acceptance under
    its source (``planning.MODEL`` for the model's).
@@ -37,6 +38,8 @@ from ragspec.engine.policy import AdaptivePolicy
 
 EXPLORE_TOKENS = 2
 """Draft-model tokens a row tries when the model is explored (two: its first and later acceptance)."""
+MODEL_IDLE_STEPS = 8
+"""Steps the draft model keeps catching up after it last drafted, before it stops (``_decide_catch_up``)."""
 MODEL_PRIOR_SLOPE = 0.5
 """Prior cost of one draft-model step beyond its catch-up forward, in catch-up forwards, until timed."""
 
@@ -73,6 +76,12 @@ class HybridDrafter(BatchDrafter):
         self._slot_rows = np.zeros(0, np.int64)
         self._rows = 0
         self._since_model = self.policy.explore_every  # the first chance measures the model
+        self._idle = 0  # steps since the model last drafted
+        self._tracked: set[str] = set()  # requests with state, as of the last step
+        self._new: set[str] = set()  # requests that showed their first tokens this step
+        self.model_live: set[str] = set()  # requests whose draft-model KV cache is whole
+        self.catch_up = True
+        self.skipped_catch_ups = 0
 
     def candidates(
         self,
@@ -97,6 +106,13 @@ class HybridDrafter(BatchDrafter):
         if live.any():
             room = np.minimum(self.index.requests[self._slots[live], CAP], self.max_model_len - num_tokens[live] - 1)
             caps[live] = np.clip(room, 0, self.max_draft)
+        tracked = {rid for rid, slot in zip(ids, self._slots.tolist()) if slot >= 0}
+        self._new = tracked - self._tracked
+        self._tracked = tracked
+        self.model_live &= tracked
+        for r, rid in enumerate(ids):  # a row whose draft-model KV cache has holes gets none of its drafts
+            if caps[r] and rid not in self.model_live and rid not in self._new:
+                caps[r] = 0
         self.model_caps = caps
         self._rows = rows
         self._last_ids = ids if all_sampled else None
@@ -120,6 +136,7 @@ class HybridDrafter(BatchDrafter):
         curve = self.costs.plannable(rows)
         if curve is None or not rows:
             self._last_drafted = 0
+            self._decide_catch_up(0)
             return 0  # a batch size whose plain step is not timed yet: plain, as ragspec's proposer
         counts = self.policy.acceptance.counts
         lengths = np.where(cand[:, 0] != NONE, np.minimum(cand[:, 2], self.model_caps), 0)
@@ -140,7 +157,24 @@ class HybridDrafter(BatchDrafter):
         else:
             self._since_model = 0
         self._last_drafted = int(self.ks.sum())
+        self._decide_catch_up(steps)
         return int(steps)
+
+    def _decide_catch_up(self, steps: int) -> None:
+        """Whether the draft model runs this step at all (``catch_up``): its first forward over the
+        step's tokens is what keeps its KV cache whole, and it costs a draft forward every step. So
+        it runs while the model drafts, for requests that just began (their prompt enters its
+        cache), and for ``MODEL_IDLE_STEPS`` steps after the model last drafted; then it stops and
+        the requests in the batch lose the model for good (their cache has holes), while new
+        requests start with it again."""
+        self._idle = 0 if steps > 0 else self._idle + 1
+        live = bool(self.model_live) or bool(self._new)
+        self.catch_up = steps > 0 or bool(self._new) or (live and self._idle < MODEL_IDLE_STEPS)
+        if self.catch_up:
+            self.model_live |= self._new
+        else:
+            self.model_live.clear()  # every request of this batch: the step's tokens never reach its cache
+            self.skipped_catch_ups += 1
 
     def _explore(self) -> int:
         """Every ``policy.explore_every`` steps without the model, rows that draft nothing try
@@ -205,4 +239,5 @@ class HybridDrafter(BatchDrafter):
         out["accepted_by_source"] = dict(self.accepted_by_source)
         out["model_seconds_by_steps"] = {str(j): s for j, s in self.model_seconds.measured().items()}
         out["model_steps"] = self.model_steps_run
+        out["skipped_catch_ups"] = self.skipped_catch_ups
         return out

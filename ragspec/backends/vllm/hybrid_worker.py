@@ -95,10 +95,12 @@ class HybridProposer(DraftModelProposer):
             num_tokens = num_tokens + [len(s) for s in sampled]
         self.hybrid.candidates(batch.req_ids, sampled, num_tokens, token_ids, batch.generators)
         steps = min(self.hybrid.plan(), num_speculative_tokens)
-        began = time.perf_counter()
-        tokens = super().propose(steps, *args, **kwargs)
-        model_tokens = tokens.tolist() if steps else []
-        self.hybrid.record_model(steps, time.perf_counter() - began)
+        model_tokens: list[list[int]] = []
+        if self.hybrid.catch_up:  # else the draft model does not run at all this step
+            began = time.perf_counter()
+            tokens = super().propose(steps, *args, **kwargs)
+            model_tokens = tokens.tolist() if steps else []
+            self.hybrid.record_model(steps, time.perf_counter() - began)
         return self.hybrid.compose(model_tokens)
 
     def _step_tokens(self, rows: int) -> tuple[list[list[int]], bool]:

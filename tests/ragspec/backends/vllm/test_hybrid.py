@@ -133,3 +133,22 @@ def test_the_own_engines_policy_leaves_a_weak_copy_for_a_good_cheap_draft_model_
         policy.record(strong, 8, 0.14, 0.0)
     assert policy.choose(strong) == 8  # a long passage copy that is always right still wins
     assert policy.choose(weak) == 0 and policy.choose_model(8) > 0  # the model's turn
+
+
+def test_the_draft_model_stops_catching_up_when_idle_and_new_requests_start_it_again() -> None:
+    from ragspec.backends.vllm.hybrid import MODEL_IDLE_STEPS
+
+    drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
+    drafter._since_model = 0  # no exploring: the model's prior cost keeps it idle
+    rows, new = {"a": PASSAGE + [7, 101]}, {"a": [101]}
+    ran = []
+    for _ in range(MODEL_IDLE_STEPS + 3):
+        drafts, steps = _step(drafter, rows, new, {"a": [9, 9, 9, 9]})
+        ran.append(drafter.catch_up)
+        rows["a"] = rows["a"] + drafts["a"] + [1]
+        new["a"] = drafts["a"] + [1]
+    assert ran[:MODEL_IDLE_STEPS] == [True] * MODEL_IDLE_STEPS and not any(ran[MODEL_IDLE_STEPS:])
+    assert drafter.model_caps[0] == 0  # "a"'s draft-model cache has holes now: never the model's drafts
+    rows["b"], new["b"] = [40, 41, 42], [42]
+    _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
+    assert drafter.catch_up and drafter.model_live == {"b"}
