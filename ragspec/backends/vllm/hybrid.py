@@ -73,7 +73,6 @@ class HybridDrafter(BatchDrafter):
         self.drafted_by_source = {"ngram": 0, "model": 0}
         self.accepted_by_source = {"ngram": 0, "model": 0}
         self.model_steps_run = 0
-        self._slot_rows = np.zeros(0, np.int64)
         self._rows = 0
         self._since_model = self.policy.explore_every  # the first chance measures the model
         self._idle = 0  # steps since the model last drafted
@@ -163,13 +162,14 @@ class HybridDrafter(BatchDrafter):
     def _decide_catch_up(self, steps: int) -> None:
         """Whether the draft model runs this step at all (``catch_up``): its first forward over the
         step's tokens is what keeps its KV cache whole, and it costs a draft forward every step. So
-        it runs while the model drafts, for requests that just began (their prompt enters its
-        cache), and for ``MODEL_IDLE_STEPS`` steps after the model last drafted; then it stops and
+        it runs while the model drafts, while prompts are prefilled and for requests that just began
+        (their prompt enters its cache), and for ``MODEL_IDLE_STEPS`` steps after the model last drafted; then it stops and
         the requests in the batch lose the model for good (their cache has holes), while new
         requests start with it again."""
         self._idle = 0 if steps > 0 else self._idle + 1
         live = bool(self.model_live) or bool(self._new)
-        self.catch_up = steps > 0 or bool(self._new) or (live and self._idle < MODEL_IDLE_STEPS)
+        prefilling = self._pending  # a prompt (or a chunk of it) is entering the cache
+        self.catch_up = steps > 0 or bool(self._new) or prefilling or (live and self._idle < MODEL_IDLE_STEPS)
         if self.catch_up:
             self.model_live |= self._new
         else:
