@@ -139,15 +139,16 @@ def test_the_draft_model_stops_catching_up_when_idle_and_new_requests_start_it_a
     from ragspec.backends.vllm.hybrid import MODEL_IDLE_STEPS
 
     drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
-    drafter._since_model = 0  # no exploring: the model's prior cost keeps it idle
+    drafter._since_model = 0  # no exploring; and its steps cost 5 plain steps each: never run
     rows, new = {"a": PASSAGE + [7, 101]}, {"a": [101]}
     ran = []
     for _ in range(MODEL_IDLE_STEPS + 3):
-        drafts, steps = _step(drafter, rows, new, {"a": [9, 9, 9, 9]})
+        drafts, steps = _step(drafter, rows, new, {"a": [9, 9, 9, 9]}, model_s=1.0)
+        assert steps == 0
         ran.append(drafter.catch_up)
         rows["a"] = rows["a"] + drafts["a"] + [1]
         new["a"] = drafts["a"] + [1]
-    assert ran[:MODEL_IDLE_STEPS] == [True] * MODEL_IDLE_STEPS and not any(ran[MODEL_IDLE_STEPS:])
+    assert ran.index(False) == MODEL_IDLE_STEPS - 1 and not any(ran[MODEL_IDLE_STEPS - 1 :])
     assert drafter.model_caps[0] == 0  # "a"'s draft-model cache has holes now: never the model's drafts
     rows["b"], new["b"] = [40, 41, 42], [42]
     _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
