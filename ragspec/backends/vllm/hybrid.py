@@ -25,16 +25,14 @@ seeded sample from run to run).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 
-from ragspec.backends.vllm.proposer import DEFAULT_HISTORY_TOKENS, DEFAULT_MIN_MATCH, BatchDrafter, StepCosts
+from ragspec.backends.vllm.proposer import BatchDrafter
 from ragspec.engine.ngram_batch import CAP, LAST_BUCKET, LAST_GROUP, LAST_K, NONE, OUTPUT_SOURCE
 from ragspec.engine.planning import MAX_BUCKET, MODEL, OUTPUT, REFERENCE, CostCurve, plan_sources, rates
-from ragspec.engine.policy import AdaptivePolicy
 
 EXPLORE_TOKENS = 2
 """Draft-model tokens a row tries when the model is explored (two: its first and later acceptance)."""
@@ -51,21 +49,9 @@ class HybridDrafter(BatchDrafter):
     alone); ``model_steps_cost(rows, longest)`` turns it into plain steps of the batch.
     """
 
-    def __init__(
-        self,
-        max_draft: int,
-        *,
-        max_model_len: int,
-        history_tokens: int = DEFAULT_HISTORY_TOKENS,
-        min_match: int = DEFAULT_MIN_MATCH,
-        policy: AdaptivePolicy | None = None,
-        costs: StepCosts | None = None,
-        clock: Any = time.perf_counter,
-        request_cap: Callable[[str], int] | None = None,
-        max_rows: int = 4,
-    ) -> None:
-        super().__init__(max_draft, max_model_len=max_model_len, history_tokens=history_tokens, min_match=min_match,
-                         policy=policy, costs=costs, clock=clock, request_cap=request_cap, max_rows=max_rows)
+    def __init__(self, max_draft: int, **settings: Any) -> None:
+        """``settings``: ``BatchDrafter``'s (``max_model_len``, ``history_tokens``, ``policy``, ...)."""
+        super().__init__(max_draft, **settings)
         self.model_seconds = CostCurve(MODEL_PRIOR_SLOPE, self.costs.smoothing, monotone=True)
         self.from_model = np.zeros(0, np.int64)
         self.ks = np.zeros(0, np.int64)
