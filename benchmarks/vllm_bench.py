@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     before = drafter_stats(method)
                     runs, wall, drafted, accepted = runners[method](prompts, clients)
                     cell = summarize(method, workload, clients, runs, wall, drafted, accepted)
-                    cell.by_source = per_step_by_source(before, drafter_stats(method))
+                    cell.by_source = per_step_by_source(before, drafter_stats(method, flush=True))
                     if clients == 1:
                         outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
                     cells.append(cell)
@@ -343,9 +343,15 @@ def main(argv: list[str] | None = None) -> int:
                 turn += 1
                 save()
 
-    def drafter_stats(method: str) -> dict[str, Any] | None:
+    def drafter_stats(method: str, flush: bool = False) -> dict[str, Any] | None:
+        """The hybrid's statistics; with ``flush``, after a one-token request of no workload: the drafter
+        counts a request's last steps when it sees the batch without it, at the next request's first step."""
+        if method not in HYBRID_METHODS:
+            return None
+        if flush:
+            stream(servers[method].base_url, 0, warm_up, 1, None, eos)
         path = out.parent / f"{method}-proposer.json"
-        return json.loads(path.read_text()) if method in HYBRID_METHODS and path.is_file() else None
+        return json.loads(path.read_text()) if path.is_file() else None
 
     def save() -> None:
         mark_identical(cells, outputs)
