@@ -26,6 +26,7 @@ _LAZY = {
     "AnswerStream": "ragspec.answers",
     "Conversation": "ragspec.conversation",
     "Turn": "ragspec.prompts",
+    "MissingExtraError": "retrievers.extras",
 }
 
 __all__ = sorted(_LAZY)
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from ragspec.pipeline import DocumentQA
     from ragspec.prompts import Turn
     from ragspec.remote import RemoteGenerator
+    from retrievers.extras import MissingExtraError
 
 
 def __getattr__(name: str) -> Any:
