@@ -19,8 +19,8 @@ __all__ = ["EXTRA_MODULES", "MissingExtraError", "needs", "require"]
 EXTRA_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     # FAISS, BM25, chunking and the bundled embedding model with its three runtimes.
     "retrieval": ("faiss", "bm25s", "langchain_text_splitters", "sentence_transformers", "onnx", "onnxruntime", "openvino"),
-    # PDF, HTML and office files (retrievers/loaders.py, retrievers/converters.py).
-    "formats": ("pypdf", "bs4", "markitdown", "openpyxl", "odf", "defusedxml"),
+    # PDF, HTML; Office, OpenDocument and EPUB files, whose XML ragspec parses with defusedxml (retrievers/loaders.py).
+    "formats": ("pypdf", "bs4", "defusedxml"),
     # The web app and the OpenAI-compatible API (apps/web).
     "server": ("fastapi", "uvicorn", "multipart", "markdown_it", "nh3"),
     "llamacpp": ("llama_cpp",),
