@@ -183,9 +183,12 @@ def test_without_postgres_the_store_names_the_extra(tmp_path: Path) -> None:
         def store():
             from retrievers.pg_store import PgVectorStore
         out["store"] = caught(store)
+        from ragspec import DocumentQA
+        out["from_store"] = caught(lambda: DocumentQA.from_store("postgresql://nobody@localhost/none"))
         out["ingest"] = cli("ingest", {str(tmp_path)!r}, "--store", "postgresql://nobody@localhost/none")
     """)
-    assert out["store"][0] == "postgres" and "pip install 'ragspec[postgres]'" in out["store"][1]
+    for what in ("store", "from_store"):
+        assert out[what][0] == "postgres" and "pip install 'ragspec[postgres]'" in out[what][1], out[what]
     code, line = out["ingest"]
     assert code == 1 and "ragspec ingest --store needs the 'postgres' extra" in line, line
 
