@@ -640,12 +640,21 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"generating on {remote.base_url} (model {name!r})", file=sys.stderr)
     print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
     if remote is not None:
-        serve(args.host, args.port, config=config, preload=preload, generation=remote)
+        serve(args.host, args.port, config=config, preload=preload, generation=remote, state_url=_state_url(args))
     else:  # the local model, loaded before listening
         from ragspec.registry import LocalModel
 
-        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend))
+        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend),
+              state_url=_state_url(args))
     return 0
+
+
+def _state_url(args: argparse.Namespace) -> str | None:
+    """With ``--store postgresql://...``: the database the app keeps its sessions, conversations and uploads in
+    (so that replicas over it are interchangeable, docs/scale-out.md); else None (this process)."""
+    from retrievers.store_url import is_database_url
+
+    return args.store if is_database_url(args.store) else None
 
 
 def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection | None:
@@ -719,7 +728,7 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         print(f"generating on vLLM at {server.base_url} (ragspec's proposer, up to {draft_tokens} drafted tokens)", file=sys.stderr)
         print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
         try:
-            serve(args.host, args.port, config=config, preload=preload, generation=remote)
+            serve(args.host, args.port, config=config, preload=preload, generation=remote, state_url=_state_url(args))
         except KeyboardInterrupt:
             if not vllm_exit:
                 raise

@@ -219,6 +219,15 @@ class Collection:
                     raise AppError(f"nothing at {safe_label(str(self.index_dir), self.collection)}: build it with 'ragspec ingest'") from e
             return self._qa
 
+    def close(self) -> None:
+        """Close what the opened index holds (a database collection's connections); the next use opens it again."""
+        with self._lock:
+            qa, self._qa = self._qa, None
+        store = getattr(getattr(qa, "retriever", None), "store", None)
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
     def documents(self) -> list[str]:
         """The files the index was built from (as ``ragspec ingest`` recorded them), read from its manifest
         without loading it; ``[]`` for an index saved without a file catalog."""
