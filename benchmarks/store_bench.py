@@ -11,8 +11,8 @@ breadth, docs/scale-out.md).
 
 Run from the repository root (offline; needs ``pip install 'ragspec[postgres]'``):
 
-    .venv/bin/python benchmarks/store_bench.py --sizes 10000 --out bench-out/store-10k.json    # ~2 min on 2 cores
-    .venv/bin/python benchmarks/store_bench.py --sizes 100000 --out bench-out/store-100k.json  # ~10 min on 2 cores
+    .venv/bin/python benchmarks/store_bench.py --sizes 10000 --out bench-out/store-10k.json                 # ~1 min on 2 cores
+    .venv/bin/python benchmarks/store_bench.py --sizes 100000 --queries 100 --out bench-out/store-100k.json  # ~8 min on 2 cores
 
 Vectors are clustered Gaussians (384 dimensions, as the default embedding model's; neighbours much
 closer than random pairs, as sentence embeddings are), texts Zipf-distributed words. Vectors are
