@@ -61,6 +61,8 @@ WEB_LOCK = 0x57_45_42  # "WEB": first key of a session's advisory lock (the seco
 _SCHEMA_LOCK = (0x57_45_42, 0)
 KEY_CHARS = 32
 """Characters of the key that name a session's folder and collection (128 bits of the SHA-256)."""
+LOCK_WAIT_S = 600.0
+"""Longest a change to a session's documents waits for another one (through any replica) to finish."""
 PROGRESS_EVERY_S = 0.2
 """Most often one run's progress is written to the database (the last word before it ends is kept)."""
 PROGRESS_STALE_S = 3600.0
@@ -231,18 +233,42 @@ class PgSessionStore:
     @asynccontextmanager
     async def changing(self, session: Session) -> AsyncIterator[None]:
         """This process's lock, then the session's advisory lock in the database (held on a connection of
-        its own until the change ends); the session's files are then copied in from the database."""
+        its own until the change ends, at most ``LOCK_WAIT_S`` waited for); the session's files are then
+        copied in from the database. A request cancelled while it waits leaves no lock behind."""
+        key = session_key(session.id)
         async with session.lock:
-            conn = await asyncio.to_thread(self._pool.getconn)
+            taking = asyncio.ensure_future(asyncio.to_thread(self._lock_session, key))
             try:
-                await asyncio.to_thread(conn.execute, "SELECT pg_advisory_lock(%s, hashtext(%s))", (WEB_LOCK, session_key(session.id)))
-                try:
-                    await asyncio.to_thread(self._refresh, session)
-                    yield
-                finally:
-                    conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (WEB_LOCK, session_key(session.id)))
+                conn = await asyncio.shield(taking)
+            except asyncio.CancelledError:  # the thread goes on: give the lock back once it has it
+                taking.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self._unlock_session(t.result(), key))
+                raise
+            try:
+                await asyncio.to_thread(self._refresh, session)
+                yield
             finally:
-                self._pool.putconn(conn)
+                await asyncio.to_thread(self._unlock_session, conn, key)  # finishes in its thread even if cancelled
+
+    def _lock_session(self, key: str) -> psycopg.Connection[Any]:
+        conn = self._pool.getconn()
+        try:
+            with conn.transaction():  # the advisory lock is the connection's: it outlives this transaction
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{LOCK_WAIT_S:g}s",))
+                conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (WEB_LOCK, key))
+        except psycopg.errors.LockNotAvailable as e:
+            self._pool.putconn(conn)
+            raise ApiError(503, f"another change to this session's documents has taken more than {LOCK_WAIT_S:g} s; "
+                                "try again later", code="session_busy", headers={"Retry-After": "30"}) from e  # fmt: skip
+        except BaseException:
+            self._pool.putconn(conn)
+            raise
+        return conn
+
+    def _unlock_session(self, conn: psycopg.Connection[Any], key: str) -> None:
+        try:
+            conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (WEB_LOCK, key))
+        finally:
+            self._pool.putconn(conn)
 
     def indexed(self, session: Session, answerer: Answerer, summary: IndexSummary, added: Sequence[Path] = ()) -> None:
         key = session_key(session.id)

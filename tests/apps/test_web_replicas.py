@@ -245,3 +245,39 @@ def test_a_gone_session_is_gone_on_every_replica(replicas: Replicas) -> None:
         assert on_a.get("/api/session").json()["expired"] is True  # a's copy of it is gone too
     with browser(replicas.b, httpx.Cookies({"ragspec_session": "x" * 1000})) as forged:
         assert forged.get("/api/session").json()["expired"] is True
+
+
+def test_uploads_at_once_through_both_replicas_take_turns_and_keep_every_file(replicas: Replicas) -> None:
+    gate = threading.Event()
+    with browser(replicas.a) as on_a:
+        assert upload(on_a, "first.md", b"# First\n\nThe first note is about apples.\n").status_code == 200
+        cookies = on_a.cookies
+    replicas.backends[0].gate = gate  # a's next indexing waits after its first progress report
+    results: dict[str, httpx.Response] = {}
+
+    def send(replica: str, name: str, body: bytes) -> None:
+        with browser(replicas.a if replica == "a" else replicas.b, cookies) as client:
+            results[replica] = upload(client, name, body, "run_" + replica * 20)
+
+    slow = threading.Thread(target=send, args=("a", "apples.md", b"# Apples\n\nApples grow on trees in the orchard.\n"))
+    slow.start()
+    try:
+        with browser(replicas.b) as watcher:  # a holds the session's lock now
+            deadline = time.monotonic() + 30
+            while not watcher.get("/api/progress", params={"id": "run_" + "a" * 20}).json()["active"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        fast = threading.Thread(target=send, args=("b", "pears.md", b"# Pears\n\nPears ripen after they are picked.\n"))
+        fast.start()
+        time.sleep(1.0)
+        assert "b" not in results  # b waits for a's change to end
+    finally:
+        gate.set()
+        slow.join(60)
+    fast.join(60)
+    assert results["a"].status_code == results["b"].status_code == 200
+    assert sorted(results["b"].json()["documents"]) == ["apples.md", "first.md", "pears.md"]
+    with browser(replicas.a, cookies) as on_a:
+        assert sorted(on_a.get("/api/session").json()["documents"]) == ["apples.md", "first.md", "pears.md"]
+        for question, source in (("apples orchard trees", "apples.md"), ("pears ripen picked", "pears.md")):
+            assert [c["source"] for c in dict(ask(on_a, question))["done"]["citations"]] == [source]
