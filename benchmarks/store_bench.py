@@ -208,15 +208,24 @@ def server_mib(url: str) -> float | None:
     import psycopg
 
     try:
-        with psycopg.connect(url) as conn:
+        with psycopg.connect(url) as conn:  # the backend serving this connection exits when it closes
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        backend = psutil.Process(int(row[0])) if row else None
-        postmaster = backend.parent() if backend is not None else None
+            postmaster = psutil.Process(int(row[0])).parent() if row else None
         if postmaster is None:
             return None
-        return sum(p.memory_full_info().pss for p in [postmaster, *postmaster.children()]) / 2**20
+        return (postmaster.memory_full_info().pss + sum(_pss(p) for p in postmaster.children())) / 2**20
     except (psutil.Error, OSError, AttributeError):
         return None
+
+
+def _pss(process) -> int:
+    """A server process's PSS; 0 for one that ended meanwhile (a worker's life is short)."""
+    import psutil
+
+    try:
+        return int(process.memory_full_info().pss)
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ What lives in the database (tables made once, idempotently, by ``ensure_web_sche
   answers on any replica.
 
 A session's documents are indexed into a collection of their own in the same database
-(``session_collection``; ``StoreBackend``), which every replica opens. Each change is one
+(``apps.web.backends.StoreBackend``), which every replica opens. Each change is one
 transaction with bound parameters only; a change of a session's documents holds the session's
 advisory lock (``PgSessionStore.changing``), so uploads through two replicas take turns instead of
 losing files. Texts are stored as JSON text (``\\u0000`` escaped), so a NUL byte or a lone surrogate
@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,17 +44,15 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from apps.engine import Collection, IndexSummary, Skipped, update_index
-from apps.web.server import DefaultBackend
+from apps.engine import IndexSummary, Skipped
+from apps.web.backends import session_collection
 from apps.web.sessions import Answerer, Backend, Session, SessionLimitError
 from apps.web.state import MAX_PROGRESS, PROGRESS_ID, ApiError
 
 if TYPE_CHECKING:
-    from langchain_core.embeddings import Embeddings
-
     from retrievers.ingest import SyncProgress
 
-__all__ = ["PgProgressBoard", "PgSessionStore", "StoreBackend", "ensure_web_schema", "session_collection", "session_key"]
+__all__ = ["PgProgressBoard", "PgSessionStore", "ensure_web_schema", "session_key"]
 
 WEB_LOCK = 0x57_45_42  # "WEB": first key of a session's advisory lock (the second is hashtext of its key)
 _SCHEMA_LOCK = (0x57_45_42, 0)
@@ -101,11 +98,6 @@ def session_key(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def session_collection(folder_name: str) -> str:
-    """The collection holding a session's documents, from its folder's name (``KEY_CHARS`` of its key)."""
-    return f"web-{folder_name}"
-
-
 def ensure_web_schema(url: str) -> None:
     """The web app's tables, made once (an advisory lock keeps two replicas starting together from racing)."""
     with psycopg.connect(url, autocommit=False) as conn, conn.transaction():
@@ -114,30 +106,9 @@ def ensure_web_schema(url: str) -> None:
 
 
 class Opener(Protocol):
-    """A back end that can open the answerer of documents another replica indexed (``StoreBackend``)."""
+    """A back end that can open the answerer of documents another replica indexed (``apps.web.backends.StoreBackend``)."""
 
     def open(self, workdir: Path) -> Answerer: ...
-
-
-@dataclass
-class StoreBackend(DefaultBackend):
-    """Indexes a session's files into its own collection of the database at ``url`` (``session_collection``),
-    so that every replica answers over the same passages without embedding them again."""
-
-    url: str = ""
-    embeddings: Embeddings | None = None
-    """Embed passages and questions (None: the bundled model)."""
-
-    def index(
-        self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
-    ) -> tuple[Answerer, IndexSummary]:
-        name = session_collection(workdir.name)
-        summary = update_index(paths, self.url, progress=progress, collection=name, embeddings=self.embeddings)
-        return self.open(workdir), summary
-
-    def open(self, workdir: Path) -> Collection:
-        return Collection(self.url, collection=session_collection(workdir.name), max_tokens=self.max_tokens, k=self.k,
-                          model=self.model, source=self.source, backend=self.model_backend, embeddings=self.embeddings)  # fmt: skip
 
 
 class PgSessionStore:

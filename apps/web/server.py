@@ -48,20 +48,20 @@ client that goes away stops its generation.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from apps.engine import Collection, IndexSummary, update_index
+from apps.engine import Collection
 from apps.web import ask, documents
 from apps.web.config import AppConfig
+from apps.web.backends import DefaultBackend, StoreBackend
 from apps.web.embeddings_api import add_embeddings_route
 from apps.web.openai_api import ApiSettings, Source, add_openai_routes
 from apps.web.queue import ModelQueue
@@ -69,37 +69,11 @@ from apps.web.retrieval_api import Documents
 from apps.web.security import Guard, is_loopback, require_key_off_loopback, trusted_hosts_for
 from apps.web.sessions import Answerer, Backend, MemorySessionStore, SessionStore
 from apps.web.state import COOKIE, ProgressBoard, ProgressStore, WebState, web_state
-from ragspec.engine.config import DEFAULT_MAX_TOKENS
-
-if TYPE_CHECKING:
-    from retrievers.ingest import SyncProgress
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 __all__ = ["AppConfig", "DefaultBackend", "ProgressBoard", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
-
-
-@dataclass
-class DefaultBackend:
-    """Indexes with ``apps.engine.update_index`` (incremental, into ``workdir/index``) and answers with the ragspec pipeline."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    k: int = 4
-    model: str = "default"
-    model_backend: str = "auto"
-    """What runs the local ``model``: ``"auto"``, ``"torch"`` or ``"llamacpp"`` (``ragspec.backends``)."""
-    source: Source | None = None
-    """Where answers are generated (a ``RemoteModel``); None: the local ``model``."""
-
-    def index(
-        self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
-    ) -> tuple[Answerer, IndexSummary]:
-        index_dir = workdir / "index"
-        summary = update_index(paths, index_dir, progress=progress)
-        collection = Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model,
-                                source=self.source, backend=self.model_backend)
-        return collection, summary
 
 
 pages = APIRouter()
@@ -209,8 +183,6 @@ def _default_backend(config: AppConfig, remote: Source | None, local: Any, state
                                 "model": local.model if local else "default", "model_backend": local.backend if local else "auto"}  # fmt: skip
     if state_url is None:
         return DefaultBackend(**settings)
-    from apps.web.pg_state import StoreBackend
-
     return StoreBackend(**settings, url=state_url, embeddings=embeddings)
 
 

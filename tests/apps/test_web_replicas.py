@@ -25,12 +25,12 @@ import psycopg  # noqa: E402
 from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
 
 from apps.engine import Event, Token  # noqa: E402
-from apps.web.pg_state import StoreBackend, session_collection  # noqa: E402
+from apps.web.backends import StoreBackend, session_collection  # noqa: E402
 from apps.web.server import AppConfig, create_app  # noqa: E402
 from retrievers.pg_store import PgVectorStore  # noqa: E402
 from tests.apps.conftest import LiveServer  # noqa: E402
 from tests.apps.fakes import fake_answer  # noqa: E402
-from tests.apps.test_web_server import ask, events  # noqa: E402
+from tests.apps.test_web_server import ask  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
