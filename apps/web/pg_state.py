@@ -55,7 +55,11 @@ if TYPE_CHECKING:
 __all__ = ["PgProgressBoard", "PgSessionStore", "ensure_web_schema", "session_key"]
 
 WEB_LOCK = 0x57_45_42  # "WEB": first key of a session's advisory lock (the second is hashtext of its key)
-_SCHEMA_LOCK = (0x57_45_42, 0)
+_ADMIN_LOCK = 0x57_45_41  # "WEA": first key of the locks below (a class of their own: hashtext may give any second key)
+_SCHEMA_LOCK = (_ADMIN_LOCK, 0)
+"""Serializes creating the tables and creating sessions (which counts them)."""
+_PROGRESS_LOCK = (_ADMIN_LOCK, 1)
+"""Serializes starting to track a run (which counts them)."""
 KEY_CHARS = 32
 """Characters of the key that name a session's folder and collection (128 bits of the SHA-256)."""
 LOCK_WAIT_S = 600.0
@@ -397,7 +401,7 @@ class PgProgressBoard:
         tracked = False
         if PROGRESS_ID.fullmatch(run_id):
             with self._pool.connection() as conn, conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (WEB_LOCK, 1))  # one start at a time counts the runs
+                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _PROGRESS_LOCK)  # one start at a time counts the runs
                 conn.execute("DELETE FROM ragspec_web_progress WHERE updated < clock_timestamp() - make_interval(secs => %s)",
                              (PROGRESS_STALE_S,))  # fmt: skip
                 tracked = conn.execute(
