@@ -230,10 +230,14 @@ class Collection:
 
     def documents(self) -> list[str]:
         """The files the index was built from (as ``ragspec ingest`` recorded them), read from its manifest
-        without loading it; ``[]`` for an index saved without a file catalog."""
+        without loading it (a collection in PostgreSQL: from its manifest table); ``[]`` for an index saved
+        without a file catalog."""
         from retrievers import IndexNotFoundError
         from retrievers.persistence import read_manifest
 
+        shared = self._shared_memory()
+        if shared is not None:  # a collection in PostgreSQL: its manifest is a table
+            return list(shared.files())
         try:
             files = read_manifest(self.index_dir).get("ingest", {}).get("files", {})
         except IndexNotFoundError as e:

@@ -281,3 +281,31 @@ def test_uploads_at_once_through_both_replicas_take_turns_and_keep_every_file(re
         assert sorted(on_a.get("/api/session").json()["documents"]) == ["apples.md", "first.md", "pears.md"]
         for question, source in (("apples orchard trees", "apples.md"), ("pears ripen picked", "pears.md")):
             assert [c["source"] for c in dict(ask(on_a, question))["done"]["citations"]] == [source]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_two_serve_processes_over_one_database_serve_one_user(pg_url: str, tmp_path: Path) -> None:
+    """The real thing: ``ragspec serve --store URL`` twice (the default models), one browser alternating between them."""
+    from apps import cli
+    from tests.apps.ragspec_server import ServeProcess
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "ferry.md").write_text("# Ferry\n\nThe ferry to the island leaves at nine in the morning.\n")
+    assert cli.main(["ingest", str(docs), "--store", pg_url, "--collection", "notes", "--no-progress"]) == 0
+    replicas = [ServeProcess("--store", pg_url, "--collection", "notes", "--max-tokens", "24") for _ in range(2)]
+    try:
+        a, b = (p.wait_ready() for p in replicas)
+        with httpx.Client(base_url=a.url, timeout=300) as on_a:
+            listed = upload(on_a, "trial.md", b"# Trial\n\nThe trial of the new drug lasts six months.\n").json()
+            assert listed["documents"] == ["trial.md"]
+            assert dict(ask(on_a, "How long does the trial last?"))["done"]["citations"][0]["source"] == "trial.md"
+            with httpx.Client(base_url=b.url, timeout=300, cookies=on_a.cookies) as on_b:
+                assert on_b.get("/api/session").json()["turns"] == 1
+                done = dict(ask(on_b, "And how long does the trial of the drug last?"))["done"]
+                assert done["citations"] and done["citations"][0]["source"] == "trial.md"
+            assert on_a.get("/api/session").json()["turns"] == 2
+    finally:
+        for process in replicas:
+            process.stop()
