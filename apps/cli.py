@@ -545,10 +545,14 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
 
 
 def _speed_line(s: GenerationStats) -> str:
-    return (
-        f"{s.new_tokens} tokens in {s.wall_s:.1f} s · {s.decode_tokens_per_s:.1f} tokens/s · "
-        f"acceptance {s.acceptance_rate:.0%} · {s.tokens_per_forward:.2f} tokens/forward"
-    )
+    """The answer's speed, with the drafting figures the engine counted (``GenerationStats.reported``)."""
+    shown = s.reported()
+    parts = [f"{s.new_tokens} tokens in {s.wall_s:.1f} s", f"{s.decode_tokens_per_s:.1f} tokens/s"]
+    if "acceptance_rate" in shown:
+        parts.append(f"acceptance {s.acceptance_rate:.0%}")
+    if "tokens_per_forward" in shown:
+        parts.append(f"{s.tokens_per_forward:.2f} tokens/forward")
+    return " · ".join(parts)
 
 
 def _ask(args: argparse.Namespace) -> int:

@@ -134,7 +134,7 @@ def _done(answer: Answer, session: Session) -> dict[str, Any]:
             _shown({**c.as_dict(), "quote": c.text, "text": answer.passages[c.number - 1].page_content.strip()}, session)
             for c in answer.citations
         ],
-        "stats": answer.stats.as_dict(),
+        "stats": answer.stats.reported(),
     }
 
 
