@@ -310,3 +310,51 @@ def test_two_serve_processes_over_one_database_serve_one_user(pg_url: str, tmp_p
     finally:
         for process in replicas:
             process.stop()
+
+
+def test_the_session_limit_counts_every_replicas_sessions(pg_url: str, tmp_path: Path) -> None:
+    from apps.web.pg_state import PgSessionStore
+    from apps.web.sessions import SessionLimitError
+
+    backend = ReplicaBackend(url=pg_url, embeddings=EMBEDDINGS)
+    a, b = (PgSessionStore(pg_url, backend, tmp_path / name, max_sessions=2, ttl_s=60) for name in "ab")
+    try:
+        made = [a.create(), b.create()]
+        with pytest.raises(SessionLimitError) as refused:
+            a.create()
+        assert 1 <= refused.value.retry_after_s <= 61
+        b.discard(made[0])  # a slot is free again, whichever replica frees it
+        assert a.create().id != made[0].id and len(a) == len(b) == 2
+        assert b.get(made[0].id) is None and b.get(made[1].id) is not None
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_request_cancelled_while_it_waits_for_the_session_leaves_no_lock(pg_url: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from apps.web.pg_state import PgSessionStore
+
+    backend = ReplicaBackend(url=pg_url, embeddings=EMBEDDINGS)
+    a, b = (PgSessionStore(pg_url, backend, tmp_path / name) for name in "ab")
+    try:
+        session = a.create()
+        on_b = b.get(session.id)
+        assert on_b is not None
+        async with a.changing(session):
+            waiting = asyncio.create_task(b.changing(on_b).__aenter__())
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # b waits for a's lock in the database
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        await asyncio.sleep(0.5)  # b's thread takes the lock once a lets go, and gives it back
+        async with asyncio.timeout(10):
+            async with b.changing(on_b):
+                pass
+            async with a.changing(session):
+                pass
+    finally:
+        a.close()
+        b.close()
