@@ -188,11 +188,14 @@ class PgSessionStore:
             row = conn.execute(
                 "SELECT count(*), extract(epoch FROM clock_timestamp() - min(last_used)) FROM ragspec_web_sessions"
             ).fetchone()
-            if row is not None and row[0] >= self.max_sessions:
-                raise SessionLimitError(self.max_sessions, max(1, int(self.ttl_s - float(row[1])) + 1))
-            conn.execute("INSERT INTO ragspec_web_sessions (key) VALUES (%s)", (key,))
+            full = row is not None and row[0] >= self.max_sessions
+            if not full:
+                conn.execute("INSERT INTO ragspec_web_sessions (key) VALUES (%s)", (key,))
         for (gone,) in expired:
             self._drop_documents(gone)
+        if full:
+            assert row is not None
+            raise SessionLimitError(self.max_sessions, max(1, int(self.ttl_s - float(row[1])) + 1))
         session = self._local(session_id, key)
         session.root.mkdir(parents=True, exist_ok=True)
         return session
@@ -305,11 +308,19 @@ class PgSessionStore:
     # --- this replica's copies ----------------------------------------------------------
 
     def _local(self, session_id: str, key: str) -> Session:
+        """This replica's copy of the session (made now if it has none); copies idle here longer than ``ttl_s``
+        are let go (the session may live on through other replicas: a later request here reloads it)."""
+        now = time.monotonic()
         with self._lock:
+            idle = [k for k, s in self._sessions.items() if k != key and now - s.last_used > self.ttl_s]
+            dropped = [self._sessions.pop(k) for k in idle]
             session = self._sessions.get(key)
             if session is None:
-                session = self._sessions[key] = Session(session_id, self.root / key[:KEY_CHARS], last_used=time.monotonic())
-            return session
+                session = self._sessions[key] = Session(session_id, self.root / key[:KEY_CHARS], last_used=now)
+        for gone in dropped:
+            _close(gone.answerer)
+            shutil.rmtree(gone.root, ignore_errors=True)
+        return session
 
     def _refresh(self, session: Session) -> None:
         """The session's files and documents as the database has them now (inside its lock)."""
