@@ -33,7 +33,10 @@ and ``apps.web.embeddings_api`` (``/v1``). ``create_app`` only wires them togeth
 
 Errors are ``{"error": message}`` (plus ``"code": "session_expired"`` on the 410 of a session
 that expired). Sessions are made only by the POSTs above, at most ``max_sessions`` at once
-(then 503, no session is evicted), and expire after ``session_ttl_s`` idle.
+(then 503, no session is evicted), and expire after ``session_ttl_s`` idle. They live in this
+process, or with ``create_app(state_url=...)`` (``ragspec serve --store postgresql://...``) in that
+database with their conversations, uploaded files and indexing progress (``apps.web.pg_state``), so
+that replicas over it serve one user interchangeably.
 
 Every request first passes ``apps.web.security.Guard``: trusted ``Host``, same-origin
 state-changing requests, the API key on ``/api/`` and ``/v1/`` when one is set, and body-size limits enforced
