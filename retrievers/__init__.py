@@ -15,8 +15,9 @@ Typical use::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from retrievers.lazy import lazy_names
 
 _LAZY = {
     "BM25Retriever": "retrievers.bm25",
@@ -134,14 +135,4 @@ if TYPE_CHECKING:
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'retrievers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
