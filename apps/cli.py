@@ -328,6 +328,17 @@ def _target(args: argparse.Namespace, default: str | None = DEFAULT_INDEX) -> tu
     return target, args.collection
 
 
+def _require_extras(command: str, target: str | None) -> None:
+    """The extras a command over documents needs (``retrieval``; ``postgres`` for a database), checked
+    before anything loads: a missing one is a ``MissingExtraError`` naming it."""
+    from retrievers.extras import require
+    from retrievers.store_url import is_database_url
+
+    require("retrieval", f"ragspec {command}")
+    if target is not None and is_database_url(target):
+        require("postgres", f"ragspec {command} --store")
+
+
 def _where(target: str, collection: str | None) -> str:
     from retrievers.store_url import safe_label
 
@@ -344,12 +355,13 @@ def _chunk_overlap(chunk_size: int, overlap: int | None) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    target, collection = _target(args)
+    assert target is not None
+    _require_extras("ingest", target)
     from apps.engine import update_index
     from retrievers import check_index_writable
     from retrievers.store_url import is_database_url
 
-    target, collection = _target(args)
-    assert target is not None
     if not is_database_url(target):
         check_index_writable(target)  # fail now, not after embedding everything
     bar = _ProgressBar(enabled=not args.no_progress)
@@ -476,6 +488,7 @@ def _collection(args: argparse.Namespace) -> Collection:
 
     target, collection = _target(args)
     assert target is not None
+    _require_extras(args.command, target)
     if not is_database_url(target) and not Path(target).is_dir():
         raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
     options = _penalties(args)
@@ -611,6 +624,9 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from retrievers.extras import require
+
+    require("server", "ragspec serve")
     from apps.web.security import require_key_off_loopback
     from apps.web.server import AppConfig, is_loopback, serve, trusted_hosts_for
 
@@ -648,13 +664,29 @@ def _serve(args: argparse.Namespace) -> int:
         remote = replace(remote, model=name)
         print(f"generating on {remote.base_url} (model {name!r})", file=sys.stderr)
     print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
+    _say_where_state_lives(args)
     if remote is not None:
-        serve(args.host, args.port, config=config, preload=preload, generation=remote)
+        serve(args.host, args.port, config=config, preload=preload, generation=remote, state_url=_state_url(args))
     else:  # the local model, loaded before listening
         from ragspec.registry import LocalModel
 
-        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend))
+        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend),
+              state_url=_state_url(args))
     return 0
+
+
+def _say_where_state_lives(args: argparse.Namespace) -> None:
+    if _state_url(args) is not None:
+        print("sessions, conversations and uploads are kept in the database: "
+              "other 'ragspec serve --store' replicas over it serve the same users", file=sys.stderr)  # fmt: skip
+
+
+def _state_url(args: argparse.Namespace) -> str | None:
+    """With ``--store postgresql://...``: the database the app keeps its sessions, conversations and uploads in
+    (so that replicas over it are interchangeable, docs/scale-out.md); else None (this process)."""
+    from retrievers.store_url import is_database_url
+
+    return args.store if is_database_url(args.store) else None
 
 
 def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection | None:
@@ -667,6 +699,7 @@ def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection 
         if args.embeddings_url:
             raise CLIError("--embeddings-url embeds for --index or --store; give one of them")
         return None
+    _require_extras("serve", target)
     if not is_database_url(target) and not Path(target).is_dir():
         raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
     preload = Collection(target, max_tokens=args.max_tokens, source=remote, collection=collection,
@@ -738,8 +771,9 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         locked = " (API key required)" if config.api_key else ""
         print(f"generating on vLLM at {server.base_url} ({drafting}, up to {draft_tokens} drafted tokens)", file=sys.stderr)
         print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
+        _say_where_state_lives(args)
         try:
-            serve(args.host, args.port, config=config, preload=preload, generation=remote)
+            serve(args.host, args.port, config=config, preload=preload, generation=remote, state_url=_state_url(args))
         except KeyboardInterrupt:
             if not vllm_exit:
                 raise
