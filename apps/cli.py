@@ -734,8 +734,8 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     if args.draft_model is not None and not draft_tokens:
         raise CLIError("--draft-model drafts: it needs --vllm-draft-tokens above 0")
     if args.draft_model is not None:  # the hybrid: n-gram drafts and the draft model's
-        from ragspec.backends.vllm.draft import check_draft_folder, draft_folder
-        from ragspec.backends.vllm.server import hybrid_config
+        from ragspec.backends.vllm.draft import draft_folder
+        from ragspec.backends.vllm.server import check_draft_folder, hybrid_config
 
         draft = draft_folder(args.draft_model)
         check_draft_folder(folder, draft)

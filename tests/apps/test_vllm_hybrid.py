@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ragspec.backends.vllm.draft import DraftModelError, check_draft_folder, weak_draft_folder
+from ragspec.backends.vllm.draft import weak_draft_folder
 from ragspec.backends.vllm.proposer import STATS_ENV
-from ragspec.backends.vllm.server import HYBRID_FLAGS, VllmServer, hybrid_config
+from ragspec.backends.vllm.server import HYBRID_FLAGS, DraftModelError, VllmServer, check_draft_folder, hybrid_config
 from tests.apps.test_vllm_engine import needs_vllm
 from tests.apps.vllm_common import FLAGS, complete, metrics
 

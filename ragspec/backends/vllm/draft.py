@@ -1,4 +1,4 @@
-"""The draft model vLLM runs beside the target for the hybrid proposer: found, checked, or built.
+"""The draft model vLLM runs beside the target for the hybrid proposer: found, or built.
 
 Runs on ragspec's side (``ragspec serve --engine vllm --draft-model DIR``, the tests, the
 benchmark), never in vLLM's worker.
@@ -7,10 +7,8 @@ benchmark), never in vLLM's worker.
   it, or ``WEAK_DRAFT`` (``"weak"``): the default model cut to its first ``WEAK_LAYERS`` layers, a
   deliberately poor draft of the same tokenizer for tests and benchmarks, built once into ragspec's
   cache folder (``retrievers.cache``; a few seconds, ~120 MB).
-- ``check_draft_folder(target, draft)``: vLLM loads a draft model late, inside its worker, and a
-  draft of another tokenizer would not fail at all: its drafts would simply all be rejected. So the
-  folder is checked first, with what to do in the message: loadable (``config.json`` with its
-  architecture, weights, a tokenizer) and the target's tokenizer (the same vocabulary, id for id).
+
+The folder is checked before vLLM starts by ``ragspec.backends.vllm.server.check_draft_folder``.
 """
 
 from __future__ import annotations
@@ -19,18 +17,12 @@ import json
 import shutil
 from pathlib import Path
 
-from ragspec.backends.vllm.server import VllmError, check_model_folder
-
 WEAK_DRAFT = "weak"
 """The ``--draft-model`` name of the truncated default model."""
 WEAK_LAYERS = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 COMPLETE_MARKER = "ragspec-complete.json"
-
-
-class DraftModelError(VllmError):
-    """The draft model folder cannot serve as the target's draft; the message says why and what to do."""
 
 
 def draft_folder(name: str) -> Path:
@@ -72,27 +64,3 @@ def _truncate(source: Path, out: Path, layers: int) -> None:
         if (source / name).is_file():
             shutil.copy2(source / name, out / name)
     (out / COMPLETE_MARKER).write_text(json.dumps({"source": str(source), "layers": layers}))
-
-
-def check_draft_folder(target: Path, draft: Path) -> None:
-    """Raise ``DraftModelError`` unless ``draft`` loads as a model with ``target``'s tokenizer."""
-    try:
-        check_model_folder(draft)
-    except VllmError as e:
-        raise DraftModelError(f"draft model: {e}") from e
-    from transformers import AutoTokenizer
-
-    tokenizers = []
-    for role, folder in (("target", target), ("draft", draft)):
-        try:
-            tokenizers.append(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
-        except (OSError, ValueError) as e:
-            raise DraftModelError(f"the {role} model folder {folder} has no tokenizer that loads ({e}): "
-                                  "a draft model needs the target's tokenizer files beside its weights") from e
-    mine, theirs = tokenizers
-    if len(mine) != len(theirs) or mine.get_vocab() != theirs.get_vocab():
-        raise DraftModelError(
-            f"draft model {draft} ({len(theirs)} tokens) does not share the tokenizer of {target} ({len(mine)} tokens): "
-            "its drafts would all be rejected; use a smaller model of the same family (the same tokenizer, e.g. "
-            "Qwen2.5-0.5B-Instruct for Qwen2.5-7B-Instruct)"
-        )

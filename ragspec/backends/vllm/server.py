@@ -110,6 +110,38 @@ def check_model_folder(folder: Path) -> None:
         raise VllmError(f"{folder} holds no weights (*.safetensors or *.bin)")
 
 
+class DraftModelError(VllmError):
+    """The draft model folder cannot serve as the target's draft; the message says why and what to do."""
+
+
+def check_draft_folder(target: Path, draft: Path) -> None:
+    """Raise ``DraftModelError`` unless ``draft`` loads as a model with ``target``'s tokenizer.
+
+    vLLM loads a draft model late, inside its worker, and a draft of another tokenizer would not
+    fail at all: its drafts would all be rejected. So the folder is checked before vLLM starts:
+    loadable (``check_model_folder``, a tokenizer) and the target's vocabulary, id for id."""
+    try:
+        check_model_folder(draft)
+    except VllmError as e:
+        raise DraftModelError(f"draft model: {e}") from e
+    from transformers import AutoTokenizer
+
+    tokenizers = []
+    for role, folder in (("target", target), ("draft", draft)):
+        try:
+            tokenizers.append(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
+        except (OSError, ValueError) as e:
+            raise DraftModelError(f"the {role} model folder {folder} has no tokenizer that loads ({e}): "
+                                  "a draft model needs the target's tokenizer files beside its weights") from e
+    mine, theirs = tokenizers
+    if len(mine) != len(theirs) or mine.get_vocab() != theirs.get_vocab():
+        raise DraftModelError(
+            f"draft model {draft} ({len(theirs)} tokens) does not share the tokenizer of {target} ({len(mine)} tokens): "
+            "its drafts would all be rejected; use a smaller model of the same family (the same tokenizer, e.g. "
+            "Qwen2.5-0.5B-Instruct for Qwen2.5-7B-Instruct)"
+        )
+
+
 def speculative_config(draft_tokens: int) -> dict[str, Any]:
     """vLLM's ``--speculative-config`` for ragspec's proposer drafting up to ``draft_tokens`` tokens."""
     return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": draft_tokens}
@@ -213,8 +245,6 @@ class VllmServer:
         vllm_version(self.python)
         check_model_folder(self.model)
         if self.speculation is not None and self.speculation.get("method") == "draft_model":
-            from ragspec.backends.vllm.draft import check_draft_folder
-
             check_draft_folder(self.model, Path(self.speculation["model"]))
         elif self.hybrid:
             raise VllmError("the hybrid drafts with a draft model: pass speculation=hybrid_config(DRAFT_FOLDER, K)")
