@@ -25,11 +25,12 @@ a passage's words and still state what no passage says. So (``check_facts``, on 
 cited only when
 
 - the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
-- the sentences of the passage it drew its words from (``drawn_sentences``, with one sentence either
-  side) are about the question, as above, not only the passage somewhere;
+- the sentences of the passage it drew its words from (``drawn_sentences``: found by the words it adds
+  to the question, with one sentence either side) are about the question, as above, not only the
+  passage somewhere;
 - the cited passages' sentences it drew from (with one either side), with the question, hold the
   answer's facts (``ragspec.facts``): its numbers, with
-  number words as digits ("23" = "Twenty-three", "1000" = "1,000"), and its names (capitalized words that
+  number words as digits ("23" = "Twenty-three", "1000" = "1,000", "2/3" = "two-thirds"), and its names (capitalized words that
   do not start a sentence). Another passage the rules found the answer drawing on is cited too when it
   holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``.
 
