@@ -483,7 +483,7 @@ def _collection(args: argparse.Namespace) -> Collection:
 
 
 def _local_model_options(p: argparse.ArgumentParser) -> None:
-    from ragspec.engine.config import BACKENDS
+    from ragspec.backends import BACKENDS
 
     p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
     p.add_argument("--backend", choices=BACKENDS, default="auto",

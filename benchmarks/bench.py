@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever  # noqa: E402
 from ragspec.backends import TargetModel, load_model  # noqa: E402
 from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
 from ragspec.engine.ngram import NgramDrafter  # noqa: E402
 from ragspec.engine.policy import FixedPolicy  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from ragspec.engine.config import GenerationConfig  # noqa: E402
 from ragspec.conversation import follow_up_query  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
 from ragspec.prompts import Turn  # noqa: E402
 from ragspec.registry import LocalModel  # noqa: E402

@@ -36,7 +36,7 @@ MAX_COST_K = 32  # verify costs are recorded up to this many drafted tokens
 
 def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]:
     from benchmarks.bench import rag_prompts
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator("default", device="cpu", dtype="float32")
     # Verify costs at this workload's context length (prompts of ~600 tokens), not the 128-token

@@ -1,7 +1,7 @@
 """What a generation returns, torch-free: its result, its statistics, its stream and its errors, and
 the ``Generator`` protocol that returns them.
 
-``ragspec.engine.generator`` (the local speculative generator) and ``ragspec.remote`` (generation on an
+``ragspec.decoding.generator`` (the local speculative generator) and ``ragspec.remote`` (generation on an
 OpenAI-compatible server) both return these, so ``DocumentQA``, the LangChain classes and the apps
 read one set of types whichever generates; importing this module imports neither torch nor
 transformers.

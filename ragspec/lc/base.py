@@ -37,20 +37,20 @@ from langchain_core.messages.ai import UsageMetadata
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
+from ragspec.backends import check_backend
 from ragspec.engine.config import (
     DEFAULT_MAX_TOKENS,
     CallOptions,
     GenerationConfig,
     Speculation,
     call_options,
-    check_backend,
     speculation_setting,
 )
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.engine.results import GenerationResult, GenerationStats, Generator
     from ragspec.remote import RemoteModel
 
@@ -216,7 +216,7 @@ class RagSpecParams(BaseModel):
     @model_validator(mode="after")
     def _v_generator(self) -> RagSpecParams:
         if self.generator is not None:
-            from ragspec.engine.generator import SpeculativeGenerator
+            from ragspec.decoding.generator import SpeculativeGenerator
 
             if not isinstance(self.generator, SpeculativeGenerator):
                 raise ValueError(

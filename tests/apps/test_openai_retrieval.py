@@ -28,7 +28,7 @@ def generator(lc_tokenizer: Any) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.backends.pytorch.loading import LoadedModel
 
     torch.manual_seed(7)

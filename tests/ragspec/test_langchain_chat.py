@@ -96,7 +96,7 @@ def test_stop_in_chat(chat):
 
 
 def test_references_reach_the_drafter(chat, lc_tiny_model):
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     # A separate generator writes the answer, so the tested one's drafter has no memory of it.
     full = ChatRagSpec(generator=SpeculativeGenerator(lc_tiny_model), max_tokens=MAX).invoke(MESSAGES).content
@@ -124,7 +124,7 @@ def test_without_a_chat_template_the_conversation_is_a_plain_transcript(lc_tiny_
     import copy
     import dataclasses
 
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.prompts import NoChatTemplateWarning
 
     tokenizer = copy.deepcopy(lc_tiny_model.tokenizer)

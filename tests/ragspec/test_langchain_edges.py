@@ -157,7 +157,7 @@ DOCS = [
 
 @pytest.fixture
 def spy_generator(lc_tiny_model):
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     spy = SpyDrafter()
     return SpeculativeGenerator(lc_tiny_model, drafter=spy), spy

@@ -50,7 +50,7 @@ def llm(lc_tiny_generator) -> RagSpecLLM:
 @pytest.fixture
 def expected(lc_tiny_model) -> str:
     # Its own generator: the drafter of the one under test must not remember this answer.
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     text = SpeculativeGenerator(lc_tiny_model).generate(PROMPT, max_new_tokens=MAX, speculation=False).text
     assert len(text) > 10

@@ -22,14 +22,14 @@ from ragspec.backends import llamacpp as llamacpp_module
 from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings, load_llamacpp
 from ragspec.engine.config import GenerationConfig
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends import load_model
 from ragspec.engine.results import ModelLoadError
 from retrievers.cache import CACHE_ENV
 from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.sampling import GreedyAcceptor, warp
 
-from tests.ragspec.engine.test_generator import NoisyOracle
+from tests.ragspec.decoding.test_generator import NoisyOracle
 from tests.ragspec.engine.test_penalties import CONFIGS as PENALTIES, reference_penalties
 from tests.ragspec.engine.test_sampling import ALPHA, PROMPT, RUNS, FixedDrafter, RandomModelDrafter, chi_square_pvalue
 
@@ -211,14 +211,14 @@ def test_calibrating_between_requests_does_not_break_prefix_reuse(
     tiny: tuple[LlamaCppModel, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A llama.cpp context holds one cache: timing verify forwards replaces the one kept for reuse."""
-    from ragspec.engine import calibration
+    from ragspec.decoding import calibration
 
     lm, _ = tiny
     rng = random.Random(8)
     system = [rng.randrange(EOS) for _ in range(100)]
     gen = SpeculativeGenerator(lm)
     gen.generate(system + [5, 6, 7], max_new_tokens=5)
-    monkeypatch.setattr(calibration, "load", lambda key: None)  # time them now, not from the disk cache
+    monkeypatch.setattr(calibration, "load", lambda key, folder: None)  # time them now, not from the disk cache
     gen.calibrate(context=64)
     second = system + [8, 9, 10, 11]
     assert gen.generate(second, max_new_tokens=20).token_ids == plain_greedy(lm, second, 20)

@@ -18,13 +18,13 @@ import torch
 from ragspec.engine.config import GenerationConfig, GenerationConfigError
 from ragspec.engine.constraints import Constraint, ConstraintError, Grammar, engine_tokenizer
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
 from ragspec.engine.ngram import NgramDrafter
 from ragspec.engine.policy import AdaptivePolicy, FixedPolicy
 from ragspec.engine.tool_calls import Tool, tool_call_constraint
 
-from tests.ragspec.engine.test_generator import NoisyOracle, assert_same_or_tie
+from tests.ragspec.decoding.test_generator import NoisyOracle, assert_same_or_tie
 from tests.ragspec.tiny import EOS, tiny_model
 
 PERSON = {
@@ -143,7 +143,7 @@ def test_no_impossible_token_is_ever_verified(monkeypatch: pytest.MonkeyPatch) -
     lm = tiny_model(257, 4)
     constraint = CONSTRAINTS["schema"]
     CheckingGrammar.lm, CheckingGrammar.verified = lm, 0
-    monkeypatch.setattr("ragspec.engine.generator.Grammar", CheckingGrammar)
+    monkeypatch.setattr("ragspec.decoding.generator.Grammar", CheckingGrammar)
     expected = brute_masked_greedy(lm, constraint, [1, 2, 3], 60)
     oracle = NoisyOracle(expected, 3, 0, 257)
     oracle.rng.random = lambda: 0.3 * random.random()  # type: ignore[method-assign]  # corrupt ~half the tokens

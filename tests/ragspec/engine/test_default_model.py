@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ragspec.backends.pytorch.forward import LlamaForward
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
 from ragspec.prompts import qa_messages

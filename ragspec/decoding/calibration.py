@@ -2,8 +2,8 @@
 
 A ``SpeculativeGenerator`` times about 30 target forwards when it is built, so that its policy
 starts from real verify costs (see ``ragspec.engine.policy``). Those timings depend on the model and the
-machine, not on the request, so they are stored once under ``cache_root()/calibration`` and read
-back by the next generator of the same model on the same machine, which then starts at once.
+machine, not on the request, so they are stored once in a folder the caller names (the generator's
+is ``calibration`` under ``retrievers.cache.cache_root()``) and read back by the next generator of the same model on the same machine, which then starts at once.
 
 A file is named by a hash of its key and holds the key itself, so a read checks the whole key
 (model name, a fingerprint of the weights, device, dtype, forward implementation, torch version,
@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from ragspec.backends.pytorch.loading import LoadedModel
-from retrievers.cache import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +88,14 @@ def calibration_key(lm: LoadedModel, forward: str, lengths: tuple[int, ...], con
     }
 
 
-def _path(key: dict[str, Any]) -> Path:
+def _path(key: dict[str, Any], folder: Path) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_root() / "calibration" / f"{digest}.json"
+    return folder / f"{digest}.json"
 
 
-def load(key: dict[str, Any]) -> dict[int, float] | None:
-    """The stored seconds per draft length for ``key``, or ``None`` when there is no valid entry."""
-    path = _path(key)
+def load(key: dict[str, Any], folder: Path) -> dict[int, float] | None:
+    """The seconds per draft length stored in ``folder`` for ``key``, or ``None`` when there is no valid entry."""
+    path = _path(key, folder)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -123,9 +122,9 @@ def _valid(data: object, key: dict[str, Any]) -> dict[int, float] | None:
     return seconds if sorted(seconds) == sorted(key["lengths"]) else None
 
 
-def save(key: dict[str, Any], seconds: dict[int, float]) -> None:
-    """Store ``seconds`` for ``key`` (atomically; a cache that cannot be written is only logged)."""
-    path = _path(key)
+def save(key: dict[str, Any], seconds: dict[int, float], folder: Path) -> None:
+    """Store ``seconds`` for ``key`` in ``folder`` (atomically; a cache that cannot be written is only logged)."""
+    path = _path(key, folder)
     payload = json.dumps({"key": key, "seconds": {str(k): v for k, v in sorted(seconds.items())}}, indent=1)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

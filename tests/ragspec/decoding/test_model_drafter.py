@@ -6,12 +6,12 @@ import copy
 
 import pytest
 
-from ragspec.engine.generator import SpeculativeGenerator
-from ragspec.engine.model_drafter import ModelDrafter, VocabularyMismatchError
+from ragspec.decoding.generator import SpeculativeGenerator
+from ragspec.decoding.model_drafter import ModelDrafter, VocabularyMismatchError
 from ragspec.engine.ngram import NgramDrafter
 from ragspec.engine.policy import AdaptivePolicy, FixedPolicy
 
-from tests.ragspec.engine.test_generator import assert_same_or_tie, brute_greedy
+from tests.ragspec.decoding.test_generator import assert_same_or_tie, brute_greedy
 from tests.ragspec.tiny import tiny_model
 
 

@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import GeneratorBusyError, PromptTooLongError
 from ragspec.backends.pytorch.kv_cache import make_cache
 from ragspec.backends.pytorch.loading import LoadedModel

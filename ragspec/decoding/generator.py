@@ -30,7 +30,7 @@ from ragspec.engine.cancel import current_cancel_event
 from ragspec.engine.config import GenerationConfig
 from ragspec.engine.constraints import Grammar
 from ragspec.engine.drafting import Draft, Drafter, DraftSource
-from ragspec.engine.model_drafter import ModelDrafter
+from ragspec.decoding.model_drafter import ModelDrafter
 from ragspec.engine.ngram import NgramDrafter
 from ragspec.engine.penalties import Penalties
 from ragspec.engine.policy import AdaptivePolicy, Policy, choose_draft
@@ -332,13 +332,15 @@ class SpeculativeGenerator(Generator):
         """Time target forwards of several draft lengths after ``context`` tokens, so that the
         policy starts from real verify costs (about 30 forwards when the generator is built; later
         timings refine them). The timings are cached on disk per model and machine
-        (``ragspec.engine.calibration``), so only the first generator of a model on a machine waits."""
-        from ragspec.engine import calibration
+        (``ragspec.decoding.calibration``), so only the first generator of a model on a machine waits."""
+        from ragspec.decoding import calibration
+        from retrievers.cache import cache_root
 
+        folder = cache_root() / "calibration"
         lengths = tuple(k for k in lengths if k <= self.max_draft and k + 2 <= self.context_length)
         context = min(context, self.context_length - max(lengths) - 1)  # stay inside the position limit
         key = calibration.calibration_key(self.lm, self.backend.description, lengths, context)
-        cached = calibration.load(key)
+        cached = calibration.load(key, folder)
         if cached is not None:
             self.policy.calibrate(cached)  # type: ignore[attr-defined]
             return
@@ -353,7 +355,7 @@ class SpeculativeGenerator(Generator):
                 times.append(time.perf_counter() - start)
                 cache.crop(-(k + 1))
             seconds[k] = min(times)
-        calibration.save(key, seconds)
+        calibration.save(key, seconds, folder)
         self.policy.calibrate(seconds)  # type: ignore[attr-defined]
 
     def _take_cache(self, prompt_ids: list[int], capacity: int, scope: str) -> tuple[KVCache, int]:

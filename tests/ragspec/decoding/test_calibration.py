@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ragspec.backends.pytorch as torch_backend
-from ragspec.engine import calibration
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding import calibration
+from ragspec.decoding.generator import SpeculativeGenerator
 
 
 @pytest.fixture
