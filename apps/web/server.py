@@ -167,9 +167,6 @@ def create_app(
         store.close()
 
     app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.config = config
-    app.state.sessions = store
-    app.state.backend = backend
     preloaded = tuple(preload.documents()) if isinstance(preload, Collection) else ()
     app.state.web = WebState(config, store, queue, ProgressBoard(), backend, preload, preloaded)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
