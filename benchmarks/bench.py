@@ -418,8 +418,8 @@ def run_benchmark(
             drafter.truth = methods[source](warm, 8).token_ids
         fn(warm, 8)
     for gen in generators:  # the warm-up prompt is also measured: its answer must not be drafted from
-        if isinstance(gen.drafter, NgramDrafter):
-            gen.drafter = NgramDrafter(history_tokens=gen.drafter.history_tokens)
+        if isinstance(gen.drafter.copies, NgramDrafter):
+            gen.drafter.copies = NgramDrafter(history_tokens=gen.drafter.copies.history_tokens)
     for name, prompts in workloads.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         endings: dict[str, dict[str, int]] = {fam: {} for fam in cutters}

@@ -22,12 +22,14 @@ import math
 import os
 import platform
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ragspec.backends import Backend, TargetModel
 from ragspec.backends.pytorch.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -70,7 +72,36 @@ def _device_model(device: torch.device) -> str:
     return _cpu_model()
 
 
-def calibration_key(lm: LoadedModel, forward: str, lengths: tuple[int, ...], context: int) -> dict[str, Any]:
+LENGTHS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+"""Draft lengths timed (those up to the generator's ``max_draft``); the policy interpolates between them."""
+
+
+@torch.inference_mode()
+def verify_costs(lm: TargetModel, backend: Backend, max_draft: int, context: int, folder: Path) -> dict[int, float]:
+    """Seconds of a verify forward by drafted tokens after ``context`` tokens: read from ``folder`` when
+    this model and machine were timed before, else timed now (about 30 forwards) and stored there."""
+    lengths = tuple(k for k in LENGTHS if k <= max_draft and k + 2 <= backend.context_length)
+    context = min(context, backend.context_length - max(lengths) - 1)  # stay inside the position limit
+    key = calibration_key(lm, backend.description, lengths, context)
+    cached = load(key, folder)
+    if cached is not None:
+        return cached
+    cache = backend.new_cache(context + max(lengths) + 1)
+    backend.forward([0] * context, cache, last_only=True)
+    seconds: dict[int, float] = {}
+    for k in lengths:
+        times = []
+        for _ in range(3):  # the first run of a shape pays one-off set-up; keep the fastest
+            start = time.perf_counter()
+            backend.forward([0] * (k + 1), cache)
+            times.append(time.perf_counter() - start)
+            cache.crop(-(k + 1))
+        seconds[k] = min(times)
+    save(key, seconds, folder)
+    return seconds
+
+
+def calibration_key(lm: TargetModel, forward: str, lengths: tuple[int, ...], context: int) -> dict[str, Any]:
     """Everything a stored calibration must match to be reused."""
     return {
         "format": FORMAT,

@@ -39,6 +39,12 @@ class SourceStats:
     accepted: int = 0
     verify_steps: int = 0
 
+    def add(self, drafted: int, accepted: int) -> None:
+        """One verified draft of ``drafted`` tokens from this source, ``accepted`` of them kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verify_steps += 1
+
 
 @dataclass
 class GenerationStats:
@@ -69,6 +75,11 @@ class GenerationStats:
     """Time the grammar engine spent computing token masks (constrained decoding only)."""
     masks: int = 0
     """Token masks computed: one per position a forward scored under a constraint."""
+
+    def progress(self, new_tokens: int, wall_s: float) -> None:
+        """The answer so far: ``new_tokens`` tokens after ``wall_s`` seconds (the first call sets ``ttft_s``)."""
+        self.new_tokens, self.wall_s = new_tokens, wall_s
+        self.ttft_s = self.ttft_s or wall_s
 
     @property
     def acceptance_rate(self) -> float:

@@ -23,6 +23,7 @@ from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings, load_llam
 from ragspec.engine.config import GenerationConfig
 from ragspec.engine.drafting import Draft, DraftSource
 from ragspec.decoding.generator import SpeculativeGenerator
+from ragspec.decoding.loop import verify
 from ragspec.backends import load_model
 from ragspec.engine.results import ModelLoadError
 from retrievers.cache import CACHE_ENV
@@ -151,9 +152,9 @@ def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel
     prompt = [random.Random(1).randrange(EOS) for _ in range(250 if context else 1020)]
     truth = plain_greedy(lm_sized, prompt, 12)
     cache = gen.backend.new_cache(len(prompt) + 20)
-    gen._forward(prompt, cache, last_only=True)
+    gen.backend.forward(prompt, cache, last_only=True)
     wrong = (truth[1], truth[2], (truth[3] + 1) % EOS, 42, 43)  # two right, then wrong
-    new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
+    new, n = verify(gen.backend, cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
     assert (new, n) == ([truth[1], truth[2], truth[3]], 2)
     assert cache.get_seq_length() == len(prompt) + 3
     if context is None:
@@ -164,12 +165,12 @@ def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel
     fresh.forward(prompt, reference, last_only=True)
     for t in truth[:3]:
         fresh.forward([t], reference)
-    assert torch.equal(gen._forward(truth[3:8], cache), fresh.forward(truth[3:8], reference))
+    assert torch.equal(gen.backend.forward(truth[3:8], cache), fresh.forward(truth[3:8], reference))
     with pytest.raises(ValueError, match="negative"):
         cache.crop(1)
     gen.backend.new_cache(16)
     with pytest.raises(RuntimeError, match="replaced by a newer one"):
-        gen._forward([1], cache)
+        gen.backend.forward([1], cache)
 
 
 @needs_llamacpp

@@ -217,7 +217,7 @@ def test_constraint_errors_come_before_any_forward(monkeypatch: pytest.MonkeyPat
     lm = tiny_model(257, 0)
     gen = SpeculativeGenerator(lm)
     calls = []
-    monkeypatch.setattr(gen, "_forward", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(gen.backend, "forward", lambda *a, **k: calls.append(a))
     # A special token this tokenizer does not have: only the tokenizer can tell.
     with pytest.raises(ConstraintError, match="cannot be used"):
         gen.stream([1, 2], constraint=Constraint.lark("start: <|im_start|> /a+/"))
