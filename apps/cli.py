@@ -545,10 +545,14 @@ def _print_answer(collection: Collection, question: str, history: list[tuple[str
 
 
 def _speed_line(s: GenerationStats) -> str:
-    return (
-        f"{s.new_tokens} tokens in {s.wall_s:.1f} s · {s.decode_tokens_per_s:.1f} tokens/s · "
-        f"acceptance {s.acceptance_rate:.0%} · {s.tokens_per_forward:.2f} tokens/forward"
-    )
+    """The answer's speed, with the drafting figures the engine counted (``GenerationStats.reported``)."""
+    shown = s.reported()
+    parts = [f"{s.new_tokens} tokens in {s.wall_s:.1f} s", f"{s.decode_tokens_per_s:.1f} tokens/s"]
+    if "acceptance_rate" in shown:
+        parts.append(f"acceptance {s.acceptance_rate:.0%}")
+    if "tokens_per_forward" in shown:
+        parts.append(f"{s.tokens_per_forward:.2f} tokens/forward")
+    return " · ".join(parts)
 
 
 def _ask(args: argparse.Namespace) -> int:
@@ -639,13 +643,29 @@ def _serve(args: argparse.Namespace) -> int:
         remote = replace(remote, model=name)
         print(f"generating on {remote.base_url} (model {name!r})", file=sys.stderr)
     print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
+    _say_where_state_lives(args)
     if remote is not None:
-        serve(args.host, args.port, config=config, preload=preload, generation=remote)
+        serve(args.host, args.port, config=config, preload=preload, generation=remote, state_url=_state_url(args))
     else:  # the local model, loaded before listening
         from ragspec.registry import LocalModel
 
-        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend))
+        serve(args.host, args.port, config=config, preload=preload, generation=LocalModel(model=args.model, backend=args.backend),
+              state_url=_state_url(args))
     return 0
+
+
+def _say_where_state_lives(args: argparse.Namespace) -> None:
+    if _state_url(args) is not None:
+        print("sessions, conversations and uploads are kept in the database: "
+              "other 'ragspec serve --store' replicas over it serve the same users", file=sys.stderr)  # fmt: skip
+
+
+def _state_url(args: argparse.Namespace) -> str | None:
+    """With ``--store postgresql://...``: the database the app keeps its sessions, conversations and uploads in
+    (so that replicas over it are interchangeable, docs/scale-out.md); else None (this process)."""
+    from retrievers.store_url import is_database_url
+
+    return args.store if is_database_url(args.store) else None
 
 
 def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection | None:
@@ -718,8 +738,9 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         locked = " (API key required)" if config.api_key else ""
         print(f"generating on vLLM at {server.base_url} (ragspec's proposer, up to {draft_tokens} drafted tokens)", file=sys.stderr)
         print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
+        _say_where_state_lives(args)
         try:
-            serve(args.host, args.port, config=config, preload=preload, generation=remote)
+            serve(args.host, args.port, config=config, preload=preload, generation=remote, state_url=_state_url(args))
         except KeyboardInterrupt:
             if not vllm_exit:
                 raise

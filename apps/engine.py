@@ -219,12 +219,25 @@ class Collection:
                     raise AppError(f"nothing at {safe_label(str(self.index_dir), self.collection)}: build it with 'ragspec ingest'") from e
             return self._qa
 
+    def close(self) -> None:
+        """Close what the opened index holds (a database collection's connections); the next use opens it again."""
+        with self._lock:
+            qa, self._qa = self._qa, None
+        store = getattr(getattr(qa, "retriever", None), "store", None)
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
     def documents(self) -> list[str]:
         """The files the index was built from (as ``ragspec ingest`` recorded them), read from its manifest
-        without loading it; ``[]`` for an index saved without a file catalog."""
+        without loading it (a collection in PostgreSQL: from its manifest table); ``[]`` for an index saved
+        without a file catalog."""
         from retrievers import IndexNotFoundError
         from retrievers.persistence import read_manifest
 
+        shared = self._shared_memory()
+        if shared is not None:  # a collection in PostgreSQL: its manifest is a table
+            return list(shared.files())
         try:
             files = read_manifest(self.index_dir).get("ingest", {}).get("files", {})
         except IndexNotFoundError as e:

@@ -14,7 +14,9 @@ from psycopg import sql
 
 from retrievers.errors import RetrieverError
 
-__all__ = ["LOCK_CLASS", "SCHEMA_LOCK", "HnswSettings", "PgStoreError", "Tables", "create_tables", "ensure_schema"]
+__all__ = [
+    "LOCK_CLASS", "SCHEMA_LOCK", "HnswSettings", "PgStoreError", "Tables", "create_tables", "drop_collection", "ensure_schema",
+]
 
 LOCK_CLASS = 0x52_41_47  # "RAG": the first key of ragspec's advisory locks (the second is the collection id)
 SCHEMA_LOCK = 0  # second key of the lock that serializes creating tables
@@ -105,3 +107,18 @@ def create_tables(conn: psycopg.Connection[Any], t: Tables, dimension: int, hnsw
         "CREATE TABLE {memo} (key text PRIMARY KEY, value jsonb NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
     ):
         conn.execute(sql.SQL(statement).format(**names, **numbers))
+
+
+def drop_collection(url: str, name: str) -> bool:
+    """Drop the collection `name` with its tables; False when there is none. Waits for a writer of it to finish."""
+    with psycopg.connect(url, autocommit=False) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, SCHEMA_LOCK))
+        found = conn.execute("SELECT to_regclass('ragspec_collections') IS NOT NULL").fetchone()
+        row = conn.execute("SELECT id FROM ragspec_collections WHERE name = %s", (name,)).fetchone() if found and found[0] else None
+        if row is None:
+            return False
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, int(row[0])))  # the collection's write lock
+        t = Tables.of(int(row[0]))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}, {}, {}, {}").format(t.refs, t.files, t.memo, t.terms, t.chunks))
+        conn.execute("DELETE FROM ragspec_collections WHERE id = %s", (int(row[0]),))
+    return True

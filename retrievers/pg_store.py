@@ -387,6 +387,14 @@ class PgVectorStore(VectorStore):
         found = {row[0]: Document(id=row[0], page_content=row[1], metadata=row[2]) for row in rows}
         return [found[str(i)] for i in ids if str(i) in found]
 
+    def files(self) -> list[str]:
+        """The files ingested into the collection (its manifest's paths), sorted; ``[]`` before it exists."""
+        if self._missing():
+            return []
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(sql.SQL("SELECT path FROM {} ORDER BY path").format(self._tables().files)).fetchall()
+        return [path for (path,) in rows]
+
     def documents(self, filter: MetadataFilter | None = None) -> list[Document]:  # noqa: A002
         """All stored documents (those passing `filter`), by id."""
         if self._missing():

@@ -3,6 +3,7 @@ conversation over (``DELETE /api/conversation``). See ``apps.web.server`` for th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -98,7 +99,7 @@ async def _answer(web: WebState, session: Session, answerer: Answerer, question:
                 if isinstance(event, Token):
                     yield sse("token", _live(event))
                 else:  # the Answer
-                    session.history.append((question, event.text))
+                    await asyncio.to_thread(web.store.add_turn, session, question, event.text)
                     yield sse("done", _done(event, session))
         except AppError as e:
             yield sse("error", {"message": str(e)})
@@ -116,7 +117,7 @@ async def new_conversation(request: Request, web: WebState = Depends(web_state))
     """Start the conversation over; the documents stay."""
     session = web.live_session(request)
     if session is not None:
-        session.history.clear()
+        await asyncio.to_thread(web.store.clear_history, session)
     return web.describe(session)
 
 
@@ -133,7 +134,7 @@ def _done(answer: Answer, session: Session) -> dict[str, Any]:
             _shown({**c.as_dict(), "quote": c.text, "text": answer.passages[c.number - 1].page_content.strip()}, session)
             for c in answer.citations
         ],
-        "stats": answer.stats.as_dict(),
+        "stats": answer.stats.reported(),
     }
 
 

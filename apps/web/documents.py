@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ async def upload(
         if upload_file.size is not None and upload_file.size > config.max_file_bytes:
             raise HTTPException(413, f"{upload_file.filename!r} is larger than {_mib(config.max_file_bytes)}")
     session, notices = web.session_for_change(request)
-    async with session.lock, web.dropped_if_unused(request, session):
+    async with web.store.changing(session), web.dropped_if_unused(request, session):
         incoming = sum(f.size or 0 for f in files)  # the multipart parser counts every file's bytes
         if _folder_bytes(session.uploads) + incoming > config.max_session_bytes:
             raise HTTPException(
@@ -65,7 +66,7 @@ async def upload(
                     notices.append(f"{shown!r} was saved as {target.name!r}: {_rename_reason(shown, target.name, safe)}")
                 target.write_bytes(data)
                 written.append(target)
-            await web.reindex(session, [session.uploads], progress)
+            await web.reindex(session, [session.uploads], progress, added=written)
         except BaseException:  # the index is unchanged: so are the session's files
             for path in written:
                 path.unlink(missing_ok=True)
@@ -90,7 +91,7 @@ async def add_folder(
     if not found:
         raise HTTPException(404, f"no such folder on the server: {body.path[:200]!r}")
     session, notices = web.session_for_change(request)
-    async with session.lock, web.dropped_if_unused(request, session):
+    async with web.store.changing(session), web.dropped_if_unused(request, session):
         paths = [folder, session.uploads] if session.uploads.is_dir() else [folder]
         await web.reindex(session, paths, progress)
         return web.describe(session, notices)
@@ -105,8 +106,8 @@ async def get_progress(id: str = "", web: WebState = Depends(web_state)) -> dict
 async def reset(request: Request, web: WebState = Depends(web_state)) -> dict[str, Any]:
     session = web.live_session(request)
     if session is not None:
-        async with session.lock:
-            session.reset()
+        async with web.store.changing(session):
+            await asyncio.to_thread(web.store.reset, session)
     return web.describe(session)
 
 

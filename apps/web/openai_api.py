@@ -678,19 +678,9 @@ def prediction_details(stats: Any, index: int) -> dict[str, int]:
     return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
 
 
-ENGINE_COUNTED = ("forward_passes", "tokens_per_forward", "by_source", "draft_s", "mask_s", "masks", "cached_prompt_tokens")
-"""Figures only ragspec's own engine counts: absent where no forward was counted (vLLM behind ``RemoteGenerator``)."""
-DRAFTING = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "acceptance_histogram", "accepted_by_position")
-"""Drafting figures: absent where the engine reported none (``GenerationStats.acceptance_histogram`` empty)."""
-
-
 def _ragspec(stats: Any, finish_reason: str, ticket: Ticket, model_name: str) -> dict[str, Any]:
-    as_dict = stats.as_dict() if hasattr(stats, "as_dict") else {}
-    if not as_dict.get("forward_passes"):
-        as_dict = {k: v for k, v in as_dict.items() if k not in ENGINE_COUNTED}
-        if not as_dict.get("acceptance_histogram"):
-            as_dict = {k: v for k, v in as_dict.items() if k not in DRAFTING}
-    return {**as_dict, "finish_reason": finish_reason, "queue_s": round(ticket.waited_s, 3), "model": model_name}
+    shown = stats.reported() if hasattr(stats, "reported") else {}
+    return {**shown, "finish_reason": finish_reason, "queue_s": round(ticket.waited_s, 3), "model": model_name}
 
 
 def _metrics(stats: Any) -> dict[str, Any]:

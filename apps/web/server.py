@@ -33,7 +33,10 @@ and ``apps.web.embeddings_api`` (``/v1``). ``create_app`` only wires them togeth
 
 Errors are ``{"error": message}`` (plus ``"code": "session_expired"`` on the 410 of a session
 that expired). Sessions are made only by the POSTs above, at most ``max_sessions`` at once
-(then 503, no session is evicted), and expire after ``session_ttl_s`` idle.
+(then 503, no session is evicted), and expire after ``session_ttl_s`` idle. They live in this
+process, or with ``create_app(state_url=...)`` (``ragspec serve --store postgresql://...``) in that
+database with their conversations, uploaded files and indexing progress (``apps.web.pg_state``), so
+that replicas over it serve one user interchangeably.
 
 Every request first passes ``apps.web.security.Guard``: trusted ``Host``, same-origin
 state-changing requests, the API key on ``/api/`` and ``/v1/`` when one is set, and body-size limits enforced
@@ -48,58 +51,32 @@ client that goes away stops its generation.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from apps.engine import Collection, IndexSummary, update_index
+from apps.engine import Collection
 from apps.web import ask, documents
 from apps.web.config import AppConfig
+from apps.web.backends import DefaultBackend, StoreBackend
 from apps.web.embeddings_api import add_embeddings_route
 from apps.web.openai_api import ApiSettings, Source, add_openai_routes
 from apps.web.queue import ModelQueue
 from apps.web.retrieval_api import Documents
 from apps.web.security import Guard, is_loopback, require_key_off_loopback, trusted_hosts_for
-from apps.web.sessions import Answerer, Backend, SessionStore
-from apps.web.state import COOKIE, ProgressBoard, WebState, web_state
-from ragspec.engine.config import DEFAULT_MAX_TOKENS
-
-if TYPE_CHECKING:
-    from retrievers.ingest import SyncProgress
+from apps.web.sessions import Answerer, Backend, MemorySessionStore, SessionStore
+from apps.web.state import COOKIE, ProgressBoard, ProgressStore, WebState, web_state
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 __all__ = ["AppConfig", "DefaultBackend", "ProgressBoard", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
-
-
-@dataclass
-class DefaultBackend:
-    """Indexes with ``apps.engine.update_index`` (incremental, into ``workdir/index``) and answers with the ragspec pipeline."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    k: int = 4
-    model: str = "default"
-    model_backend: str = "auto"
-    """What runs the local ``model``: ``"auto"``, ``"torch"`` or ``"llamacpp"`` (``ragspec.backends``)."""
-    source: Source | None = None
-    """Where answers are generated (a ``RemoteModel``); None: the local ``model``."""
-
-    def index(
-        self, paths: Sequence[Path], workdir: Path, progress: Callable[[SyncProgress], None] | None = None
-    ) -> tuple[Answerer, IndexSummary]:
-        index_dir = workdir / "index"
-        summary = update_index(paths, index_dir, progress=progress)
-        collection = Collection(index_dir, max_tokens=self.max_tokens, k=self.k, model=self.model,
-                                source=self.source, backend=self.model_backend)
-        return collection, summary
 
 
 pages = APIRouter()
@@ -140,8 +117,14 @@ def create_app(
     sessions_root: Path | None = None,
     generation: Source | None = None,
     embeddings: Any = None,
+    state_url: str | None = None,
 ) -> FastAPI:
     """Build the app. ``preload`` answers for sessions that have not uploaded anything.
+
+    ``state_url`` (a ``postgresql://`` URL): the sessions, their conversations and uploaded files and
+    the indexing progress live in that database (``apps.web.pg_state``), and uploads are indexed into
+    a collection per session there, so that several replicas of the app over it serve one user
+    interchangeably. Without it they live in this process.
 
     ``generation`` is what the ``/v1`` routes generate with (default: the local default model,
     ``ragspec.registry.LocalModel()``; a ``ragspec.remote.RemoteModel`` serves a remote one).
@@ -156,19 +139,19 @@ def create_app(
     embeddings = embeddings if embeddings is not None else default_embeddings()
     if backend is None:  # the page answers with the same model as /v1: local (its own Collection) or remote
         local = generation if isinstance(generation, LocalModel) else None
-        backend = DefaultBackend(max_tokens=config.max_tokens, source=None if local else generation,
-                                 model=local.model if local else "default", model_backend=local.backend if local else "auto")
-    store = SessionStore(sessions_root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
+        backend = _default_backend(config, generation if local is None else None, local, state_url, embeddings)
+    store, progress = _state(config, backend, sessions_root, state_url)
     queue = ModelQueue(config.concurrency, config.max_queue)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         store.close()
+        getattr(progress, "close", lambda: None)()
 
     app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     preloaded = tuple(preload.documents()) if isinstance(preload, Collection) else ()
-    app.state.web = WebState(config, store, queue, ProgressBoard(), backend, preload, preloaded)
+    app.state.web = WebState(config, store, queue, progress, backend, preload, preloaded)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(_SessionCookie, secure=config.secure_cookie)
     app.add_middleware(Guard, policy=config.security())  # outermost: nothing reaches the app unchecked
@@ -192,6 +175,25 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     return app
+
+
+def _default_backend(config: AppConfig, remote: Source | None, local: Any, state_url: str | None, embeddings: Any) -> Backend:
+    """What indexes uploads: into a folder per session, or a collection per session in the ``state_url`` database."""
+    settings: dict[str, Any] = {"max_tokens": config.max_tokens, "source": remote,
+                                "model": local.model if local else "default", "model_backend": local.backend if local else "auto"}  # fmt: skip
+    if state_url is None:
+        return DefaultBackend(**settings)
+    return StoreBackend(**settings, url=state_url, embeddings=embeddings)
+
+
+def _state(config: AppConfig, backend: Backend, root: Path | None, state_url: str | None) -> tuple[SessionStore, ProgressStore]:
+    """Where sessions and indexing progress live: this process, or the ``state_url`` database."""
+    if state_url is None:
+        return MemorySessionStore(root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s), ProgressBoard()
+    from apps.web.pg_state import PgProgressBoard, PgSessionStore
+
+    store = PgSessionStore(state_url, backend, root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
+    return store, PgProgressBoard(state_url)
 
 
 class _SessionCookie:
@@ -253,12 +255,13 @@ def serve(
     preload: Answerer | None = None,
     generation: Source | None = None,
     log_level: str = "info",
+    state_url: str | None = None,
 ) -> None:
     """Run the app with uvicorn until interrupted.
 
     Without ``config``: folders only on loopback, and the hosts ``trusted_hosts_for(host)``.
     Raises ``InsecureBindError`` for a non-loopback ``host`` without ``config.api_key``.
-    ``generation``: see ``create_app``; its model is loaded before the server listens.
+    ``generation``, ``state_url``: see ``create_app``; the model is loaded before the server listens.
     """
     import uvicorn
 
@@ -268,5 +271,5 @@ def serve(
     require_key_off_loopback(host, config.api_key)
     generation = generation if generation is not None else LocalModel()
     generation.load()  # before listening: the first request should not wait for the model
-    app = create_app(config, preload=preload, generation=generation)
+    app = create_app(config, preload=preload, generation=generation, state_url=state_url)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -4,6 +4,11 @@ A session is named by a random id kept in an HttpOnly cookie; nothing one sessio
 asks is reachable from another. Sessions idle longer than ``ttl_s`` are dropped together with
 their files. At most ``max_sessions`` live at once: beyond that ``create`` raises
 ``SessionLimitError`` (the web app answers 503) instead of dropping a session someone is using.
+
+Where sessions live is a ``SessionStore``: this process's memory (``MemorySessionStore``, the
+default) or a PostgreSQL database that several replicas of the app share
+(``apps.web.pg_state.PgSessionStore``, ``ragspec serve --store postgresql://...``). The routes
+change a session only through its store.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from apps.engine import Event, IndexSummary
 
@@ -52,22 +58,28 @@ class Session:
     root: Path
     answerer: Answerer | None = None
     summary: IndexSummary | None = None
+    update: dict[str, Any] | None = None
+    """What the last indexing did, for the page's status line (``apps.web.state.WebState.reindex`` sets it)."""
     history: list[tuple[str, str]] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while the session's documents change, so two uploads never interleave."""
+    """Held while the session's documents change, so two uploads never interleave (in this process;
+    a shared store adds a lock in its database: ``SessionStore.changing``)."""
     last_used: float = 0.0
     """When a request last used it, by its store's clock."""
+    version: int = 0
+    """How many times its documents changed (a shared store's replicas reload them when theirs is older)."""
 
     @property
     def uploads(self) -> Path:
         return self.root / "uploads"
 
-    def reset(self) -> None:
-        """Forget the documents and the conversation."""
+    def forget(self) -> None:
+        """Forget the documents and the conversation here (the store keeps what it shares)."""
         shutil.rmtree(self.uploads, ignore_errors=True)
         shutil.rmtree(self.root / "index", ignore_errors=True)
         self.answerer = None
         self.summary = None
+        self.update = None
         self.history.clear()
 
 
@@ -82,8 +94,53 @@ class SessionLimitError(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
-class SessionStore:
-    """Sessions by id, bounded in number and idle time (measured by ``clock``, in seconds)."""
+class SessionStore(Protocol):
+    """Where sessions live, and the only way routes change one (so that a shared store can write it through)."""
+
+    max_sessions: int
+    ttl_s: float
+
+    def get(self, session_id: str | None) -> Session | None:
+        """The live session with this id (its cookie), or None (unknown, expired or malformed id)."""
+        ...
+
+    def create(self) -> Session:
+        """A new session; ``SessionLimitError`` when ``max_sessions`` are live (none is evicted)."""
+        ...
+
+    def discard(self, session: Session) -> None:
+        """Drop a session and its files now (one made for a request that then failed)."""
+        ...
+
+    def changing(self, session: Session) -> AbstractAsyncContextManager[None]:
+        """Held while the session's documents change: one change at a time, with its files under
+        ``session.uploads`` as the store holds them."""
+        ...
+
+    def indexed(self, session: Session, answerer: Answerer, summary: IndexSummary, added: Sequence[Path] = ()) -> None:
+        """The documents (``added``: the files just saved under ``session.uploads``) are now answered by
+        ``answerer``; the conversation starts over. Called from a worker thread."""
+        ...
+
+    def add_turn(self, session: Session, question: str, answer: str) -> None:
+        """Append a turn to the conversation."""
+        ...
+
+    def clear_history(self, session: Session) -> None:
+        """Start the conversation over; the documents stay."""
+        ...
+
+    def reset(self, session: Session) -> None:
+        """Forget the documents and the conversation (inside ``changing``)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the store holds in this process."""
+        ...
+
+
+class MemorySessionStore:
+    """Sessions by id in this process, bounded in number and idle time (measured by ``clock``, in seconds)."""
 
     def __init__(
         self,
@@ -137,6 +194,24 @@ class SessionStore:
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
         shutil.rmtree(session.root, ignore_errors=True)
+
+    @asynccontextmanager
+    async def changing(self, session: Session) -> AsyncIterator[None]:
+        async with session.lock:
+            yield
+
+    def indexed(self, session: Session, answerer: Answerer, summary: IndexSummary, added: Sequence[Path] = ()) -> None:
+        session.answerer, session.summary = answerer, summary
+        session.history.clear()
+
+    def add_turn(self, session: Session, question: str, answer: str) -> None:
+        session.history.append((question, answer))
+
+    def clear_history(self, session: Session) -> None:
+        session.history.clear()
+
+    def reset(self, session: Session) -> None:
+        session.forget()
 
     def _expire(self) -> None:
         now = self.clock()

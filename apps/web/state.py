@@ -8,10 +8,10 @@ import os
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import HTTPException, Request
 
@@ -35,6 +35,19 @@ class ApiError(HTTPException):
     def __init__(self, status: int, message: str, *, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(status, message, headers=headers)
         self.code = code
+
+
+class ProgressStore(Protocol):
+    """Where indexing runs report their progress: this process (``ProgressBoard``) or a database that
+    replicas share (``apps.web.pg_state.PgProgressBoard``)."""
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        """``{"active": True, **latest snapshot}`` while the run is tracked, else ``{"active": False}``."""
+        ...
+
+    def track(self, run_id: str) -> AbstractContextManager[Callable[[SyncProgress], None] | None]:
+        """A progress callback that records under `run_id` until the run ends; None for no (valid) id or a full board."""
+        ...
 
 
 class ProgressBoard:
@@ -81,7 +94,7 @@ class WebState:
     config: AppConfig
     store: SessionStore
     queue: ModelQueue
-    progress: ProgressBoard
+    progress: ProgressStore
     backend: Backend
     preload: Answerer | None
     preloaded_documents: tuple[str, ...] = ()
@@ -139,21 +152,22 @@ class WebState:
             "chunks": summary.chunks if summary else 0,
             "skipped": [{"path": Path(s.path).name, "reason": s.reason} for s in summary.skipped] if summary else [],
             "notices": list(notices),
-            "update": _update(summary),
+            "update": session.update if session else None,
             "preloaded": self.preload is not None,
             "preloaded_documents": list(self.preloaded_documents) if not (summary and session) else [],
             "turns": len(session.history) if session else 0,
             **({"expired": True, "message": self.expired_message} if expired else {}),
         }
 
-    async def reindex(self, session: Session, paths: list[Path], progress_id: str = "") -> None:
+    async def reindex(self, session: Session, paths: list[Path], progress_id: str = "", added: Sequence[Path] = ()) -> None:
+        """Index ``paths`` for the session (inside ``store.changing``); ``added``: the files just saved for it."""
         with self.progress.track(progress_id) as report:
             try:
                 answerer, summary = await asyncio.to_thread(self.backend.index, paths, session.root, report)
             except AppError as e:
                 raise HTTPException(422, _without_session_paths(str(e), session.root)) from e
-        session.answerer, session.summary = answerer, summary
-        session.history.clear()
+        session.update = _update(summary)
+        await asyncio.to_thread(self.store.indexed, session, answerer, summary, added)
 
 
 def web_state(request: Request) -> WebState:
@@ -184,6 +198,13 @@ def _update(summary: IndexSummary | None) -> dict[str, Any] | None:
 
 
 def display(source: str, session: Session) -> str:
-    """An uploaded file's path as its name in the uploads folder; other sources as they are."""
+    """An uploaded file's path as its name in the uploads folder (this replica's or, for a session in a shared
+    store, another replica's copy of it: ``.../<session folder>/uploads/NAME``); other sources as they are."""
     path = Path(source)
-    return path.relative_to(session.uploads).as_posix() if path.is_relative_to(session.uploads) else source
+    if path.is_relative_to(session.uploads):
+        return path.relative_to(session.uploads).as_posix()
+    parts, marker = path.parts, (session.root.name, "uploads")
+    for i in range(len(parts) - 2):
+        if parts[i : i + 2] == marker:
+            return Path(*parts[i + 2 :]).as_posix()
+    return source

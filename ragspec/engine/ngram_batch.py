@@ -353,17 +353,27 @@ class BatchIndex:
     """The drafting state of a batch of requests, kept by request id, stepped in one compiled call.
 
     ``begin(rid, prompt_len, cap)`` gives a request its row (``cap``: its longest draft), ``end(rid)``
-    frees it and hands its answer to the history, and ``step`` runs ``step_kernel`` over the batch's
+    frees it and hands its answer to the history (at once, or with the others that end within ``history_every`` steps), and ``step`` runs ``step_kernel`` over the batch's
     rows (``slots[r]``: the row of the batch's ``r``-th request, -1: not drafted for). After a step,
     ``cand`` and ``drafts`` hold every row's candidate (source code, match length, tokens).
     """
 
     def __init__(
-        self, max_draft: int, max_model_len: int, history_tokens: int, min_match: int = 1, rows: int = 4
+        self, max_draft: int, max_model_len: int, history_tokens: int, min_match: int = 1, rows: int = 4,
+        history_every: int = 0,
     ) -> None:
         if min_match < 1:
             raise ValueError(f"min_match must be >= 1, got {min_match}")
+        if history_every < 0:
+            raise ValueError(f"history_every must be >= 0, got {history_every}")
         self.max_draft, self.max_model_len, self.min_match = max_draft, max_model_len, min_match
+        # Finished answers enter the history at most once every ``history_every`` steps: each entry
+        # rebuilds the history's automaton (O(history_tokens)), and in a large batch some request ends
+        # at almost every step. Where requests end rarely (a few rows) every answer enters at once.
+        self.history_every = history_every
+        self.steps = 0
+        self._ended: list[list[int]] = []  # answers waiting to enter the history, in the order they began
+        self._entered_at = -history_every  # the step at which answers last entered it
         self.automata = Automata(rows, min(1024, max_model_len + 1))  # rows: the batch's expected size
         self.requests = np.zeros((rows, SLOT_COLUMNS), np.int64)
         self.slot_of: dict[str, int] = {}
@@ -409,14 +419,21 @@ class BatchIndex:
 
     def end(self, rids: Sequence[str]) -> None:
         """Free the rows of these requests; their answers go to the history, in this order."""
-        answers = []
         for rid in rids:
             slot = self.slot_of.pop(rid)
-            answers.append(self.automata.tokens[slot, self.requests[slot, PROMPT_LEN] : self.automata.meta[slot, 0]].tolist())
+            self._ended.append(self.automata.tokens[slot, self.requests[slot, PROMPT_LEN] : self.automata.meta[slot, 0]].tolist())
             self._free.append(slot)
             if self.requests[slot, VERSION] >= 0:
                 self.version_refs[self.requests[slot, VERSION]] -= 1
-        self.history.add_all(answers)
+        self._enter_history()
+
+    def _enter_history(self) -> None:
+        """The finished answers enter the history if ``history_every`` steps have passed since the
+        last entry; the versions no live request began with are free again."""
+        if self._ended and self.steps - self._entered_at >= self.history_every:
+            self.history.add_all(self._ended)
+            self._ended = []
+            self._entered_at = self.steps
         free = self.version_refs == 0
         if self.version >= 0:
             free[self.version] = False
@@ -456,6 +473,9 @@ class BatchIndex:
         """Extend, match and (with a ``curve``: the batch's step cost) plan every row; ``ks`` then
         holds each row's draft length. Returns ``(drafted, accepted, restarted)``."""
         rows = len(slots)
+        if self._ended:
+            self._enter_history()
+        self.steps += 1
         if len(self.ks) < rows:
             self.cand = np.zeros((2 * rows, 3), np.int64)
             self.drafts = np.zeros((2 * rows, self.max_draft), np.int32)

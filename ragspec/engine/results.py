@@ -150,6 +150,23 @@ class GenerationStats:
             "by_source": {k: vars(v).copy() for k, v in self.by_source.items()},
         }
 
+    def reported(self) -> dict[str, object]:
+        """``as_dict`` without the figures this generation did not count: an engine that counts no
+        forwards (vLLM behind ``RemoteGenerator``) leaves out ``ENGINE_COUNTED``, and one that reported
+        no drafting (speculation off, or an engine without per-request metrics) also ``DRAFTING``, so a
+        reader never sees zeros that look measured."""
+        shown = self.as_dict()
+        if not self.forward_passes:
+            hidden = ENGINE_COUNTED if self.acceptance_histogram else ENGINE_COUNTED + DRAFTING
+            shown = {k: v for k, v in shown.items() if k not in hidden}
+        return shown
+
+
+ENGINE_COUNTED = ("forward_passes", "tokens_per_forward", "by_source", "draft_s", "mask_s", "masks", "cached_prompt_tokens")
+"""Figures only ragspec's own engine counts."""
+DRAFTING = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "acceptance_histogram", "accepted_by_position")
+"""Drafting figures, which another engine may report per request (vLLM's ``metrics.speculative_decoding``)."""
+
 
 @dataclass
 class GenerationResult:

@@ -344,3 +344,13 @@ def test_serve_keeps_prompt_caches_per_client_unless_told_to_share(monkeypatch: 
     assert seen["config"].shared_prefix_cache is False  # type: ignore[attr-defined]
     assert cli.main(["serve", "--shared-prefix-cache"]) == 0
     assert seen["config"].shared_prefix_cache is True  # type: ignore[attr-defined]
+
+
+def test_speed_line_shows_only_counted_figures() -> None:
+    # vLLM behind RemoteGenerator counts no forwards; without per-request metrics nothing was reported drafted.
+    from ragspec.engine.results import GenerationStats
+
+    bare = cli._speed_line(GenerationStats(new_tokens=3, ttft_s=0.1, wall_s=0.3))
+    assert bare == "3 tokens in 0.3 s · 10.0 tokens/s"
+    drafted = cli._speed_line(GenerationStats(new_tokens=3, ttft_s=0.1, wall_s=0.3, drafted_tokens=2, accepted_tokens=1, acceptance_histogram=[1, 1]))
+    assert drafted == "3 tokens in 0.3 s · 10.0 tokens/s · acceptance 50%"

@@ -74,6 +74,9 @@ def test_ask_and_serve_open_the_collection_named(
     assert cli.main(["serve", "--store", pg_url, "--collection", "notes"]) == 0
     preload = seen["preload"]
     assert isinstance(preload, Collection) and (preload.index_dir, preload.collection) == (pg_url, "notes")
+    assert seen["state_url"] == pg_url  # sessions, conversations and uploads in the database too
+    assert preload.documents() == sorted(str(p) for p in docs.iterdir())  # what the page lists: the manifest table
+    assert "sessions, conversations and uploads are kept in the database" in capsys.readouterr().err
 
     missing = cli.build_parser().parse_args(["ask", "q", "--store", pg_url, "--collection", "nope"])
     with pytest.raises(AppError, match="nothing at collection 'nope'"):

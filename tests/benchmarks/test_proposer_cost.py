@@ -28,13 +28,13 @@ def test_the_proposer_cost_benchmark_runs_both_proposers_on_the_same_batches(tmp
 
     out = tmp_path / "cost.json"
     command = [str(_vllm_python()), "benchmarks/proposer_cost.py", "--rows", "1", "3", "--steps", "6", "--warmup", "2",
-               "--tokenizer", str(model_folder("default")), "--json", str(out)]
+               "--tokenizer", str(model_folder("default")), "--json", str(out), "--clock", "thread"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [r["rows"] for r in report["results"]] == [1, 3]
     for r in report["results"]:
-        assert r["steps"] == 6 and r["ragspec_ms"] > 0 and r["vllm_propose_ms"] > 0 and r["vllm_kernel_ms"] > 0
+        assert r["steps"] == 6 and r["clock"] == "thread" and r["ragspec_ms"] > 0 and r["vllm_propose_ms"] > 0 and r["vllm_kernel_ms"] > 0
         assert 0 < r["ragspec_share"] < 1 and r["gpu_step_ms"] > 0 if r["rows"] == 1 else "gpu_step_ms" not in r
     assert "ragspec ms" in done.stdout and report["cpu_features"]

@@ -232,9 +232,13 @@ function* parseEvents(buffer) {
 }
 
 function statsLine(s) {
-  // s is the generation's stats (ragspec's GenerationStats.as_dict()).
-  return `<b>${s.decode_tokens_per_s.toFixed(1)} tokens/s</b> · acceptance ${(100 * s.acceptance_rate).toFixed(0)}% · ` +
-    `${s.tokens_per_forward.toFixed(2)} tokens/forward · ${s.new_tokens} tokens in ${s.wall_s.toFixed(1)} s`;
+  // s is the generation's stats (ragspec's GenerationStats.reported()): figures an engine did not count
+  // (tokens per forward behind vLLM; acceptance where nothing was drafted) are absent, never shown as zeros.
+  const parts = [`<b>${s.decode_tokens_per_s.toFixed(1)} tokens/s</b>`];
+  if (s.acceptance_rate !== undefined) parts.push(`acceptance ${(100 * s.acceptance_rate).toFixed(0)}%`);
+  if (s.tokens_per_forward !== undefined) parts.push(`${s.tokens_per_forward.toFixed(2)} tokens/forward`);
+  parts.push(`${s.new_tokens} tokens in ${s.wall_s.toFixed(1)} s`);
+  return parts.join(" · ");
 }
 
 async function ask(question) {

@@ -69,6 +69,12 @@ REQUEST_MAX_DRAFT = "ragspec_max_draft"
 that caps its drafts: an integer, 0 for no speculation."""
 DEFAULT_HISTORY_TOKENS = 2048
 DEFAULT_MIN_MATCH = 1
+HISTORY_EVERY = 8
+"""Steps between two entries of finished answers into the history (``BatchIndex(history_every=...)``).
+Each entry rebuilds the history's automaton; from about 100 rows some request ends at nearly every
+step, so entries are batched: an answer waits at most 8 steps (a few hundred ms on a GPU) before
+later requests can draft from it. A batch of a few rows, whose requests end tens of steps apart,
+still enters every answer at once, so a user's next question drafts from the previous answer."""
 
 
 class StepCosts:
@@ -140,7 +146,8 @@ class BatchDrafter:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {max_draft}")
         self.max_draft = max_draft
         self.max_model_len = max_model_len
-        self.index = BatchIndex(max_draft, max_model_len, history_tokens, min_match, rows=max_rows)
+        self.index = BatchIndex(max_draft, max_model_len, history_tokens, min_match, rows=max_rows,
+                                history_every=HISTORY_EVERY)
         self.policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         self.costs = costs if costs is not None else StepCosts(prior_slope=self.policy.prior_cost_slope)
         self.clock = clock

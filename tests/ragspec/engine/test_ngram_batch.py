@@ -35,11 +35,22 @@ class Request:
 
 
 def run(requests: list[Request], batch: int, steps_accepted: list[int], rooms: list[int], history_tokens: int,
-        min_match: int = 1, width: int = 128) -> int:
-    """Drive both through the same schedule; returns how many candidates were compared."""
+        min_match: int = 1, history_every: int = 0) -> int:
+    """Drive both through the same schedule; returns how many candidates were compared. With
+    ``history_every``, the reference's history takes the finished answers where the index's should:
+    when they end or before a step, once ``history_every`` steps have passed since the last entry."""
     max_len = max(len(r.prompt) + len(r.answer) for r in requests) + 2
-    index = BatchIndex(8, max_len + 8, history_tokens, min_match)
+    index = BatchIndex(8, max_len + 8, history_tokens, min_match, history_every=history_every)
     history = AnswerHistory(history_tokens)
+    waiting_answers: list[list[int]] = []
+    entered_at = -history_every
+
+    def enter(step: int) -> None:
+        nonlocal entered_at
+        if waiting_answers and step - entered_at >= history_every:
+            history.add_all(waiting_answers)
+            waiting_answers.clear()
+            entered_at = step
     acceptance = Acceptance(0.98)
     waiting = list(requests)
     live: list[Request] = []
@@ -51,8 +62,9 @@ def run(requests: list[Request], batch: int, steps_accepted: list[int], rooms: l
         ended = [r for r in live if r.done >= len(r.answer)]
         for r in ended:
             live.remove(r)
-            history.add(r.tokens[r.prompt_len :])
+            waiting_answers.append(r.tokens[r.prompt_len :])
         if ended:
+            enter(step)
             index.end([r.rid for r in ended])
         if not live:
             continue
@@ -76,6 +88,7 @@ def run(requests: list[Request], batch: int, steps_accepted: list[int], rooms: l
         room = [rooms[(step * 7 + i) % len(rooms)] for i in range(rows)]
         for i, r in enumerate(live):
             index.requests[slots[i], 7] = room[i]
+        enter(step)
         index.step(slots, n_new, num_tokens, token_ids, np.zeros(rows, np.int8), acceptance.counts, 0.98)
         for i, r in enumerate(live):
             expected = r.drafter.propose(r.tokens, room[i])
@@ -86,7 +99,7 @@ def run(requests: list[Request], batch: int, steps_accepted: list[int], rooms: l
             assert index.tokens(r.rid).tolist() == r.tokens
             compared += 1
         step += 1
-    assert len(index.history) == len(history)
+    assert len(index.history) == len(history) and index.steps == step
     return compared
 
 
@@ -99,10 +112,12 @@ def run(requests: list[Request], batch: int, steps_accepted: list[int], rooms: l
     rooms=st.lists(st.integers(0, 8), min_size=1, max_size=5),
     history_tokens=st.sampled_from([0, 5, 20, 200]),
     min_match=st.integers(1, 3),
+    history_every=st.sampled_from([0, 0, 1, 3]),
 )
-def test_random_streams_draft_what_the_reference_drafts(data, batch, accepted, rooms, history_tokens, min_match) -> None:
+def test_random_streams_draft_what_the_reference_drafts(data, batch, accepted, rooms, history_tokens, min_match,
+                                                        history_every) -> None:
     requests = [Request(f"r{i}", p, a) for i, (p, a) in enumerate(data)]
-    run(requests, batch, accepted, rooms, history_tokens, min_match)
+    run(requests, batch, accepted, rooms, history_tokens, min_match, history_every)
 
 
 def _corpus_tokens() -> list[list[int]]:
@@ -126,6 +141,23 @@ def test_real_streams_with_turnover_draft_what_the_reference_drafts() -> None:
         requests.append(Request(f"q{n}", prompt, answer))
     compared = run(requests, 6, [0, 2, 1, 4, 0, 0, 3], [8, 4, 0, 8, 1], 400)
     assert compared > 500
+    for r in requests:
+        r.done, r.drafter, r.tokens = 0, None, []
+    assert run(requests, 6, [0, 2, 1, 4, 0, 0, 3], [8, 4, 0, 8, 1], 400, history_every=5) == compared
+
+
+def test_answers_wait_for_the_history_at_most_history_every_steps() -> None:
+    index = BatchIndex(4, 100, 64, history_every=3)
+    acceptance = Acceptance(0.98)
+    sizes = []
+    for n in range(8):  # one request ends before every step
+        index.begin(f"a{n}", 2, 4)
+        index.step(np.array([index.slot_of[f"a{n}"]]), np.array([1]), np.array([3]), np.array([[7, 8, n]], np.int32),
+                   np.zeros(1, np.int8), acceptance.counts, 0.98)
+        index.end([f"a{n}"])
+        sizes.append(len(index.history))
+    # Entries at steps 1 (the first answer), 4 and 7; nothing waits longer than 3 steps.
+    assert sizes == [2, 2, 2, 8, 8, 8, 14, 14]
 
 
 def test_automata_grow_and_rows_are_reused() -> None:
