@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ragspec.engine.config import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
-    from apps.engine import Collection
+    from apps.collection import Collection
     from ragspec.engine.results import GenerationStats
     from ragspec.answers import Answer
     from ragspec.remote import RemoteModel
@@ -339,7 +339,7 @@ def _chunk_overlap(chunk_size: int, overlap: int | None) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from apps.engine import update_index
+    from apps.collection import update_index
     from retrievers import check_index_writable
     from retrievers.store_url import is_database_url
 
@@ -466,7 +466,7 @@ def _penalties(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collection(args: argparse.Namespace) -> Collection:
-    from apps.engine import Collection
+    from apps.collection import Collection
     from retrievers.store_url import is_database_url
 
     target, collection = _target(args)
@@ -520,7 +520,7 @@ def _remote(args: argparse.Namespace) -> RemoteModel | None:
 
 
 def _print_answer(collection: Collection, question: str, history: list[tuple[str, str]], out: TextIO, stats: bool = True) -> Answer:
-    from apps.engine import Token
+    from apps.collection import Token
 
     finished: Answer | None = None
     for event in collection.stream(question, history):
@@ -670,7 +670,7 @@ def _state_url(args: argparse.Namespace) -> str | None:
 
 def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection | None:
     """The ``--index`` folder or ``--store`` collection every session can ask; None without either."""
-    from apps.engine import Collection
+    from apps.collection import Collection
     from retrievers.store_url import is_database_url
 
     target, collection = _target(args, default=None)

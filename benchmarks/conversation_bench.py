@@ -171,7 +171,7 @@ def main() -> None:
     store.add_documents(chunks)
     llm = LocalModel(backend="torch", config=GenerationConfig(max_new_tokens=args.max_tokens))
     generator = llm.load()
-    cold = SpeculativeGenerator(generator.lm, prefix_cache=False)
+    cold = SpeculativeGenerator(generator.target, prefix_cache=False)
     for gen in (generator, cold):  # the first forwards of a process pay one-off set-up: not in the figures
         gen.generate(list(range(1000, 1600)), max_new_tokens=4)
     rows: list[dict] = []

@@ -43,7 +43,7 @@ def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]
     # default of the start-up calibration: attention over a longer context makes verifying dearer.
     gen.calibrate(context=640)
     rows = []
-    for p in rag_prompts(gen.lm, questions):
+    for p in rag_prompts(gen.target, questions):
         answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculation=False)
         rows.append({"prompt": p.ids,
                      "references": [gen.encode(r, special_tokens=False) for r in p.passages],

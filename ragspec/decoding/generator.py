@@ -35,7 +35,7 @@ from ragspec.engine.results import (
     GenerationStats,
     GenerationStream,
     PromptTooLongError,
-    Generator,
+    TextGenerator,
 )
 from ragspec.engine.sampling import Acceptor, MaskedAcceptor, make_acceptor
 from ragspec.engine.tenancy import SHARED, current_cache_scope
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 
-class SpeculativeGenerator(Generator):
+class SpeculativeGenerator(TextGenerator):
     """Decoding of a target model, sped up by drafts the target verifies in one forward.
 
     With ``prefix_cache`` the keys and values of recent prompts are kept (``ragspec.engine.prefix_cache``,
@@ -90,21 +90,21 @@ class SpeculativeGenerator(Generator):
         self.config = config if config is not None else GenerationConfig()
         """Defaults of every call; per-call options merge into it."""
         if isinstance(model, str):
-            self.lm: TargetModel = load_model(model, device=device, dtype=dtype, backend=backend)
+            self.target: TargetModel = load_model(model, device=device, dtype=dtype, backend=backend)
         elif backend not in ("auto", model.backend):
             raise ValueError(f"backend={backend!r} but the model given is loaded for {model.backend!r}")
         else:
-            self.lm = model
+            self.target = model
         if isinstance(draft_model, str):
-            draft_model = load_model(draft_model, device=self.lm.device, dtype=self.lm.dtype, backend="torch")
+            draft_model = load_model(draft_model, device=self.target.device, dtype=self.target.dtype, backend="torch")
         self.policy: Policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         # Earlier answers are a source too: a small model repeats its own phrasing across questions.
         copies = drafter if drafter is not None else NgramDrafter(history_tokens=2048)
-        model_drafter = ModelDrafter(draft_model, self.lm) if draft_model is not None else None
+        model_drafter = ModelDrafter(draft_model, self.target) if draft_model is not None else None
         self.drafter = CompositeDrafter(copies, self.policy, model_drafter)
         """The n-gram sources (``drafter.copies``), then the draft model (``drafter.model``), as the policy chooses."""
         self.max_draft = max_draft
-        self.backend = make_backend(self.lm)
+        self.backend = make_backend(self.target)
         """This generator's forward and KV cache (the model's weights are shared); what the generator
         knows of its model comes from here."""
         self.prefix_cache = prefix_cache
@@ -240,4 +240,4 @@ class SpeculativeGenerator(Generator):
         from retrievers.cache import cache_root
 
         folder = cache_root() / "calibration"
-        self.policy.calibrate(calibration.verify_costs(self.lm, self.backend, self.max_draft, context, folder))
+        self.policy.calibrate(calibration.verify_costs(self.target, self.backend, self.max_draft, context, folder))

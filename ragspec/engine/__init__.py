@@ -8,6 +8,6 @@ imports neither ``ragspec.backends`` nor ``ragspec.decoding``.
 
 Its torch-free part is what a remote generator shares with the local one: ``config``
 (``GenerationConfig``: every option's one way in), ``results`` (results, statistics, the stream,
-errors, the ``Generator`` protocol) and ``cancel``. Importing this package imports none of its
+errors, the ``TextGenerator`` protocol) and ``cancel``. Importing this package imports none of its
 modules, so ``ragspec.engine.config`` stays as light as it is.
 """

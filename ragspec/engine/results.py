@@ -1,5 +1,5 @@
 """What a generation returns, torch-free: its result, its statistics, its stream and its errors, and
-the ``Generator`` protocol that returns them.
+the ``TextGenerator`` protocol that returns them.
 
 ``ragspec.decoding.generator`` (the local speculative generator) and ``ragspec.remote`` (generation on an
 OpenAI-compatible server) both return these, so ``DocumentQA``, the LangChain classes and the apps
@@ -232,7 +232,7 @@ class GenerationStream:
 
 
 @runtime_checkable
-class Generator(Protocol):
+class TextGenerator(Protocol):
     """What ``SpeculativeGenerator`` (local) and ``RemoteGenerator`` (a server) both are, and all that
     ``DocumentQA``, ``Conversation``, the LangChain classes and the apps call: the model's
     ``model_name``, ``tokenizer`` (text <-> ids, chat template) and ``context_length`` (prompt and

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.engine import Collection, update_index
+from apps.collection import Collection, update_index
 from apps.web.server import AppConfig, create_app
 from tests.apps.conftest import CORPUS, LiveServer, ScriptedBackend
 from tests.apps.fakes import GeneratorSource

@@ -35,7 +35,7 @@ def template_ids(tokenizer, chat_turns) -> list[int]:
 
 def test_messages_go_through_the_chat_template(chat, lc_tiny_generator):
     ids = template_ids(
-        lc_tiny_generator.lm.tokenizer,
+        lc_tiny_generator.target.tokenizer,
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is Kestrel Lane?"}],
     )
     want = lc_tiny_generator.generate(ids, max_new_tokens=MAX)
@@ -172,7 +172,7 @@ def test_models_load_lazily_and_are_shared(counting_loader):
     assert a.load() is b.load()
     assert calls == [(name, "auto", "auto")]
     c = ChatRagSpec(model=name, max_draft=4)
-    assert c.load() is not a.load() and c.load().lm is a.load().lm  # same weights, own policy
+    assert c.load() is not a.load() and c.load().target is a.load().target  # same weights, own policy
     assert c.load().max_draft == 4
     assert len(calls) == 1
     ChatRagSpec(model=name, dtype="float32").load()

@@ -529,8 +529,8 @@ def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default
 @pytest.mark.timeout(300)
 def test_default_model_runs_on_llamacpp_with_streaming_and_stop_strings(default_lm: LlamaCppModel) -> None:
     gen = SpeculativeGenerator("default", backend="llamacpp")
-    assert gen.backend.name == "llamacpp" and isinstance(gen.lm, LlamaCppModel) and gen.lm.exact
-    assert not hasattr(gen.lm, "model")  # the 538 MB fp32 PyTorch weights were not loaded
+    assert gen.backend.name == "llamacpp" and isinstance(gen.target, LlamaCppModel) and gen.target.exact
+    assert not hasattr(gen.target, "model")  # the 538 MB fp32 PyTorch weights were not loaded
     text, passages = rag_prompts(default_lm, 1)[0]
     with gen.stream(text, references=passages, max_new_tokens=40) as stream:
         deltas = list(stream)

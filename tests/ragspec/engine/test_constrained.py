@@ -247,15 +247,15 @@ def test_default_model_constrained_speculation_equals_constrained_plain() -> Non
     otherwise copy the plain run's answer whole, and what the grammar drafts would depend on it."""
     from ragspec import registry
 
-    gen = SpeculativeGenerator(registry.get_generator("default").lm, drafter=NgramDrafter(history_tokens=0))
+    gen = SpeculativeGenerator(registry.get_generator("default").target, drafter=NgramDrafter(history_tokens=0))
     passage = ("The Kestrel Lane cooperative was founded in 1987. Every member owns exactly one share, "
                "bought for 250 pounds, and the general meeting is held each March.")
     schema = {"type": "object", "properties": {"founded": {"type": "integer"}, "share_price": {"type": "string", "maxLength": 60},
               "meeting": {"enum": ["January", "March", "June"]}, "summary": {"type": "string", "maxLength": 160}},
               "required": ["founded", "share_price", "meeting", "summary"], "additionalProperties": False}
-    text = gen.lm.tokenizer.apply_chat_template(
+    text = gen.target.tokenizer.apply_chat_template(
         [{"role": "user", "content": f"{passage}\n\nExtract the facts as JSON."}], tokenize=False, add_generation_prompt=True)
-    prompt = gen.lm.tokenizer.encode(text, add_special_tokens=False)
+    prompt = gen.target.tokenizer.encode(text, add_special_tokens=False)
     constraint = Constraint.json_schema(schema)
     plain = gen.generate(prompt, max_new_tokens=120, speculation=False, constraint=constraint)
     spec = gen.generate(prompt, references=[passage], max_new_tokens=120, constraint=constraint)
