@@ -86,6 +86,12 @@ class StepCosts:
     steps of a batch of that size. A size whose plain step is untimed gets no drafts
     (``measured``), and the plain step is timed again every ``replain_every`` steps of a size, as
     its contexts grow.
+
+    Lengths not timed yet cost the prior: ``prior_slope`` of a plain step per drafted token for one
+    row, and for a batch that fraction of the one-row step, over the batch's own plain step (a
+    drafted token costs about what one row's token does, whatever else the batch holds), once both
+    plain steps are timed. Without this a full batch would never try a draft: its step costs several
+    one-row steps, so ``prior_slope`` of it per token looked dearer than any draft's expected gain.
     """
 
     def __init__(self, prior_slope: float = 0.1, smoothing: float = 0.1, replain_every: int = 64) -> None:
@@ -97,7 +103,15 @@ class StepCosts:
         curve = self.curves.get(rows)
         if curve is None:
             curve = self.curves[rows] = CostCurve(self.prior_slope, self.smoothing, monotone=True)
+        if rows > 1:
+            self._scale_prior(curve)
         return curve
+
+    def _scale_prior(self, curve: CostCurve) -> None:
+        """The batch's prior per drafted token: ``prior_slope`` of the one-row plain step (class docstring)."""
+        one = self.curves.get(1)
+        if one is not None and one.has_plain and curve.has_plain:
+            curve.prior_slope = self.prior_slope * min(1.0, float(one.means[0] / curve.means[0]))
 
     def record(self, rows: int, drafted: int, seconds: float) -> None:
         self.curve(rows).record(drafted, seconds)
@@ -112,6 +126,8 @@ class StepCosts:
         curve = self.curves.get(rows)
         if curve is None or not curve.weights[0] or self._since_plain.get(rows, 0) >= self.replain_every:
             return None
+        if rows > 1:
+            self._scale_prior(curve)
         return curve
 
 

@@ -276,7 +276,9 @@ def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
     assert costs.curve(1).relative(4) == pytest.approx(2.0) and costs.curve(1).relative(2) == pytest.approx(1.5)
     pooled = (0.40 + 3 * 0.13) / 4  # the outlier is pooled with the cell after it, by weight
     assert costs.curve(4).fitted() == pytest.approx({0: 0.12, 2: pooled, 4: pooled})
-    assert costs.curve(4).relative(8) == pytest.approx(pooled / 0.12 + 0.4)
+    # Beyond the longest timed length, the prior: 0.1 of the one-row plain step per token, in 4-row steps.
+    assert costs.curve(4).relative(8) == pytest.approx(pooled / 0.12 + 4 * 0.1 * 0.05 / 0.12)
+    assert costs.curve(1).relative(8) == pytest.approx(2.0 + 4 * 0.1)  # one row: 0.1 of its own step
     rng = np.random.default_rng(1)
     for trial in range(30):  # against a brute-force isotonic fit, on random timings
         costs = StepCosts()
