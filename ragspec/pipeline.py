@@ -410,7 +410,4 @@ class DocumentQA:
         self, request: QARequest, on_start: Callable[[GenerationStats], None] | None = None
     ) -> Generator[str | Answer, None, None]:
         text, finish_reason, stats = yield from self.answering.generate(request, on_start)
-        yield self._answer(request, text, finish_reason, stats)
-
-    def _answer(self, request: QARequest, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
-        return cited_answer(request, text, finish_reason, stats, self.snippet_chars, self.unsupported)
+        yield cited_answer(request, text, finish_reason, stats, self.snippet_chars, self.unsupported)
