@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ragspec.engine.config import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
-    from apps.engine import Collection
+    from apps.collection import Collection
     from ragspec.engine.results import GenerationStats
     from ragspec.answers import Answer
     from ragspec.remote import RemoteModel
@@ -358,7 +358,7 @@ def _ingest(args: argparse.Namespace) -> int:
     target, collection = _target(args)
     assert target is not None
     _require_extras("ingest", target)
-    from apps.engine import update_index
+    from apps.collection import update_index
     from retrievers import check_index_writable
     from retrievers.store_url import is_database_url
 
@@ -483,7 +483,7 @@ def _penalties(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collection(args: argparse.Namespace) -> Collection:
-    from apps.engine import Collection
+    from apps.collection import Collection
     from retrievers.store_url import is_database_url
 
     target, collection = _target(args)
@@ -501,7 +501,7 @@ def _collection(args: argparse.Namespace) -> Collection:
 
 
 def _local_model_options(p: argparse.ArgumentParser) -> None:
-    from ragspec.engine.config import BACKENDS
+    from ragspec.backends import BACKENDS
 
     p.add_argument("--model", default="default", help="generator: 'default' (SmolLM2-135M-Instruct), a local folder or a .gguf file")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -538,7 +538,7 @@ def _remote(args: argparse.Namespace) -> RemoteModel | None:
 
 
 def _print_answer(collection: Collection, question: str, history: list[tuple[str, str]], out: TextIO, stats: bool = True) -> Answer:
-    from apps.engine import Token
+    from apps.collection import Token
 
     finished: Answer | None = None
     for event in collection.stream(question, history):
@@ -691,7 +691,7 @@ def _state_url(args: argparse.Namespace) -> str | None:
 
 def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection | None:
     """The ``--index`` folder or ``--store`` collection every session can ask; None without either."""
-    from apps.engine import Collection
+    from apps.collection import Collection
     from retrievers.store_url import is_database_url
 
     target, collection = _target(args, default=None)

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever  # noqa: E402
 from ragspec.backends import TargetModel, load_model  # noqa: E402
 from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
 from ragspec.engine.ngram import NgramDrafter  # noqa: E402
 from ragspec.engine.policy import FixedPolicy  # noqa: E402
@@ -418,8 +418,8 @@ def run_benchmark(
             drafter.truth = methods[source](warm, 8).token_ids
         fn(warm, 8)
     for gen in generators:  # the warm-up prompt is also measured: its answer must not be drafted from
-        if isinstance(gen.drafter, NgramDrafter):
-            gen.drafter = NgramDrafter(history_tokens=gen.drafter.history_tokens)
+        if isinstance(gen.drafter.copies, NgramDrafter):
+            gen.drafter.copies = NgramDrafter(history_tokens=gen.drafter.copies.history_tokens)
     for name, prompts in workloads.items():
         runs: dict[str, list[Run]] = {m: [] for m in methods}
         endings: dict[str, dict[str, int]] = {fam: {} for fam in cutters}

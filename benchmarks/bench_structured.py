@@ -31,7 +31,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
 from ragspec.engine.constraints import Constraint, engine_tokenizer
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
 
 EXTRACTION_SCHEMA = {

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from ragspec.engine.config import GenerationConfig  # noqa: E402
 from ragspec.conversation import follow_up_query  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
 from ragspec.prompts import Turn  # noqa: E402
 from ragspec.registry import LocalModel  # noqa: E402
@@ -171,7 +171,7 @@ def main() -> None:
     store.add_documents(chunks)
     llm = LocalModel(backend="torch", config=GenerationConfig(max_new_tokens=args.max_tokens))
     generator = llm.load()
-    cold = SpeculativeGenerator(generator.lm, prefix_cache=False)
+    cold = SpeculativeGenerator(generator.target, prefix_cache=False)
     for gen in (generator, cold):  # the first forwards of a process pay one-off set-up: not in the figures
         gen.generate(list(range(1000, 1600)), max_new_tokens=4)
     rows: list[dict] = []

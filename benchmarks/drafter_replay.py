@@ -36,21 +36,21 @@ MAX_COST_K = 32  # verify costs are recorded up to this many drafted tokens
 
 def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]:
     from benchmarks.bench import rag_prompts
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator("default", device="cpu", dtype="float32")
     # Verify costs at this workload's context length (prompts of ~600 tokens), not the 128-token
     # default of the start-up calibration: attention over a longer context makes verifying dearer.
     gen.calibrate(context=640)
     rows = []
-    for p in rag_prompts(gen.lm, questions):
+    for p in rag_prompts(gen.target, questions):
         answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculation=False)
         rows.append({"prompt": p.ids,
                      "references": [gen.encode(r, special_tokens=False) for r in p.passages],
                      "answer": answer.token_ids})
     policy = gen.policy
     # Measured up to max_draft; beyond it, the policy's own extrapolation.
-    costs = {k: policy.relative_cost(k) for k in range(MAX_COST_K + 1)}  # type: ignore[attr-defined]
+    costs = {k: policy.costs.relative(k) for k in range(MAX_COST_K + 1)}  # type: ignore[attr-defined]
     data = {"rows": rows, "relative_cost": costs}
     path.write_text(json.dumps(data))
     return data
@@ -80,7 +80,7 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
                 draft, best = None, 0.0
                 for m in drafter.matches(context, room):
                     chosen = choose_draft(policy, Draft(m.tokens, m.source, m.length, m.reference)) if m.tokens else None
-                    gain = policy.expected_yield(chosen, len(chosen)) / policy.relative_cost(len(chosen)) if chosen else 0.0
+                    gain = policy.expected_yield(chosen, len(chosen)) / policy.costs.relative(len(chosen)) if chosen else 0.0
                     if gain > best:
                         draft, best = chosen, gain
             else:

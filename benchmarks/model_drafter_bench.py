@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench import open_prompts, rag_prompts  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.backends import load_model  # noqa: E402
 from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
 from ragspec.engine.ngram import NgramDrafter  # noqa: E402

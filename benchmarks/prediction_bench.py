@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:  # `python benchmarks/prediction_bench.py` from an
     sys.path.insert(0, str(REPO))
 
 from apps.web.openai_api import prediction_details  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.engine.ngram import NgramDrafter  # noqa: E402
 from ragspec.backends import TargetModel  # noqa: E402
 from ragspec.prompts import chat_prompt_ids  # noqa: E402

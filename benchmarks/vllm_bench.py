@@ -419,7 +419,7 @@ def fresh_generator(model: Any, max_draft: int, prefix_cache: bool, warm_up: lis
     """A new generator on ``model`` (its weights shared): an empty prefix cache and no earlier answers
     to draft from, so no method or cell finds another's prompt or answer. Warmed up, as each vLLM
     server is, on a prompt of no workload."""
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     generator = SpeculativeGenerator(model, max_draft=max_draft, prefix_cache=prefix_cache)
     generator.generate(warm_up, max_new_tokens=8, temperature=0.0)

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "RagSpecLLM": "ragspec.lc",
     "ChatRagSpec": "ragspec.lc",
-    "SpeculativeGenerator": "ragspec.engine.generator",
+    "SpeculativeGenerator": "ragspec.decoding.generator",
     "GenerationResult": "ragspec.engine.results",
     "GenerationConfig": "ragspec.engine.config",
     "Constraint": "ragspec.engine.constraints",
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ragspec.conversation import Conversation
     from ragspec.engine.config import GenerationConfig
     from ragspec.engine.constraints import Constraint
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.engine.results import GenerationResult
     from ragspec.lc import ChatRagSpec, RagSpecLLM
     from ragspec.pipeline import DocumentQA

@@ -40,14 +40,21 @@ cited only when
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
 
 from ragspec import facts
+from ragspec.answers import Answer, Citation
 
-__all__ = ["choose_citations", "cited_numbers", "copied_numbers", "on_topic_numbers", "overlap_numbers"]
+if TYPE_CHECKING:
+    from ragspec.engine.results import GenerationStats
+    from ragspec.qa_models import QARequest
+
+__all__ = ["cite", "cited_answer", "choose_citations", "cited_numbers", "copied_numbers", "on_topic_numbers", "overlap_numbers"]
 
 _WORD = re.compile(r"\w+")
 
@@ -262,3 +269,62 @@ def drawn_sentences(answer: str, passage: str, question: str = "") -> tuple[int,
     while last + 1 < len(spans) and scores[last + 1] * 2 >= scores[best]:
         last += 1
     return spans[first][0], spans[last][1]
+
+
+def cite(answer: str, passages: Sequence[Document], question: str, snippet_chars: int) -> tuple[list[Citation], str]:
+    """The citations of ``answer`` (``choose_citations``'s passages, each with the sentence(s) the answer
+    drew from, at most ``snippet_chars`` characters) and the rule that chose them."""
+    numbers, rule = choose_citations(answer, passages, question)
+    return [citation(n, passages[n - 1], answer, snippet_chars, question) for n in numbers], rule
+
+
+def citation(number: int, passage: Document, answer: str, snippet_chars: int, question: str = "") -> Citation:
+    """The citation of ``passage``, showing the sentence(s) ``answer`` drew from for ``question`` (else the passage's start)."""
+    meta = passage.metadata
+    content = passage.page_content
+    start, end = drawn_sentences(answer, content, question)
+    if end == 0:
+        start = len(content) - len(content.lstrip())
+        end = len(content.rstrip())
+    text = content[start:end]
+    if len(text) > snippet_chars:
+        cut = text.rfind(" ", 0, snippet_chars)
+        text = text[: cut if cut > snippet_chars // 2 else snippet_chars].rstrip() + "…"
+    passage_start = meta.get("start_index")
+    return Citation(
+        number=number,
+        source=str(meta.get("source", "")),
+        start_index=passage_start,
+        page=meta.get("page"),
+        title=meta.get("title"),
+        text=text,
+        chunk_id=meta.get("chunk_id") or passage.id,
+        section=str(meta["location"]) if meta.get("location") else None,
+        offset=passage_start + start if isinstance(passage_start, int) else None,
+    )
+
+
+def cited_answer(
+    request: QARequest, text: str, finish_reason: str, stats: GenerationStats | None, snippet_chars: int, unsupported: str
+) -> Answer:
+    """``DocumentQA``'s answer to ``request``: ``text`` with its citations and the facts no passage holds;
+    an answer no passage backs shows its note instead of its text unless ``unsupported`` is ``"flag"``."""
+    citations, rule = cite(text, request.passages, request.question, snippet_chars)
+    answer = Answer(
+        question=request.question,
+        text=text,
+        citations=citations,
+        passages=request.passages,
+        citation_rule=rule,
+        finish_reason=finish_reason,
+        stats=stats,
+        earlier_passages=request.earlier_passages,
+        history_turns=request.history_turns,
+        dropped_turns=request.dropped_turns,
+        retrieval_query=request.retrieval_query,
+        query_stats=request.query_stats,
+        missing_facts=tuple(facts.missing_facts(text, [p.page_content for p in request.passages], request.question)),
+    )
+    if citations or unsupported == "flag":
+        return answer
+    return dataclasses.replace(answer, text=answer.note, generated_text=text)

@@ -34,7 +34,7 @@ from ragspec.prompts import Turn, chat_prompt_ids
 
 if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
-    from ragspec.engine.results import Generator as AnyGenerator  # local or remote (collections.abc.Generator is imported)
+    from ragspec.engine.results import TextGenerator  # local or remote
 
 History = Sequence[Union[BaseMessage, tuple[str, str], Turn]]
 """The conversation before a question: LangChain messages (``HumanMessage`` / ``AIMessage``),
@@ -148,7 +148,7 @@ def rewrite_messages(turns: Sequence[Turn], question: str) -> list[dict[str, str
 
 
 def follow_up_query(
-    mode: str, question: str, turns: Sequence[Turn], generator: AnyGenerator, system_prompt: str
+    mode: str, question: str, turns: Sequence[Turn], generator: TextGenerator, system_prompt: str
 ) -> tuple[str, GenerationStats | None]:
     """The retrieval query for ``question`` after ``turns`` (see the module docstring) and, for
     ``"rewrite"``, the stats of the generation that made it (an empty rewrite falls back to ``"combine"``)."""

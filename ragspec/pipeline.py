@@ -27,71 +27,40 @@ budget are dropped, oldest first (``Answer.dropped_turns``, and a ``ContextBudge
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.documents import Document
-from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from ragspec.answers import UNSUPPORTED_MODES, Answer, AnswerStream, AsyncAnswerStream, Citation
-from ragspec.citations import choose_citations, drawn_sentences
-from ragspec.facts import missing_facts
+from ragspec.answers import UNSUPPORTED_MODES, Answer, AnswerStream, AsyncAnswerStream
+from ragspec.citations import cited_answer
+from ragspec.context_budget import ContextBudgetWarning
 from ragspec.bridge import iterate_in_thread
-from ragspec.conversation import (
-    FOLLOW_UP_MODES,
-    ChatQARunnable,
-    Conversation,
-    History,
-    follow_up_query,
-    passage_key,
-    to_turns,
-)
-from ragspec.engine.config import CallOptions, GenerationConfig, request_config
-from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
+from ragspec.conversation import FOLLOW_UP_MODES, ChatQARunnable, Conversation, History
+from ragspec.engine.config import GenerationConfig
+from ragspec.engine.text import question_text
+from ragspec.prompts import QA_SYSTEM_PROMPT
+from ragspec.qa_models import GenerationSource, LangChainAnswering, QARequest, answering_for
 from ragspec.registry import LocalModel
-from ragspec.engine.text import WholeWordText, question_text
 from retrievers.extras import require
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
 repeating 12 of its own tokens, or a sentence of its own, ends there (README, "Answers that end";
 ``benchmarks/qa_defaults.py`` measures other lengths and penalties on the bundled questions)."""
-_PLAIN = GenerationConfig()
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     from ragspec.engine.results import GenerationStats
-    from ragspec.engine.results import Generator as AnyGenerator  # local or remote (collections.abc.Generator is imported)
     from retrievers import FaissVectorStore
 
-
-@runtime_checkable
-class GenerationSource(Protocol):
-    """Where answers come from: a loaded generator and the defaults of each call.
-
-    ``ragspec.registry.LocalModel``, ``ChatRagSpec`` and ``RagSpecLLM`` are generation sources, and
-    so is ``ragspec.remote.RemoteModel`` (generation on an OpenAI-compatible server).
-    """
-
-    def load(self, model: str | None = None) -> AnyGenerator: ...
-
-    def call_options(self, stop: Sequence[str] | None, options: Any) -> CallOptions: ...
-
-__all__ = ["AsyncAnswerStream", "ContextBudgetWarning", "DocumentQA", "DocumentQARunnable"]
-
-
-class ContextBudgetWarning(UserWarning):
-    """Passages were dropped or truncated to fit the model's context window."""
+__all__ = ["AsyncAnswerStream", "ContextBudgetWarning", "DocumentQA", "DocumentQARunnable", "GenerationSource"]
 
 
 class DocumentQARunnable(Runnable[str, Answer]):
@@ -194,21 +163,6 @@ def _question(chunks: Iterable[object]) -> str:
     return "".join(parts)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True)
-class _Request:
-    question: str
-    passages: list[Document]
-    prompt_ids: list[int]
-    options: CallOptions
-    earlier_passages: int = 0
-    history_turns: int = 0
-    dropped_turns: int = 0
-    retrieval_query: str = ""
-    query_stats: GenerationStats | None = None
-    messages: tuple[dict[str, str], ...] = ()
-    """The prompt's turns, for a LangChain model that is not ragspec's (``prompt_ids`` is then empty)."""
-
-
 class DocumentQA:
     """Question answering over documents, with citations; see the module docstring for the rules.
 
@@ -262,15 +216,8 @@ class DocumentQA:
             raise ValueError(f"retriever must be a langchain BaseRetriever, got {type(retriever).__name__}")
         if llm is None:
             llm = LocalModel()
-        self.external = not isinstance(llm, GenerationSource)
-        """``llm`` is a LangChain model that is not ragspec's: it generates, ragspec does not draft."""
-        if self.external and not isinstance(llm, BaseLanguageModel):
-            raise ValueError(
-                "llm must be a ragspec ChatRagSpec, RagSpecLLM, LocalModel or RemoteModel, or a LangChain chat model "
-                f"or LLM (BaseChatModel, BaseLLM), got {type(llm).__name__}"
-            )
-        if self.external and follow_up == "rewrite":
-            raise ValueError("follow_up='rewrite' needs a ragspec model (it rewrites with the generator); use 'combine'")
+        self.answering = answering_for(llm, follow_up)
+        """Who writes the answers: ``ragspec.qa_models.RagspecAnswering`` or ``LangChainAnswering``."""
         if snippet_chars < 1:
             raise ValueError(f"snippet_chars must be positive, got {snippet_chars}")
         if passage_order not in ("document", "rank"):
@@ -437,212 +384,30 @@ class DocumentQA:
         """This pipeline as a LangChain ``Runnable[str, Answer]`` (see ``DocumentQARunnable``)."""
         return DocumentQARunnable(self)
 
+    @property
+    def external(self) -> bool:
+        """``llm`` is a LangChain model that is not ragspec's: it generates, ragspec does not draft."""
+        return isinstance(self.answering, LangChainAnswering)
+
     # -- steps ----------------------------------------------------------------------------------
+    def retrieve(self, query: str, k: int | None = None) -> list[Document]:
+        """The retriever's passages for ``query`` (``k`` of them when given, else its own number)."""
+        return list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
+
     def _events(
         self, question: str, k: int | None, options: dict[str, Any], history: History = ()
     ) -> Generator[str | Answer, None, None]:
         """Retrieve, then the answer's text deltas, then the ``Answer`` (for worker threads)."""
         return self._generate(self._prepare(question, k, options, history))
 
-    def _prepare(self, question: str, k: int | None, options: dict[str, Any], history: History = ()) -> _Request:
+    def _prepare(self, question: str, k: int | None, options: dict[str, Any], history: History = ()) -> QARequest:
         question = question_text(question)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        if self.external:
-            return self._prepare_external(question, k, options, history)
-        base = self.llm.call_options(None, {})
-        unset = {k: v for k, v in self.generation.items() if getattr(base.config, k) == getattr(_PLAIN, k)}
-        call = dataclasses.replace(base, config=request_config(base.config.merged(unset), options))
-        turns = to_turns(history)
-        generator = self.llm.load(call.model)
-        query, query_stats = follow_up_query(self.follow_up, question, turns, generator, self.system_prompt)
-        retrieved = list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
-        max_tokens = call.config.max_tokens
-        tokenizer, context = generator.tokenizer, generator.context_length
-        kept, dropped = self._fit_turns(tokenizer, question, retrieved, turns, max_tokens, context)
-        shown = {passage_key(p) for t in kept for p in t.passages}
-        new, prompt_ids = self._fit(tokenizer, question, [p for p in retrieved if passage_key(p) not in shown], max_tokens,
-                                    context, kept)
-        if self.passage_order == "document":
-            new = sorted(new, key=_document_position)
-            prompt_ids = self._prompt_ids(tokenizer, question, new, kept)
-        passages = [p for t in kept for p in t.passages] + new
-        call = dataclasses.replace(call, references=tuple(p.page_content for p in passages))
-        return _Request(question, passages, prompt_ids, call, len(passages) - len(new), len(kept), dropped, query, query_stats)
-
-    def _prepare_external(self, question: str, k: int | None, options: dict[str, Any], history: History) -> _Request:
-        """``_prepare`` for a LangChain model that is not ragspec's: the same retrieval and prompt
-        turns, every earlier turn and passage kept (no tokenizer to fit them with)."""
-        if options:
-            raise ValueError(
-                f"per-call options ({', '.join(sorted(options))}) are for ragspec models; set them on "
-                f"{type(self.llm).__name__} itself (e.g. ChatOpenAI(max_tokens=...))"
-            )
-        turns = to_turns(history)
-        query, _ = follow_up_query(self.follow_up, question, turns, None, self.system_prompt)  # type: ignore[arg-type]
-        retrieved = list(self.retriever.invoke(query) if k is None else self.retriever.invoke(query, k=k))
-        shown = {passage_key(p) for t in turns for p in t.passages}
-        new = [p for p in retrieved if passage_key(p) not in shown]
-        if self.passage_order == "document":
-            new = sorted(new, key=_document_position)
-        passages = [p for t in turns for p in t.passages] + new
-        messages = tuple(conversation_messages(turns, question, new, self.system_prompt))
-        call = CallOptions(model="", config=GenerationConfig(), references=tuple(p.page_content for p in passages))
-        return _Request(question, passages, [], call, len(passages) - len(new), len(turns), 0, query, None, messages)
-
-    def _generate_external(self, request: _Request) -> Generator[str | Answer, None, None]:
-        """The answer of a LangChain model that is not ragspec's: its streamed text, then the ``Answer``."""
-        chat = isinstance(self.llm, BaseChatModel)
-        prompt: Any = [(m["role"], m["content"]) for m in request.messages] if chat else plain_prompt(request.messages)
-        text, finish, shown = "", "stop", WholeWordText()
-        for chunk in self.llm.stream(prompt):
-            delta = chunk if isinstance(chunk, str) else chunk.text
-            finish = str((getattr(chunk, "response_metadata", None) or {}).get("finish_reason") or finish)
-            if delta:
-                text += delta
-                if safe := shown.add(delta):
-                    yield safe
-        if tail := shown.finish(text, finish):
-            yield tail
-        yield self._answer(request, shown.shown, finish, None)
+        return self.answering.prepare(self, question, k, options, history)
 
     def _generate(
-        self, request: _Request, on_start: Callable[[GenerationStats], None] | None = None
+        self, request: QARequest, on_start: Callable[[GenerationStats], None] | None = None
     ) -> Generator[str | Answer, None, None]:
-        if self.external:
-            yield from self._generate_external(request)
-            return
-        options = request.options
-        generator = self.llm.load(options.model)
-        shown = WholeWordText()  # a cut answer shows no partial word (the tokens are the generator's, untouched)
-        with generator.stream(request.prompt_ids, options.config, references=options.references) as stream:
-            if on_start is not None:
-                on_start(stream.stats)
-            for delta in stream:
-                if safe := shown.add(delta):
-                    yield safe
-        result = stream.result
-        assert result is not None
-        if tail := shown.finish(result.text, result.finish_reason):
-            yield tail
-        yield self._answer(request, shown.shown, result.finish_reason, result.stats)
-
-    def _answer(self, request: _Request, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
-        numbers, rule = choose_citations(text, request.passages, request.question)
-        citations = [self._citation(n, request.passages[n - 1], text, request.question) for n in numbers]
-        missing = tuple(missing_facts(text, [p.page_content for p in request.passages], request.question))
-        answer = Answer(
-            question=request.question,
-            text=text,
-            citations=citations,
-            passages=request.passages,
-            citation_rule=rule,
-            finish_reason=finish_reason,
-            stats=stats,
-            earlier_passages=request.earlier_passages,
-            history_turns=request.history_turns,
-            dropped_turns=request.dropped_turns,
-            retrieval_query=request.retrieval_query,
-            query_stats=request.query_stats,
-            missing_facts=missing,
-        )
-        if citations or self.unsupported == "flag":
-            return answer
-        return dataclasses.replace(answer, text=answer.note, generated_text=text)
-
-    def _citation(self, number: int, passage: Document, answer: str, question: str) -> Citation:
-        """The citation of ``passage``, showing the sentence(s) ``answer`` drew from (else the passage's start)."""
-        meta = passage.metadata
-        content = passage.page_content
-        start, end = drawn_sentences(answer, content, question)
-        if end == 0:
-            start = len(content) - len(content.lstrip())
-            end = len(content.rstrip())
-        text = content[start:end]
-        if len(text) > self.snippet_chars:
-            cut = text.rfind(" ", 0, self.snippet_chars)
-            text = text[: cut if cut > self.snippet_chars // 2 else self.snippet_chars].rstrip() + "…"
-        passage_start = meta.get("start_index")
-        return Citation(
-            number=number,
-            source=str(meta.get("source", "")),
-            start_index=passage_start,
-            page=meta.get("page"),
-            title=meta.get("title"),
-            text=text,
-            chunk_id=meta.get("chunk_id") or passage.id,
-            section=str(meta["location"]) if meta.get("location") else None,
-            offset=passage_start + start if isinstance(passage_start, int) else None,
-        )
-
-    def _prompt_ids(
-        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: Sequence[Document], turns: Sequence[Turn] = ()
-    ) -> list[int]:
-        return chat_prompt_ids(tokenizer, conversation_messages(turns, question, passages, self.system_prompt))
-
-    def _fit_turns(
-        self, tokenizer: PreTrainedTokenizerBase, question: str, retrieved: list[Document], turns: list[Turn],
-        max_tokens: int, context: int,
-    ) -> tuple[list[Turn], int]:
-        """The most recent earlier turns that fit the context budget with the question and its new passages."""
-        budget, dropped = context - max_tokens, 0
-        while turns:
-            shown = {passage_key(p) for t in turns for p in t.passages}
-            new = [p for p in retrieved if passage_key(p) not in shown]
-            if len(self._prompt_ids(tokenizer, question, new, turns)) <= budget:
-                break
-            turns, dropped = turns[1:], dropped + 1
-        if dropped:
-            warnings.warn(
-                f"the conversation does not fit the context window with room for {max_tokens} answer tokens: "
-                f"left out its {dropped} oldest turn(s)",
-                ContextBudgetWarning,
-                stacklevel=5,
-            )
-        return turns, dropped
-
-    def _fit(
-        self, tokenizer: PreTrainedTokenizerBase, question: str, passages: list[Document], max_tokens: int, context: int,
-        turns: Sequence[Turn] = (),
-    ) -> tuple[list[Document], list[int]]:
-        """Drop the lowest-ranked passages, then truncate the top one, until the prompt leaves room for ``max_tokens``."""
-        budget = context - max_tokens
-        kept = list(passages)
-        ids = self._prompt_ids(tokenizer, question, kept, turns)
-        while len(ids) > budget and len(kept) > 1:
-            kept.pop()
-            ids = self._prompt_ids(tokenizer, question, kept, turns)
-        truncated = False
-        if len(ids) > budget and kept:
-            top = kept[0]
-            text_ids = tokenizer.encode(top.page_content, add_special_tokens=False)
-            keep = len(text_ids) - (len(ids) - budget)
-            kept, ids = [], self._prompt_ids(tokenizer, question, [], turns)
-            while keep > 0:
-                short = Document(page_content=tokenizer.decode(text_ids[:keep]), metadata=top.metadata, id=top.id)
-                candidate = self._prompt_ids(tokenizer, question, [short], turns)
-                if len(candidate) <= budget:
-                    kept, ids, truncated = [short], candidate, True
-                    break
-                keep -= max(1, len(candidate) - budget)
-        if len(ids) > budget:
-            raise ValueError(
-                f"the question alone needs {len(ids)} prompt tokens, but with max_tokens="
-                f"{max_tokens} only {budget} fit the model's context: shorten the question or lower max_tokens"
-            )
-        if len(kept) < len(passages) or truncated:
-            dropped = len(passages) - len(kept)
-            warnings.warn(
-                f"{len(passages)} passages do not fit the context window with room for {max_tokens} answer "
-                f"tokens: dropped the {dropped} lowest-ranked" + (" and truncated the top one" if truncated else ""),
-                ContextBudgetWarning,
-                stacklevel=4,
-            )
-        return kept, ids
-
-
-def _document_position(passage: Document) -> tuple[str, int, int]:
-    """Where a passage sits among the documents: its source, then its page and character offset."""
-    meta = passage.metadata
-    start, page = meta.get("start_index"), meta.get("page")
-    return (str(meta.get("source", "")), page if isinstance(page, int) else -1, start if isinstance(start, int) else -1)
+        text, finish_reason, stats = yield from self.answering.generate(request, on_start)
+        yield cited_answer(request, text, finish_reason, stats, self.snippet_chars, self.unsupported)

@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ragspec.engine.config import CallOptions, GenerationConfig, call_options, check_backend
+from ragspec.backends import check_backend
+from ragspec.engine.config import CallOptions, GenerationConfig, call_options
 
 if TYPE_CHECKING:
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.backends import TargetModel
 
 _lock = threading.Lock()
@@ -30,7 +31,7 @@ def get_generator(
 ) -> SpeculativeGenerator:
     """The shared generator for these settings, loading the model on first use."""
     from ragspec.backends import choose_backend
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.backends import load_model
 
     key = (model, device, dtype, choose_backend(model, backend, device, dtype))

@@ -1,6 +1,6 @@
 """Generation on an OpenAI-compatible server: vLLM, llama.cpp's server, Ollama, another ``ragspec serve``.
 
-``RemoteGenerator`` is a ``ragspec.engine.results.Generator`` like the local one (``generate`` / ``stream`` with
+``RemoteGenerator`` is a ``ragspec.engine.results.TextGenerator`` like the local one (``generate`` / ``stream`` with
 a ``GenerationConfig``, ``references=``, a stream that is a context manager with live ``stats``
 and a ``result``), so ``DocumentQA``, ``ChatRagSpec`` and the apps use it where they would use a
 ``SpeculativeGenerator``. ``RemoteModel`` is the matching ``GenerationSource`` (a settings object
@@ -63,7 +63,7 @@ from ragspec.engine.results import (
     ModelLoadError,
     PromptTooLongError,
     SourceStats,
-    Generator,
+    TextGenerator,
 )
 from ragspec.engine.tenancy import current_cache_scope, scope_salt
 from ragspec.engine.text import StopTextAssembler, clean_text
@@ -158,7 +158,91 @@ def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return gguf_tokenizer(path)
 
 
-class RemoteGenerator(Generator):
+class _Http:
+    """HTTP to an OpenAI-compatible server: retries (a failure to connect, 408/409/5xx; a full queue, 429)
+    and the server's errors as ragspec's (``PromptTooLongError``, ``GeneratorBusyError``, ``RemoteGenerationError``)."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float, busy_timeout_s: float, max_retries: int) -> None:
+        self.base_url, self.busy_timeout_s, self.max_retries = base_url, busy_timeout_s, max_retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)), follow_redirects=False
+        )
+
+    def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """``request``'s response, sent again after a failure to connect or a 408/409/5xx, up to ``max_retries`` times."""
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._client.send(request, stream=stream)
+            except httpx.TransportError as e:
+                if last:
+                    raise RemoteGenerationError(
+                        f"could not reach the generator at {self.base_url}: {_describe_error(e)}"
+                        + (f" (tried {attempt + 1} times)" if attempt else "")
+                    ) from e
+                time.sleep(_backoff(attempt, None))
+                continue
+            except httpx.HTTPError as e:
+                raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
+            if last or not (response.status_code in (408, 409) or response.status_code >= 500):
+                return response
+            try:
+                response.read()
+            finally:
+                response.close()
+            time.sleep(_backoff(attempt, response))
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
+
+    def open_stream(self, body: dict[str, Any]) -> Any:
+        """The streamed response of ``POST /completions``, retrying a full queue (429) up to ``busy_timeout_s``."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            request = self._client.build_request("POST", f"{self.base_url}/completions", json=body)
+            response = self.send(request, stream=True)
+            if response.status_code == 200:
+                return _Closing(response)
+            try:
+                response.read()
+            finally:
+                response.close()
+            if response.status_code == 429:
+                wait = _retry_after(response)
+                if time.monotonic() + wait < deadline:
+                    time.sleep(wait)
+                    continue
+                raise GeneratorBusyError(
+                    f"the generator at {self.base_url} stayed busy for {self.busy_timeout_s:g} s: {_error_message(_json(response))}"
+                )
+            self.raise_for(response)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self.send(self._client.build_request(method, f"{self.base_url}{path}", **kwargs))
+        if response.status_code != 200:
+            self.raise_for(response)
+        return response
+
+    def raise_for(self, response: httpx.Response) -> None:
+        body = _json(response)
+        message = _error_message(body) or response.reason_phrase
+        status = response.status_code
+        code = body.get("error", {}).get("code") if isinstance(body.get("error"), dict) else None
+        if code == "context_length_exceeded":
+            raise PromptTooLongError(f"{self.base_url}: {message}")
+        if status == 503:
+            raise GeneratorBusyError(f"the generator at {self.base_url} is busy: {message}")
+        hint = ""
+        if status == 401:
+            hint = f" (set the key with api_key=, --generator-api-key or {API_KEY_ENV})"
+        elif status == 404:
+            hint = " (check the URL and the model name: GET /v1/models lists what the server serves)"
+        raise RemoteGenerationError(f"the generator at {self.base_url} answered {status}: {message}{hint}", status)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class RemoteGenerator(TextGenerator):
     """Decoding on an OpenAI-compatible server, called like a local ``SpeculativeGenerator``.
 
     ``model`` is the name the server knows the model by ("": the first it lists at
@@ -192,21 +276,21 @@ class RemoteGenerator(Generator):
                 raise ValueError(f"{name} must be > 0, got {value}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be a whole number >= 0, got {max_retries!r}")
-        self.max_retries = max_retries
         self.base_url = api_base(base_url)
+        self.http = _Http(self.base_url, api_key, timeout_s, busy_timeout_s, max_retries)
         self.model = model
         self.prompt_format = prompt_format
-        self.busy_timeout_s = busy_timeout_s
         self.config = config if config is not None else GenerationConfig()
         """Defaults of every call; per-call options merge into it."""
         self._tokenizer_name = tokenizer
         self._context_length = context_length
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)), follow_redirects=False
-        )
         self._info: _Served | None = None
         self._info_lock = threading.Lock()
+
+    @property
+    def busy_timeout_s(self) -> float:
+        """How long a request waits out a full queue (429) before ``GeneratorBusyError``."""
+        return self.http.busy_timeout_s
 
     def __repr__(self) -> str:
         return f"RemoteGenerator({self.base_url!r}, model={self.model!r})"
@@ -234,7 +318,7 @@ class RemoteGenerator(Generator):
 
     def models(self) -> list[dict[str, Any]]:
         """The server's ``GET /v1/models`` entries."""
-        response = self._request("GET", "/models")
+        response = self.http.request("GET", "/models")
         try:
             body = response.json()
         except ValueError:  # not JSON (an HTML page, a proxy's error)
@@ -332,13 +416,6 @@ class RemoteGenerator(Generator):
         cancel = threading.Event()
         return GenerationStream(self._run(body, config, stats, cancel), stats, cancel)
 
-    def _cuts_repeats(self, config: GenerationConfig) -> bool:
-        """Whether ``config.repetition_stop`` is applied here: a ragspec server applies it itself,
-        vLLM has none but streams the answer's ids (``return_token_ids``), so it is applied to those
-        and the stream is closed where the answer starts repeating, which ends the request there.
-        Other servers send text only; there the option has no effect (README, "Answers that end")."""
-        return bool(config.repetition_stop) and self._served().server == "vllm"
-
     # -- HTTP -------------------------------------------------------------------------------------
     def _run(
         self, body: dict[str, Any], config: GenerationConfig, stats: GenerationStats, cancel: threading.Event
@@ -349,9 +426,9 @@ class RemoteGenerator(Generator):
         server_ids: list[int] = []  # vLLM's own ids of the answer, when it sends them
         stop_reason: tuple[object] | None = None  # vLLM's stop_reason, when the server sends one
         # vLLM has no repetition stop: it is applied here, on the ids vLLM streams (see ``_repeat_cut``).
-        repeats = StopTextAssembler(self.tokenizer, (), config.repetition_stop) if self._cuts_repeats(config) else None
+        repeats = StopTextAssembler(self.tokenizer, (), config.repetition_stop) if _cuts_repeats(config, self._served().server) else None
         if body["max_tokens"] > 0:
-            with self._open_stream(body) as response:
+            with self.http.open_stream(body) as response:
                 for event in _sse_events(response):
                     check_cancelled(cancel)
                     if "error" in event:
@@ -409,78 +486,17 @@ class RemoteGenerator(Generator):
         return GenerationResult(text, ids, _finish_reason(finish or "length", remote_finish, stop_reason, config), stats,
                                 self.model_name)
 
-    def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """``request``'s response, sent again after a failure to connect or a 408/409/5xx, up to ``max_retries`` times."""
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
-            try:
-                response = self._client.send(request, stream=stream)
-            except httpx.TransportError as e:
-                if last:
-                    raise RemoteGenerationError(
-                        f"could not reach the generator at {self.base_url}: {_describe_error(e)}"
-                        + (f" (tried {attempt + 1} times)" if attempt else "")
-                    ) from e
-                time.sleep(_backoff(attempt, None))
-                continue
-            except httpx.HTTPError as e:
-                raise RemoteGenerationError(f"could not reach the generator at {self.base_url}: {_describe_error(e)}") from e
-            if last or not (response.status_code in (408, 409) or response.status_code >= 500):
-                return response
-            try:
-                response.read()
-            finally:
-                response.close()
-            time.sleep(_backoff(attempt, response))
-        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
-
-    def _open_stream(self, body: dict[str, Any]) -> Any:
-        """The streamed response of ``POST /completions``, retrying a full queue (429) up to ``busy_timeout_s``."""
-        deadline = time.monotonic() + self.busy_timeout_s
-        while True:
-            request = self._client.build_request("POST", f"{self.base_url}/completions", json=body)
-            response = self._send(request, stream=True)
-            if response.status_code == 200:
-                return _Closing(response)
-            try:
-                response.read()
-            finally:
-                response.close()
-            if response.status_code == 429:
-                wait = _retry_after(response)
-                if time.monotonic() + wait < deadline:
-                    time.sleep(wait)
-                    continue
-                raise GeneratorBusyError(
-                    f"the generator at {self.base_url} stayed busy for {self.busy_timeout_s:g} s: {_error_message(_json(response))}"
-                )
-            self._raise_for(response)
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self._send(self._client.build_request(method, f"{self.base_url}{path}", **kwargs))
-        if response.status_code != 200:
-            self._raise_for(response)
-        return response
-
-    def _raise_for(self, response: httpx.Response) -> None:
-        body = _json(response)
-        message = _error_message(body) or response.reason_phrase
-        status = response.status_code
-        code = body.get("error", {}).get("code") if isinstance(body.get("error"), dict) else None
-        if code == "context_length_exceeded":
-            raise PromptTooLongError(f"{self.base_url}: {message}")
-        if status == 503:
-            raise GeneratorBusyError(f"the generator at {self.base_url} is busy: {message}")
-        hint = ""
-        if status == 401:
-            hint = f" (set the key with api_key=, --generator-api-key or {API_KEY_ENV})"
-        elif status == 404:
-            hint = " (check the URL and the model name: GET /v1/models lists what the server serves)"
-        raise RemoteGenerationError(f"the generator at {self.base_url} answered {status}: {message}{hint}", status)
-
     def close(self) -> None:
         """Close the HTTP connections (a later call opens new ones)."""
-        self._client.close()
+        self.http.close()
+
+
+def _cuts_repeats(config: GenerationConfig, server: str) -> bool:
+    """Whether ``config.repetition_stop`` is applied here: a ragspec server applies it itself,
+    vLLM has none but streams the answer's ids (``return_token_ids``), so it is applied to those
+    and the stream is closed where the answer starts repeating, which ends the request there.
+    Other servers send text only; there the option has no effect (README, "Answers that end")."""
+    return bool(config.repetition_stop) and server == "vllm"
 
 
 @dataclass(frozen=True)

@@ -559,7 +559,7 @@ class PgVectorStore(VectorStore):
 
     def remember(self, key: str, documents: Sequence[Document]) -> None:
         """Keep `documents` under `key` in the collection's memo table, shared by every process using the
-        collection (the newest `MEMO_ENTRIES` are kept). ``apps.engine.Collection`` keeps there the
+        collection (the newest `MEMO_ENTRIES` are kept). ``apps.collection.Collection`` keeps there the
         passages each answer was first shown with, so that any replica lays out a follow-up alike."""
         if self._missing():
             return

@@ -44,7 +44,7 @@ def lc_tiny_model(lc_tokenizer):
 @pytest.fixture
 def lc_tiny_generator(lc_tiny_model):
     """A fresh SpeculativeGenerator over the tiny model (its drafter history starts empty)."""
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     return SpeculativeGenerator(lc_tiny_model)
 

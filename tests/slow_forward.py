@@ -33,7 +33,7 @@ class SlowForward:
 
 def slow_generator(seconds_per_token: float, context: int = 4096) -> tuple[Any, SlowForward]:
     """A generator over a tiny random model whose forwards take ``seconds_per_token`` per id."""
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from tests.ragspec.tiny import tiny_model
 
     gen = SpeculativeGenerator(tiny_model(context=context), prefix_cache=False)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from apps.engine import AppError, Token
+from apps.collection import AppError, Token
 from apps.web.markdown import render_answer
 from apps.web.queue import QueueFullError, QueueTimeoutError, Ticket
 from apps.web.sessions import Answerer, Session

@@ -818,7 +818,7 @@ def add_openai_routes(
             raise
         scope = request_scope(request, api_request, settings)
         events = iterate_in_thread(lambda: in_cache_scope(scope, lambda: _events(gen, job)))
-        answer = Answer(job, ticket, events, gen.model_name, time.monotonic() + settings.answer_timeout_s)
+        answer = Completion(job, ticket, events, gen.model_name, time.monotonic() + settings.answer_timeout_s)
         if api_request.stream:
             return EventStream(
                 answer.chunks(),
@@ -835,7 +835,7 @@ def add_openai_routes(
             ticket.release()
 
 
-class Answer:
+class Completion:
     """One generation of a ``/v1`` request, collected whole or as stream chunks."""
 
     def __init__(self, job: Job, ticket: Ticket, events: AsyncIterator[_Event], model_name: str, deadline: float) -> None:

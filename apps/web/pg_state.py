@@ -14,14 +14,14 @@ What lives in the database (tables made once, idempotently, by ``ensure_web_sche
   answers on any replica.
 
 A session's documents are indexed into a collection of their own in the same database
-(``apps.web.backends.StoreBackend``), which every replica opens. Each change is one
+(``apps.web.indexers.StoreIndexer``), which every replica opens. Each change is one
 transaction with bound parameters only; a change of a session's documents holds the session's
 advisory lock (``PgSessionStore.changing``), so uploads through two replicas take turns instead of
 losing files. Texts are stored as JSON text (``\\u0000`` escaped), so a NUL byte or a lone surrogate
 in a question or an answer is kept intact. What the process keeps (open collections, the files'
 local copies under ``root``) is a cache the database can rebuild.
 
-Where the answers of ``/v1`` retrieval conversations are remembered is ``apps.engine.Collection``'s
+Where the answers of ``/v1`` retrieval conversations are remembered is ``apps.collection.Collection``'s
 business: over a database collection it keeps them there too (``PgVectorStore.remember``).
 """
 
@@ -40,9 +40,9 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from apps.engine import IndexSummary, Skipped
-from apps.web.backends import session_collection
-from apps.web.sessions import Answerer, Backend, Session, SessionLimitError
+from apps.collection import IndexSummary, Skipped
+from apps.web.indexers import session_collection
+from apps.web.sessions import Answerer, Indexer, Session, SessionLimitError
 from apps.web.state import MAX_PROGRESS, PROGRESS_ID, ApiError
 from retrievers.extras import needs
 
@@ -112,7 +112,7 @@ def ensure_web_schema(url: str) -> None:
 
 
 class Opener(Protocol):
-    """A back end that can open the answerer of documents another replica indexed (``apps.web.backends.StoreBackend``)."""
+    """A back end that can open the answerer of documents another replica indexed (``apps.web.indexers.StoreIndexer``)."""
 
     def open(self, workdir: Path) -> Answerer: ...
 
@@ -125,7 +125,7 @@ class PgSessionStore:
     """
 
     def __init__(
-        self, url: str, backend: Backend, root: Path | None = None, *, max_sessions: int = 32, ttl_s: float = 3600.0,
+        self, url: str, backend: Indexer, root: Path | None = None, *, max_sessions: int = 32, ttl_s: float = 3600.0,
         pool_size: int = 4,
     ) -> None:
         if max_sessions < 1:

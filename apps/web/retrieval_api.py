@@ -5,7 +5,7 @@ the passages to retrieve, and what the message holds when no passage backs the a
 message is the question, the earlier user and assistant messages are the conversation it is
 retrieved with (``follow_up``: the recent questions with it) and asked after, in the pipeline's
 prompt with its numbered passages. Earlier answers this server gave keep the passages they were
-first shown with (``apps.engine.Collection.remember``), so a follow-up's prompt extends the previous
+first shown with (``apps.collection.Collection.remember``), so a follow-up's prompt extends the previous
 turn's and the prefix cache computes only the new turn. The documents are the index given with
 ``ragspec serve --index``. The answer's citations, retrieval query, turn counts and whether a passage
 backs it (``supported``, and ``note``: "I don't know: ..." and why) come in ``ragspec.retrieval``
@@ -43,7 +43,7 @@ class RetrievalError(ValueError):
 
 @runtime_checkable
 class Documents(Protocol):
-    """What retrieval requests are answered over (``apps.engine.Collection`` is one)."""
+    """What retrieval requests are answered over (``apps.collection.Collection`` is one)."""
 
     def answer_stream(
         self, question: str, history: Sequence[tuple[str, str]] = (), options: Mapping[str, Any] | None = None,

@@ -61,22 +61,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from apps.engine import Collection
+from apps.collection import Collection
 from apps.web import ask, documents
 from apps.web.config import AppConfig
-from apps.web.backends import DefaultBackend, StoreBackend
+from apps.web.indexers import FolderIndexer, StoreIndexer
 from apps.web.embeddings_api import add_embeddings_route
 from apps.web.openai_api import ApiSettings, Source, add_openai_routes
 from apps.web.queue import ModelQueue
 from apps.web.retrieval_api import Documents
 from apps.web.security import Guard, is_loopback, require_key_off_loopback, trusted_hosts_for
-from apps.web.sessions import Answerer, Backend, MemorySessionStore, SessionStore
+from apps.web.sessions import Answerer, Indexer, MemorySessionStore, SessionStore
 from apps.web.state import COOKIE, ProgressBoard, ProgressStore, WebState, web_state
 
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
-__all__ = ["AppConfig", "DefaultBackend", "ProgressBoard", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
+__all__ = ["AppConfig", "FolderIndexer", "ProgressBoard", "create_app", "is_loopback", "serve", "trusted_hosts_for"]
 
 
 pages = APIRouter()
@@ -112,7 +112,7 @@ async def get_session(request: Request, web: WebState = Depends(web_state)) -> d
 def create_app(
     config: AppConfig | None = None,
     *,
-    backend: Backend | None = None,
+    backend: Indexer | None = None,
     preload: Answerer | None = None,
     sessions_root: Path | None = None,
     generation: Source | None = None,
@@ -150,9 +150,6 @@ def create_app(
         getattr(progress, "close", lambda: None)()
 
     app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.config = config
-    app.state.sessions = store
-    app.state.backend = backend
     preloaded = tuple(preload.documents()) if isinstance(preload, Collection) else ()
     app.state.web = WebState(config, store, queue, progress, backend, preload, preloaded)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -180,16 +177,16 @@ def create_app(
     return app
 
 
-def _default_backend(config: AppConfig, remote: Source | None, local: Any, state_url: str | None, embeddings: Any) -> Backend:
+def _default_backend(config: AppConfig, remote: Source | None, local: Any, state_url: str | None, embeddings: Any) -> Indexer:
     """What indexes uploads: into a folder per session, or a collection per session in the ``state_url`` database."""
     settings: dict[str, Any] = {"max_tokens": config.max_tokens, "source": remote,
                                 "model": local.model if local else "default", "model_backend": local.backend if local else "auto"}  # fmt: skip
     if state_url is None:
-        return DefaultBackend(**settings)
-    return StoreBackend(**settings, url=state_url, embeddings=embeddings)
+        return FolderIndexer(**settings)
+    return StoreIndexer(**settings, url=state_url, embeddings=embeddings)
 
 
-def _state(config: AppConfig, backend: Backend, root: Path | None, state_url: str | None) -> tuple[SessionStore, ProgressStore]:
+def _state(config: AppConfig, backend: Indexer, root: Path | None, state_url: str | None) -> tuple[SessionStore, ProgressStore]:
     """Where sessions and indexing progress live: this process, or the ``state_url`` database."""
     if state_url is None:
         return MemorySessionStore(root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s), ProgressBoard()

@@ -26,21 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from apps.engine import Event, IndexSummary
+from apps.collection import Event, IndexSummary
 
 if TYPE_CHECKING:
     from retrievers.ingest import SyncProgress
 
 
 class Answerer(Protocol):
-    """Answers questions over one set of documents (``apps.engine.Collection`` is one)."""
+    """Answers questions over one set of documents (``apps.collection.Collection`` is one)."""
 
     def stream(self, question: str, history: Sequence[tuple[str, str]] = ()) -> Generator[Event, None, None]:
         """``Token`` events, then the ``Answer``; closing the generator early stops the answer."""
         ...
 
 
-class Backend(Protocol):
+class Indexer(Protocol):
     """Turns files into an ``Answerer``; the web app calls it in a worker thread."""
 
     def index(

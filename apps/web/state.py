@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import HTTPException, Request
 
-from apps.engine import AppError, IndexSummary
+from apps.collection import AppError, IndexSummary
 from apps.web.config import AppConfig
 from apps.web.queue import ModelQueue
-from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, SessionStore
+from apps.web.sessions import Answerer, Indexer, Session, SessionLimitError, SessionStore
 from retrievers.extras import MissingExtraError
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class WebState:
     store: SessionStore
     queue: ModelQueue
     progress: ProgressStore
-    backend: Backend
+    backend: Indexer
     preload: Answerer | None
     preloaded_documents: tuple[str, ...] = ()
     """The files of the preloaded index (``serve --index``), listed to sessions that have none of their own."""

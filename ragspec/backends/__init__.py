@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Union
 
 from ragspec.backends.base import Backend, BackendUnavailableError, KVCache
 from ragspec.backends.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, default_gguf_path
-from ragspec.engine.config import BACKENDS, check_backend
 from ragspec.engine.results import ModelLoadError
 
 if TYPE_CHECKING:
@@ -33,11 +32,22 @@ Chosen by end-to-end time on the RAG workload (long prompts, short answers), whe
 fp32 prefill outweighs llama.cpp's faster steps on the default 135M model, and by memory from a
 billion parameters on; the measurements are in docs/backends.md ("The default back end")."""
 
+BACKENDS = ("auto", "torch", "llamacpp")
+"""What can run a local target model (``choose_backend`` resolves ``"auto"``)."""
+
+
+def check_backend(name: str) -> str:
+    """``name`` if it is one of ``BACKENDS``, else a ``ValueError`` naming them."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    return name
+
+
 TargetModel = Union["LoadedModel", "LlamaCppModel"]
 """A loaded target model: transformers weights (``LoadedModel``) or a GGUF file in llama.cpp."""
 
 __all__ = ["AUTO_LLAMACPP_MIN_PARAMETERS", "BACKENDS", "Backend", "BackendUnavailableError", "KVCache", "TargetModel",
-           "choose_backend", "load_model", "make_backend"]
+           "check_backend", "choose_backend", "load_model", "make_backend"]
 
 
 def is_gguf_name(model: str) -> bool:

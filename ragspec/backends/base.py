@@ -1,6 +1,6 @@
 """The seam under the decoding loop: a target model's forward over a KV cache that can be rolled back.
 
-Drafting, the cost policy, greedy and sampling verification (``ragspec.engine.generator``,
+Drafting, the cost policy, greedy and sampling verification (``ragspec.decoding.generator``,
 ``ragspec.engine.sampling``) are written once, over this protocol. An implementation evaluates token ids
 after the positions its cache holds and returns one row of logits per position asked for; the
 generator rolls the cache back over rejected draft positions with ``crop`` and reuses a cache
@@ -16,13 +16,15 @@ forward) and ``ragspec.backends.llamacpp`` (GGUF files through llama.cpp's own k
 from __future__ import annotations
 
 import threading
-from typing import Protocol
-
-import torch
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Protocol
 
 from ragspec.engine.results import ModelLoadError
-from ragspec.engine.prefix_cache import SavedPrefix
+
+if TYPE_CHECKING:  # annotations only: importing the back ends' names stays torch-free
+    import torch
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    from ragspec.engine.prefix_cache import SavedPrefix
 
 
 class KVCache(Protocol):

@@ -15,10 +15,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from transformers import AutoTokenizer
-from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from ragspec.engine.results import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -65,6 +67,8 @@ def default_gguf_path() -> Path:
 
 
 def load_tokenizer(source: str | Path, label: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer  # imported here: naming the back ends stays torch-free
+
     try:
         return AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as e:
@@ -110,6 +114,8 @@ def gguf_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
 
 
 def _convert_tokenizer(gguf: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as e:  # gguf raises a variety of errors for damaged files

@@ -16,16 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-BACKENDS = ("auto", "torch", "llamacpp")
-"""What can run a local target model (``ragspec.backends.choose_backend`` resolves ``"auto"``)."""
-
-
-def check_backend(name: str) -> str:
-    """``name`` if it is one of ``BACKENDS``, else a ``ValueError`` naming them."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
-    return name
-
 if TYPE_CHECKING:
     from ragspec.engine.constraints import Constraint
 

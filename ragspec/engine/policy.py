@@ -42,6 +42,16 @@ class Policy(Protocol):
         ``draft_seconds`` is the time spent producing the draft."""
         ...
 
+    @property
+    def needs_calibration(self) -> bool:
+        """True when the generator should time verify forwards for ``calibrate`` before the first request."""
+        ...
+
+    def calibrate(self, seconds: dict[int, float]) -> None:
+        """Seconds of a verify forward by drafted tokens (``ragspec.decoding.calibration``); a policy
+        that takes none raises ``ValueError``."""
+        ...
+
 
 def choose_draft(policy: Policy, candidate: Draft | None) -> Draft | None:
     """The part of ``candidate`` a decoding step verifies: its first ``policy.choose(candidate)``
@@ -78,6 +88,13 @@ class FixedPolicy:
 
     def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float, draft_seconds: float) -> None:
         pass
+
+    @property
+    def needs_calibration(self) -> bool:
+        return False
+
+    def calibrate(self, seconds: dict[int, float]) -> None:
+        raise ValueError("FixedPolicy takes no calibration (AdaptivePolicy does)")
 
 
 _ONE_KIND = np.zeros(1, np.int64)
@@ -139,14 +156,6 @@ class AdaptivePolicy:
             raise ValueError("calibration needs the cost of a plain step (k=0)")
         self.costs.calibrate(seconds)
         self._calibrated = True
-
-    def measured_costs(self) -> dict[int, float]:
-        """Seconds of a forward by number of drafted tokens, as measured (or calibrated) so far."""
-        return self.costs.measured()
-
-    def relative_cost(self, k: int) -> float:
-        """Estimated cost of verifying ``k`` drafted tokens, in plain decoding steps."""
-        return self.costs.relative(k)
 
     # -- acceptance -------------------------------------------------------------------------
     def expected_yield(self, draft: Draft, k: int) -> float:

@@ -1,7 +1,7 @@
 """What a generation returns, torch-free: its result, its statistics, its stream and its errors, and
-the ``Generator`` protocol that returns them.
+the ``TextGenerator`` protocol that returns them.
 
-``ragspec.engine.generator`` (the local speculative generator) and ``ragspec.remote`` (generation on an
+``ragspec.decoding.generator`` (the local speculative generator) and ``ragspec.remote`` (generation on an
 OpenAI-compatible server) both return these, so ``DocumentQA``, the LangChain classes and the apps
 read one set of types whichever generates; importing this module imports neither torch nor
 transformers.
@@ -39,6 +39,12 @@ class SourceStats:
     accepted: int = 0
     verify_steps: int = 0
 
+    def add(self, drafted: int, accepted: int) -> None:
+        """One verified draft of ``drafted`` tokens from this source, ``accepted`` of them kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verify_steps += 1
+
 
 @dataclass
 class GenerationStats:
@@ -69,6 +75,11 @@ class GenerationStats:
     """Time the grammar engine spent computing token masks (constrained decoding only)."""
     masks: int = 0
     """Token masks computed: one per position a forward scored under a constraint."""
+
+    def progress(self, new_tokens: int, wall_s: float) -> None:
+        """The answer so far: ``new_tokens`` tokens after ``wall_s`` seconds (the first call sets ``ttft_s``)."""
+        self.new_tokens, self.wall_s = new_tokens, wall_s
+        self.ttft_s = self.ttft_s or wall_s
 
     @property
     def acceptance_rate(self) -> float:
@@ -221,7 +232,7 @@ class GenerationStream:
 
 
 @runtime_checkable
-class Generator(Protocol):
+class TextGenerator(Protocol):
     """What ``SpeculativeGenerator`` (local) and ``RemoteGenerator`` (a server) both are, and all that
     ``DocumentQA``, ``Conversation``, the LangChain classes and the apps call: the model's
     ``model_name``, ``tokenizer`` (text <-> ids, chat template) and ``context_length`` (prompt and

@@ -9,6 +9,7 @@ any of them is held back until the next tokens settle it.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,35 @@ def clean_text(text: str) -> str:
     except UnicodeEncodeError:
         return "".join(_REPLACEMENT if "\ud800" <= ch <= "\udfff" else ch for ch in text)
     return text
+
+
+def encode(
+    tokenizer: PreTrainedTokenizerBase, vocab_size: int, text: str | Sequence[int], *, special_tokens: bool,
+    what: str = "the prompt",
+) -> list[int]:
+    """Token ids of ``text`` (lone surrogates, which no tokenizer takes, become U+FFFD); ids pass
+    through, checked against the vocabulary (``ValueError`` for one outside ``[0, vocab_size)``).
+    Anything else (bytes, floats, None) is a ``TypeError`` naming ``what`` it was given as."""
+    if isinstance(text, str):
+        return list(tokenizer.encode(clean_text(text), add_special_tokens=special_tokens))
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be text or token ids, got {type(text).__name__}: decode it first (data.decode())")
+    if not isinstance(text, Sequence) and not hasattr(text, "__array__"):
+        raise TypeError(f"{what} must be text or a sequence of token ids, got {type(text).__name__}")
+    ids = [_token_id(t, what) for t in text]
+    if (bad := next((t for t in ids if not 0 <= t < vocab_size), None)) is not None:
+        raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size})")
+    return ids
+
+
+def _token_id(value: object, what: str) -> int:
+    """``value`` as a token id: an integer (numpy's included), never a float or a bool."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: token ids are integers, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what}: token ids are integers, got {type(value).__name__} {value!r:.40}") from None
 
 
 def question_text(question: object) -> str:

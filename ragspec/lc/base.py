@@ -37,13 +37,13 @@ from langchain_core.messages.ai import UsageMetadata
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ragspec import registry
+from ragspec.backends import check_backend
 from ragspec.engine.config import (
     DEFAULT_MAX_TOKENS,
     CallOptions,
     GenerationConfig,
     Speculation,
     call_options,
-    check_backend,
     speculation_setting,
 )
 from retrievers.extras import require
@@ -51,8 +51,8 @@ from retrievers.extras import require
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
-    from ragspec.engine.generator import SpeculativeGenerator
-    from ragspec.engine.results import GenerationResult, GenerationStats, Generator
+    from ragspec.decoding.generator import SpeculativeGenerator
+    from ragspec.engine.results import GenerationResult, GenerationStats, TextGenerator
     from ragspec.remote import RemoteModel
 
 Reference = Union[str, Document, Sequence[int]]
@@ -108,6 +108,23 @@ def usage(result: GenerationResult) -> UsageMetadata:
 def response_metadata(result: GenerationResult) -> dict[str, Any]:
     """``response_metadata`` / ``generation_info`` of one generation."""
     return {"model_name": result.model, "finish_reason": result.finish_reason, "speculative": result.stats.as_dict()}
+
+
+class LangChainModel:
+    """What the LLM and the chat model answer alike to LangChain (a mixin, before LangChain's base class):
+    serializable under ``LC_NAMESPACE``, token ids by the model's own tokenizer."""
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return list(LC_NAMESPACE)
+
+    def get_token_ids(self: RagSpecParams, text: str) -> list[int]:  # type: ignore[misc]  # a mixin of RagSpecParams' classes
+        """Token ids of ``text`` by the model's own tokenizer (loads the model on first use)."""
+        return self.model_token_ids(text)
 
 
 class RagSpecParams(BaseModel):
@@ -168,27 +185,9 @@ class RagSpecParams(BaseModel):
     def _v_known_fields(cls, data: Any) -> Any:
         """Unknown constructor arguments are an error that names them (pydantic's ``extra="forbid"``
         would too; this says which field was probably meant)."""
-        if not isinstance(data, Mapping):
-            return data
-        known = {name for name, f in cls.model_fields.items()} | {
-            f.alias for f in cls.model_fields.values() if f.alias
-        } | {choice for f in cls.model_fields.values() if isinstance(f.validation_alias, AliasChoices)
-             for choice in f.validation_alias.choices if isinstance(choice, str)}
-        unknown = [k for k in data if k not in known]
-        if not unknown:
-            return data
-        problems = []
-        for name in unknown:
-            if name == "model_kwargs":
-                problems.append(
-                    "model_kwargs is not supported: every generation setting is a field "
-                    f"({', '.join(_GENERATION_FIELDS)}), checked when the model is built; pass them directly "
-                    "(or per call, e.g. .bind(temperature=0.7))"
-                )
-                continue
-            close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
-            problems.append(f"unknown field {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"{cls.__name__}: " + "; ".join(problems))
+        if isinstance(data, Mapping) and (problems := _unknown_fields(cls, data)):
+            raise ValueError(f"{cls.__name__}: " + "; ".join(problems))
+        return data
 
     @model_validator(mode="after")
     def _v_generation(self) -> RagSpecParams:
@@ -219,7 +218,7 @@ class RagSpecParams(BaseModel):
     @model_validator(mode="after")
     def _v_generator(self) -> RagSpecParams:
         if self.generator is not None:
-            from ragspec.engine.generator import SpeculativeGenerator
+            from ragspec.decoding.generator import SpeculativeGenerator
 
             if not isinstance(self.generator, SpeculativeGenerator):
                 raise ValueError(
@@ -242,7 +241,7 @@ class RagSpecParams(BaseModel):
         return self
 
     # -- loading --------------------------------------------------------------------------------
-    def load(self, model: str | None = None) -> Generator:
+    def load(self, model: str | None = None) -> TextGenerator:
         """The generator for ``model`` (default: this object's), loaded on first use and shared.
 
         With ``base_url`` it is a ``RemoteGenerator`` on that server, called the same way.
@@ -317,7 +316,7 @@ class RagSpecParams(BaseModel):
     def events(
         self,
         options: CallOptions,
-        build_prompt: Callable[[Generator], str | list[int]],
+        build_prompt: Callable[[TextGenerator], str | list[int]],
         on_start: Callable[[GenerationStats], None] | None = None,
     ) -> Iterator[str | GenerationResult]:
         """Text deltas of one generation, then its ``GenerationResult``.
@@ -371,3 +370,23 @@ class RagSpecParams(BaseModel):
             "timeout": self.timeout,
             "max_retries": self.max_retries,
         }
+
+
+def _unknown_fields(cls: type[BaseModel], data: Mapping[str, Any]) -> list[str]:
+    """What is wrong with each argument of ``data`` that is none of ``cls``' fields (or their aliases)."""
+    known = {name for name, f in cls.model_fields.items()} | {
+        f.alias for f in cls.model_fields.values() if f.alias
+    } | {choice for f in cls.model_fields.values() if isinstance(f.validation_alias, AliasChoices)
+         for choice in f.validation_alias.choices if isinstance(choice, str)}
+    problems = []
+    for name in (k for k in data if k not in known):
+        if name == "model_kwargs":
+            problems.append(
+                "model_kwargs is not supported: every generation setting is a field "
+                f"({', '.join(_GENERATION_FIELDS)}), checked when the model is built; pass them directly "
+                "(or per call, e.g. .bind(temperature=0.7))"
+            )
+            continue
+        close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.75)
+        problems.append(f"unknown field {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return problems

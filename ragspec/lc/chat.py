@@ -16,7 +16,7 @@ from pydantic import ConfigDict
 
 from ragspec.engine import tool_calls
 from ragspec.bridge import iterate_in_thread
-from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
+from ragspec.lc.base import LangChainModel, RagSpecParams, response_metadata, usage
 from ragspec.lc.messages import messages_prompt_ids
 from ragspec.lc.tools import answer_message, bound_tools, openai_tools, piece_message, structured_output, to_tool
 from ragspec.engine.tool_calls import CallStream, ToolError
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ragspec.engine.results import GenerationResult
 
 
-class ChatRagSpec(BaseChatModel, RagSpecParams):
+class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
     """Chat model whose answers are sped up by lossless speculative decoding.
 
     Messages go through the model's chat template (a model without one gets a plain transcript
@@ -50,19 +50,7 @@ class ChatRagSpec(BaseChatModel, RagSpecParams):
     def _llm_type(self) -> str:
         return "ragspec-chat"
 
-    # -- serialization and token counting ------------------------------------------------------
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return True
-
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return list(LC_NAMESPACE)
-
-    def get_token_ids(self, text: str) -> list[int]:
-        """Token ids of ``text`` by the model's own tokenizer (loads the model on first use)."""
-        return self.model_token_ids(text)
-
+    # -- token counting (serialization and get_token_ids: LangChainModel) ----------------------
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model
         gets them (with ``tools``, their listing in the system turn too)."""

@@ -14,17 +14,17 @@ from pydantic import ConfigDict, PrivateAttr
 
 from ragspec.bridge import iterate_in_thread
 from ragspec.engine.config import CallOptions
-from ragspec.lc.base import LC_NAMESPACE, RagSpecParams, response_metadata, usage
+from ragspec.lc.base import LangChainModel, RagSpecParams, response_metadata, usage
 
 if TYPE_CHECKING:
-    from ragspec.engine.results import GenerationResult, Generator
+    from ragspec.engine.results import GenerationResult, TextGenerator
 
 
 class InstructModelWarning(UserWarning):
     """``RagSpecLLM`` continues its prompt as it is, but the model was tuned on chat turns (it has a chat template)."""
 
 
-class RagSpecLLM(LLM, RagSpecParams):
+class RagSpecLLM(LangChainModel, LLM, RagSpecParams):
     """Text completion sped up by lossless speculative decoding; the prompt is never echoed.
 
     The prompt is sent as it is, as OpenAI's and LangChain's completion models do: no chat template is
@@ -50,19 +50,7 @@ class RagSpecLLM(LLM, RagSpecParams):
     def _llm_type(self) -> str:
         return "ragspec"
 
-    # -- serialization and token counting ------------------------------------------------------
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return True
-
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return list(LC_NAMESPACE)
-
-    def get_token_ids(self, text: str) -> list[int]:
-        """Token ids of ``text`` by the model's own tokenizer (loads the model on first use)."""
-        return self.model_token_ids(text)
-
+    # -- token counting (serialization and get_token_ids: LangChainModel) ----------------------
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Prompt tokens of ``messages`` as this LLM gets them: LangChain's one-string rendering
         (``get_buffer_string``), encoded as a prompt."""
@@ -80,7 +68,7 @@ class RagSpecLLM(LLM, RagSpecParams):
     def _events(self, prompt: str, options: CallOptions) -> Iterator[str | GenerationResult]:
         return self.events(options, lambda generator: self._checked(generator, prompt))
 
-    def _checked(self, generator: Generator, prompt: str) -> str:
+    def _checked(self, generator: TextGenerator, prompt: str) -> str:
         """``prompt``, after an ``InstructModelWarning`` on this object's first call of a model with a chat template."""
         if not self._warned and getattr(generator.tokenizer, "chat_template", None):
             self._warned = True

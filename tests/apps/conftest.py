@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.engine import Event, IndexSummary, Token
+from apps.collection import Event, IndexSummary, Token
 from retrievers.ingest import SyncProgress
 from tests.apps.fakes import fake_answer
 

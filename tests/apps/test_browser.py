@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.web.server import AppConfig, DefaultBackend, create_app
+from apps.web.server import AppConfig, FolderIndexer, create_app
 from tests.apps.conftest import LiveServer, ScriptedBackend
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -52,7 +52,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Path, tmp_path: Path) -> None:
     tokens = 55 if os.environ.get("RAGSPEC_SCREENSHOT") else 32  # a longer answer looks better in the picture
-    app = create_app(AppConfig(max_tokens=tokens), backend=DefaultBackend(max_tokens=tokens), sessions_root=tmp_path)
+    app = create_app(AppConfig(max_tokens=tokens), backend=FolderIndexer(max_tokens=tokens), sessions_root=tmp_path)
     with LiveServer(app) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
         outside: list[str] = []
@@ -199,7 +199,7 @@ def test_the_stop_button_ends_the_answer_on_the_page_and_on_the_server(browser: 
 
 @pytest.mark.timeout(120)
 def test_a_preloaded_index_lists_its_documents_and_nothing_the_page_loads_is_missing(browser: object, tmp_path: Path) -> None:
-    from apps.engine import Collection
+    from apps.collection import Collection
 
     index = tmp_path / "index"
     index.mkdir()  # the panel reads the index's manifest only (the files `ragspec ingest` recorded)

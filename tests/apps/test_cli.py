@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from apps import cli
-from apps.engine import Event, Token
+from apps.collection import Event, Token
 from tests.apps.fakes import counting_embeddings, fake_answer
 
 DOC = """# Harbour notes
@@ -150,7 +150,7 @@ def test_penalty_flags_reach_every_answer_and_bad_values_name_the_flag(
 ) -> None:
     (tmp_path / "index").mkdir()
     built: list[dict[str, Any]] = []
-    monkeypatch.setattr("apps.engine.Collection", lambda *a, **k: built.append(k) or FakeCollection())
+    monkeypatch.setattr("apps.collection.Collection", lambda *a, **k: built.append(k) or FakeCollection())
     argv = ["ask", "ferries?", "--index", str(tmp_path / "index"), "--repeat-penalty", "1.3", "--repeat-last-n", "-1",
             "--frequency-penalty", "0.5"]  # fmt: skip
     assert cli.main(argv) == 0
@@ -330,8 +330,8 @@ def test_serve_runs_the_chosen_model_and_backend_for_the_page_and_the_api(monkey
     assert cli.main(["serve", "--model", "my.gguf", "--backend", "llamacpp"]) == 0
     generation = seen["generation"]
     assert isinstance(generation, LocalModel) and (generation.model, generation.backend) == ("my.gguf", "llamacpp")
-    page = web.create_app(seen["config"], generation=generation).state.backend  # type: ignore[arg-type]
-    assert isinstance(page, web.DefaultBackend) and (page.model, page.model_backend) == ("my.gguf", "llamacpp")
+    page = web.create_app(seen["config"], generation=generation).state.web.backend  # type: ignore[arg-type]
+    assert isinstance(page, web.FolderIndexer) and (page.model, page.model_backend) == ("my.gguf", "llamacpp")
     assert cli.main(["serve", "--backend", "onnx"]) == 2  # argparse names the choices
 
 

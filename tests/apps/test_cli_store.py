@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from apps import cli
-from apps.engine import AppError, Collection
+from apps.collection import AppError, Collection
 from tests.apps.fakes import counting_embeddings
 
 pytest.importorskip("psycopg", reason="the postgres extra is not installed (scripts/install-postgres.sh)")

@@ -34,7 +34,7 @@ def embeddings() -> Any:
 
 @pytest.fixture(scope="module", autouse=True)
 def api(tmp_path_factory: pytest.TempPathFactory, lc_tiny_model: Any, embeddings: Any) -> Iterator[httpx.Client]:
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     app = create_app(
         AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path_factory.mktemp("sessions"),

@@ -130,7 +130,7 @@ def test_web_questions_and_v1_calls_share_one_bounded_queue(tmp_path: Path, lc_t
 @pytest.mark.timeout(120)
 def test_token_ids_outside_the_vocabulary_are_a_400_not_a_crash(tmp_path: Path, lc_tiny_generator: Any) -> None:
     app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
-    vocab = len(lc_tiny_generator.lm.tokenizer)
+    vocab = len(lc_tiny_generator.target.tokenizer)
     ok = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         for body, param in [

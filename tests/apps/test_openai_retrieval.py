@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.engine import Collection, update_index
+from apps.collection import Collection, update_index
 from apps.web.server import AppConfig, create_app
 from tests.apps.conftest import CORPUS, LiveServer, ScriptedBackend
 from tests.apps.fakes import GeneratorSource
@@ -28,7 +28,7 @@ def generator(lc_tokenizer: Any) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.backends.pytorch.loading import LoadedModel
 
     torch.manual_seed(7)

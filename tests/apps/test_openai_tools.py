@@ -42,7 +42,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory, lc_tiny_model: Any) -> Iterator[httpx.Client]:
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     app = create_app(
         AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path_factory.mktemp("sessions"),

@@ -76,11 +76,11 @@ def assert_same_greedy(local_text: str, remote_text: str, prompt_ids: list[int])
     from ragspec.registry import get_generator
 
     generator = get_generator("default")
-    tokenizer = generator.lm.tokenizer
+    tokenizer = generator.target.tokenizer
     a, b = tokenizer.encode(local_text, add_special_tokens=False), tokenizer.encode(remote_text, add_special_tokens=False)
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     with torch.inference_mode():
-        logits = generator.lm.model(torch.tensor([prompt_ids + a[:same]])).logits[0, -1].float()
+        logits = generator.target.model(torch.tensor([prompt_ids + a[:same]])).logits[0, -1].float()
     top2 = torch.topk(logits, 2).values
     gap = float(top2[0] - top2[1])
     assert gap < TIE_TOLERANCE, f"remote answer diverged at token {same} with a top-2 gap of {gap}:\n{local_text!r}\n{remote_text!r}"

@@ -96,7 +96,7 @@ def test_greedy_outputs_equal_vllm_without_speculation(reference, spec_server, r
 def test_ragspec_through_vllm_answers_as_its_own_engine_does(spec_server, served_folder, rag_ids) -> None:
     """The same prompt ids, greedy, fp32: ragspec's local greedy and vLLM's (through RemoteGenerator) agree."""
     from ragspec.engine.config import GenerationConfig
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.remote import RemoteGenerator
 
     config = GenerationConfig(max_new_tokens=MAX_TOKENS, speculation=False)

@@ -33,10 +33,10 @@ def test_office_files_upload(tmp_path: Path) -> None:
 
 
 def test_a_broken_office_upload_is_refused_with_its_reason(tmp_path: Path) -> None:
-    from apps.web.server import DefaultBackend
+    from apps.web.server import FolderIndexer
 
     data = write_docx(tmp_path / "src.docx").read_bytes()
-    app = create_app(AppConfig(), backend=DefaultBackend(max_tokens=8), sessions_root=tmp_path / "sessions")
+    app = create_app(AppConfig(), backend=FolderIndexer(max_tokens=8), sessions_root=tmp_path / "sessions")
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         r = c.post("/api/documents", files=[("files", ("report.docx", data[: len(data) // 3], "application/octet-stream"))])
         assert r.status_code == 422

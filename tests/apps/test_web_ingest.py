@@ -1,4 +1,4 @@
-"""The web app's folder indexing: incremental through DefaultBackend, and progress the page can poll."""
+"""The web app's folder indexing: incremental through FolderIndexer, and progress the page can poll."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from apps.web.server import AppConfig, DefaultBackend, ProgressBoard, create_app
+from apps.web.server import AppConfig, FolderIndexer, ProgressBoard, create_app
 from retrievers.ingest import SyncProgress
 from tests.apps.conftest import LiveServer, ScriptedBackend
 from tests.apps.fakes import counting_embeddings
@@ -63,7 +63,7 @@ def test_progress_ids_are_checked_and_the_board_is_bounded() -> None:
 
 def test_the_default_backend_indexes_a_folder_incrementally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, apps_corpus: Path) -> None:
     embedded = counting_embeddings(monkeypatch)
-    backend = DefaultBackend()
+    backend = FolderIndexer()
     progress: list[SyncProgress] = []
     _, first = backend.index([apps_corpus], tmp_path, progress.append)
     assert first.update is not None and len(first.update.new) == 5 and len(embedded) == first.chunks > 0

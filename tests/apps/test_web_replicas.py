@@ -2,7 +2,7 @@
 own sessions folder, served by uvicorn on its own port. A browser's requests may land on either: the
 conversation, the uploads (listed, searched, indexing progress) and the session itself are the database's.
 
-Uploads are indexed for real into the session's collection (``StoreBackend``, deterministic fake
+Uploads are indexed for real into the session's collection (``StoreIndexer``, deterministic fake
 embeddings); answers are scripted, citing the passage the collection finds for the question, so that
 "searchable on the other replica" is checked without a model.
 """
@@ -24,8 +24,8 @@ pytest.importorskip("psycopg", reason="the postgres extra is not installed (scri
 import psycopg  # noqa: E402
 from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
 
-from apps.engine import Event, Token  # noqa: E402
-from apps.web.backends import StoreBackend, session_collection  # noqa: E402
+from apps.collection import Event, Token  # noqa: E402
+from apps.web.indexers import StoreIndexer, session_collection  # noqa: E402
 from apps.web.server import AppConfig, create_app  # noqa: E402
 from retrievers.pg_store import PgVectorStore  # noqa: E402
 from tests.apps.conftest import LiveServer  # noqa: E402
@@ -68,8 +68,8 @@ class SearchingAnswerer:
 
 
 @dataclass
-class ReplicaBackend(StoreBackend):
-    """``StoreBackend`` (real indexing into the session's collection) with scripted answers; ``gate``, when set,
+class ReplicaIndexer(StoreIndexer):
+    """``StoreIndexer`` (real indexing into the session's collection) with scripted answers; ``gate``, when set,
     holds the indexing after its first progress report until it is set."""
 
     replica: str = ""
@@ -94,7 +94,7 @@ class ReplicaBackend(StoreBackend):
 class Replicas:
     a: LiveServer
     b: LiveServer
-    backends: tuple[ReplicaBackend, ReplicaBackend]
+    backends: tuple[ReplicaIndexer, ReplicaIndexer]
     heard: Heard
     url: str
 
@@ -102,7 +102,7 @@ class Replicas:
 @pytest.fixture
 def replicas(pg_url: str, tmp_path: Path) -> Iterator[Replicas]:
     heard = Heard()
-    backends = tuple(ReplicaBackend(url=pg_url, embeddings=EMBEDDINGS, replica=name, heard=heard) for name in "ab")
+    backends = tuple(ReplicaIndexer(url=pg_url, embeddings=EMBEDDINGS, replica=name, heard=heard) for name in "ab")
     apps = [create_app(AppConfig(), backend=backend, sessions_root=tmp_path / backend.replica, state_url=pg_url)
             for backend in backends]  # fmt: skip
     with LiveServer(apps[0]) as a, LiveServer(apps[1]) as b:
@@ -316,7 +316,7 @@ def test_the_session_limit_counts_every_replicas_sessions(pg_url: str, tmp_path:
     from apps.web.pg_state import PgSessionStore
     from apps.web.sessions import SessionLimitError
 
-    backend = ReplicaBackend(url=pg_url, embeddings=EMBEDDINGS)
+    backend = ReplicaIndexer(url=pg_url, embeddings=EMBEDDINGS)
     a, b = (PgSessionStore(pg_url, backend, tmp_path / name, max_sessions=2, ttl_s=60) for name in "ab")
     try:
         made = [a.create(), b.create()]
@@ -336,7 +336,7 @@ async def test_a_request_cancelled_while_it_waits_for_the_session_leaves_no_lock
 
     from apps.web.pg_state import PgSessionStore
 
-    backend = ReplicaBackend(url=pg_url, embeddings=EMBEDDINGS)
+    backend = ReplicaIndexer(url=pg_url, embeddings=EMBEDDINGS)
     a, b = (PgSessionStore(pg_url, backend, tmp_path / name) for name in "ab")
     try:
         session = a.create()

@@ -244,9 +244,9 @@ def test_config_is_checked_when_built(kwargs: dict) -> None:
 
 def test_an_upload_with_no_text_is_refused_without_naming_server_paths(tmp_path: Path) -> None:
     """The message names the files, not the server's session folder (which holds the session id)."""
-    from apps.web.server import DefaultBackend
+    from apps.web.server import FolderIndexer
 
-    app = create_app(AppConfig(), backend=DefaultBackend(max_tokens=8), sessions_root=tmp_path)
+    app = create_app(AppConfig(), backend=FolderIndexer(max_tokens=8), sessions_root=tmp_path)
     with LiveServer(app) as server, client_for(server) as c:
         r = c.post("/api/documents", files=[("files", ("a.md", b"   \n", "text/markdown"))])
         assert r.status_code == 422

@@ -108,7 +108,7 @@ def test_follow_up_is_retrieved_with_the_conversation_and_asked_after_it(retriev
     assert retriever.queries[-1] == "When does the ferry leave? Is it on time?"  # "combine"
     assert second.passages == PASSAGES[:2] and second.earlier_passages == 2  # nothing new: no passage repeated
     assert second.history_turns == 1 and second.dropped_turns == 0
-    tok = lc_tiny_generator.lm.tokenizer
+    tok = lc_tiny_generator.target.tokenizer
     want = chat_prompt_ids(tok, conversation_messages([first.as_turn()], "Is it on time?", []))
     assert second.stats.prompt_tokens == len(want)
     assert second.stats.cached_prompt_tokens == first.stats.prompt_tokens  # the whole first prompt was reused
@@ -158,7 +158,7 @@ def test_oldest_turns_are_dropped_to_fit_the_budget(retriever, lc_tiny_generator
     with pytest.warns(ContextBudgetWarning, match="oldest turn"):
         answer = qa.ask("When does the ferry leave?", history=history)
     assert answer.dropped_turns >= 1 and answer.history_turns == 4 - answer.dropped_turns
-    assert answer.stats.prompt_tokens + 8 <= lc_tiny_generator.lm.context_length
+    assert answer.stats.prompt_tokens + 8 <= lc_tiny_generator.target.context_length
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert qa.ask("When does the ferry leave?", history=history[-1:]).dropped_turns == 0

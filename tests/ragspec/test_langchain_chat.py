@@ -35,7 +35,7 @@ def template_ids(tokenizer, chat_turns) -> list[int]:
 
 def test_messages_go_through_the_chat_template(chat, lc_tiny_generator):
     ids = template_ids(
-        lc_tiny_generator.lm.tokenizer,
+        lc_tiny_generator.target.tokenizer,
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is Kestrel Lane?"}],
     )
     want = lc_tiny_generator.generate(ids, max_new_tokens=MAX)
@@ -96,7 +96,7 @@ def test_stop_in_chat(chat):
 
 
 def test_references_reach_the_drafter(chat, lc_tiny_model):
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     # A separate generator writes the answer, so the tested one's drafter has no memory of it.
     full = ChatRagSpec(generator=SpeculativeGenerator(lc_tiny_model), max_tokens=MAX).invoke(MESSAGES).content
@@ -124,7 +124,7 @@ def test_without_a_chat_template_the_conversation_is_a_plain_transcript(lc_tiny_
     import copy
     import dataclasses
 
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.prompts import NoChatTemplateWarning
 
     tokenizer = copy.deepcopy(lc_tiny_model.tokenizer)
@@ -172,7 +172,7 @@ def test_models_load_lazily_and_are_shared(counting_loader):
     assert a.load() is b.load()
     assert calls == [(name, "auto", "auto")]
     c = ChatRagSpec(model=name, max_draft=4)
-    assert c.load() is not a.load() and c.load().lm is a.load().lm  # same weights, own policy
+    assert c.load() is not a.load() and c.load().target is a.load().target  # same weights, own policy
     assert c.load().max_draft == 4
     assert len(calls) == 1
     ChatRagSpec(model=name, dtype="float32").load()

@@ -33,7 +33,7 @@ def tiny_model_dir() -> str:
 
     from ragspec import registry
 
-    tokenizer = registry.get_generator("default").lm.tokenizer
+    tokenizer = registry.get_generator("default").target.tokenizer
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

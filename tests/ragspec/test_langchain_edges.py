@@ -22,7 +22,7 @@ MESSAGES = [SystemMessage("Be brief."), HumanMessage("Hello world"), AIMessage("
 @pytest.mark.parametrize("cls", [ChatRagSpec, RagSpecLLM])
 def test_text_is_counted_with_the_models_tokenizer(cls, lc_tiny_generator):
     model = cls(generator=lc_tiny_generator)
-    tokenizer = lc_tiny_generator.lm.tokenizer
+    tokenizer = lc_tiny_generator.target.tokenizer
     for text in ["Hello world", "Kestrel Lane, 7:15 — ferry", ""]:
         want = tokenizer.encode(text, add_special_tokens=False)
         assert model.get_token_ids(text) == want
@@ -32,7 +32,7 @@ def test_text_is_counted_with_the_models_tokenizer(cls, lc_tiny_generator):
 
 def test_chat_messages_are_counted_through_the_chat_template(lc_tiny_generator):
     chat = ChatRagSpec(generator=lc_tiny_generator)
-    tokenizer = lc_tiny_generator.lm.tokenizer
+    tokenizer = lc_tiny_generator.target.tokenizer
     turns = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hello world"},
@@ -54,7 +54,7 @@ def test_llm_counts_messages_as_the_prompt_it_is_given(lc_tiny_generator):
     from langchain_core.messages import get_buffer_string
 
     llm = RagSpecLLM(generator=lc_tiny_generator)
-    want = len(lc_tiny_generator.lm.tokenizer.encode(get_buffer_string(MESSAGES)))
+    want = len(lc_tiny_generator.target.tokenizer.encode(get_buffer_string(MESSAGES)))
     assert llm.get_num_tokens_from_messages(MESSAGES) == want
 
 
@@ -157,7 +157,7 @@ DOCS = [
 
 @pytest.fixture
 def spy_generator(lc_tiny_model):
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     spy = SpyDrafter()
     return SpeculativeGenerator(lc_tiny_model, drafter=spy), spy
@@ -170,10 +170,10 @@ def test_answer_from_context_forwards_documents_as_references(spy_generator):
         ChatRagSpec(generator=generator, max_tokens=6)
     ) | StrOutputParser()
     text = chain.invoke("When does the ferry leave?")
-    encode = generator.lm.tokenizer.encode
+    encode = generator.target.tokenizer.encode
     assert spy.references == [[encode(d.page_content, add_special_tokens=False) for d in DOCS]]
     # The prompt is the pipeline's: numbered passages, then the question.
-    ids = generator.lm.tokenizer.apply_chat_template(
+    ids = generator.target.tokenizer.apply_chat_template(
         qa_messages("When does the ferry leave?", DOCS), tokenize=False, add_generation_prompt=True
     )
     assert text == generator.generate(encode(ids, add_special_tokens=False), max_new_tokens=6).text
@@ -203,3 +203,17 @@ def test_answer_from_context_says_what_it_takes(lc_tiny_generator):
         chain.invoke({"question": "q", "context": 3})
     with pytest.raises(ValueError, match="ChatRagSpec or RagSpecLLM"):
         answer_from_context(RunnableLambda(lambda x: x))  # type: ignore[arg-type]
+
+
+def test_the_langchain_fields_are_generation_config_s() -> None:
+    """``RagSpecParams`` declares ``GenerationConfig``'s options as pydantic fields (each with its docstring):
+    every option is one, under its name, with the same default."""
+    import dataclasses
+
+    from ragspec.engine.config import GenerationConfig
+    from ragspec.lc.base import _GENERATION_FIELDS, RagSpecParams
+
+    options = {f.name for f in dataclasses.fields(GenerationConfig)} - {"constraint"}  # per call: response_format
+    assert options <= set(RagSpecParams.model_fields) and options <= set(_GENERATION_FIELDS)
+    assert ChatRagSpec().generation_config() == GenerationConfig()
+    assert RagSpecLLM(temperature=0.5, stop=["x"]).generation_config() == GenerationConfig(temperature=0.5, stop=("x",))

@@ -50,7 +50,7 @@ def llm(lc_tiny_generator) -> RagSpecLLM:
 @pytest.fixture
 def expected(lc_tiny_model) -> str:
     # Its own generator: the drafter of the one under test must not remember this answer.
-    from ragspec.engine.generator import SpeculativeGenerator
+    from ragspec.decoding.generator import SpeculativeGenerator
 
     text = SpeculativeGenerator(lc_tiny_model).generate(PROMPT, max_new_tokens=MAX, speculation=False).text
     assert len(text) > 10
@@ -116,7 +116,7 @@ def test_stop_strings_from_field_and_call_are_merged(lc_tiny_generator, expected
 
 def test_multi_token_stop_string(llm, lc_tiny_generator, expected):
     ids = lc_tiny_generator.generate(PROMPT, max_new_tokens=MAX).token_ids
-    tok = lc_tiny_generator.lm.tokenizer
+    tok = lc_tiny_generator.target.tokenizer
     stop = tok.decode(ids[6:9])  # three tokens from the middle of the answer
     assert len(tok.encode(stop, add_special_tokens=False)) > 1
     cut = expected.index(stop)
@@ -284,5 +284,5 @@ def test_an_instruct_model_warns_once_that_the_prompt_is_not_templated(lc_tiny_g
     with warnings.catch_warnings():
         warnings.simplefilter("error", InstructModelWarning)
         llm.invoke(PROMPT)  # once per object
-        monkeypatch.setattr(lc_tiny_generator.lm.tokenizer, "chat_template", None)
+        monkeypatch.setattr(lc_tiny_generator.target.tokenizer, "chat_template", None)
         RagSpecLLM(generator=lc_tiny_generator, max_tokens=2).invoke(PROMPT)  # a base model: nothing to say

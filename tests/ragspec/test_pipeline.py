@@ -94,7 +94,7 @@ def test_one_prompt_builder_with_and_without_a_chat_template(lc_tiny_generator):
 
     from ragspec.prompts import NoChatTemplateWarning, chat_prompt_ids, plain_prompt, qa_prompt_ids
 
-    tok = lc_tiny_generator.lm.tokenizer
+    tok = lc_tiny_generator.target.tokenizer
     turns = qa_messages("When does it leave?", PASSAGES)
     text = tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     assert qa_prompt_ids(tok, "When does it leave?", PASSAGES) == tok.encode(text, add_special_tokens=False)
@@ -112,18 +112,18 @@ def test_one_prompt_builder_with_and_without_a_chat_template(lc_tiny_generator):
 
 
 def test_answer_supported_follows_its_citations(qa, monkeypatch):
-    import ragspec.pipeline as pipeline
+    import ragspec.citations as citations
 
     unsupported = qa.ask("What is the capital of Peru?")  # the random model's nonsense backs nothing
     assert (unsupported.supported, unsupported.citations, unsupported.citation_rule) == (False, [], "unsupported")
-    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages, question="": ([2], "copied"))
+    monkeypatch.setattr(citations, "choose_citations", lambda text, passages, question="": ([2], "copied"))
     supported = qa.ask("What is the capital of Peru?")
     assert supported.supported and [c.number for c in supported.citations] == [2]
 
 
 # -- answering ---------------------------------------------------------------------------------
 def test_ask_answers_from_the_numbered_prompt(qa, lc_tiny_generator):
-    tok = lc_tiny_generator.lm.tokenizer
+    tok = lc_tiny_generator.target.tokenizer
     text = tok.apply_chat_template(qa_messages("When does it leave?", PASSAGES), tokenize=False, add_generation_prompt=True)
     want = lc_tiny_generator.generate(tok.encode(text, add_special_tokens=False), max_new_tokens=12)
     answer = qa.ask("When does it leave?")
@@ -138,9 +138,9 @@ def test_ask_answers_from_the_numbered_prompt(qa, lc_tiny_generator):
 
 
 def test_citations_describe_their_passage(lc_tiny_generator, monkeypatch):
-    import ragspec.pipeline as pipeline
+    import ragspec.citations as citations
 
-    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages, question="": ([1], "cited"))
+    monkeypatch.setattr(citations, "choose_citations", lambda text, passages, question="": ([1], "cited"))
     qa = DocumentQA(FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=4))
     [c] = qa.ask("When does it leave?").citations
     assert (c.number, c.source, c.start_index, c.page, c.title, c.chunk_id) == (1, "/docs/ferry.txt", 0, None, None, "c-ferry")
@@ -158,9 +158,9 @@ def test_a_citation_shows_the_sentence_the_answer_drew_from_with_its_offset():
 
 
 def test_citation_fields_and_snippet(lc_tiny_generator, monkeypatch):
-    import ragspec.pipeline as pipeline
+    import ragspec.citations as citations
 
-    monkeypatch.setattr(pipeline, "choose_citations", lambda text, passages, question="": ([3, 2], "cited"))
+    monkeypatch.setattr(citations, "choose_citations", lambda text, passages, question="": ([3, 2], "cited"))
     qa = DocumentQA(
         FixedRetriever(passages=PASSAGES), ChatRagSpec(generator=lc_tiny_generator, max_tokens=4), snippet_chars=40
     )
@@ -297,7 +297,7 @@ def test_low_ranked_passages_are_dropped_to_fit(lc_tiny_generator):
         answer = qa.ask("Which words?")
     assert 0 < len(answer.passages) < 5
     assert answer.passages == passages[: len(answer.passages)]
-    assert answer.stats.prompt_tokens + 16 <= lc_tiny_generator.lm.context_length
+    assert answer.stats.prompt_tokens + 16 <= lc_tiny_generator.target.context_length
     assert answer.stats.new_tokens == 16
 
 
@@ -309,7 +309,7 @@ def test_a_passage_too_long_alone_is_truncated(lc_tiny_generator):
     [kept] = answer.passages
     assert passages[0].page_content.startswith(kept.page_content) and len(kept.page_content) > 100
     assert kept.metadata == passages[0].metadata
-    assert answer.stats.prompt_tokens + 16 <= lc_tiny_generator.lm.context_length
+    assert answer.stats.prompt_tokens + 16 <= lc_tiny_generator.target.context_length
 
 
 def test_no_warning_when_everything_fits(qa):

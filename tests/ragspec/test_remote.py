@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ragspec.engine.results import Generator
+from ragspec.engine.results import TextGenerator
 from ragspec.engine.config import VLLM_MAX_DRAFT_ARG
 from ragspec.remote import RemoteGenerationError, RemoteGenerator, RemoteModel
 
@@ -76,15 +76,15 @@ def test_the_local_and_the_remote_generator_are_one_protocol(server: type[Handle
     server.events = [chunk("The ferry"), chunk(" leaves", "stop"), "data: [DONE]\n\n"]
     remote = generator(server)
     for gen in (lc_tiny_generator, remote):
-        assert isinstance(gen, Generator)
+        assert isinstance(gen, TextGenerator)
     assert not hasattr(remote, "lm")  # nothing imitates a loaded model any more
     text, name, context, ids = answer_and_facts(remote, "Hello")
     assert (text, name, ids) == ("The ferry leaves", "m", list(remote.tokenizer.encode("Hello", add_special_tokens=False)))
     assert context >= 2
     local = lc_tiny_generator
     _, name, context, ids = answer_and_facts(local, "Hello")  # type: ignore[arg-type]
-    assert (name, context) == (local.lm.name, local.lm.context_length)  # type: ignore[attr-defined]
-    assert ids == list(local.lm.tokenizer.encode("Hello", add_special_tokens=False))  # type: ignore[attr-defined]
+    assert (name, context) == (local.target.name, local.target.context_length)  # type: ignore[attr-defined]
+    assert ids == list(local.target.tokenizer.encode("Hello", add_special_tokens=False))  # type: ignore[attr-defined]
 
 
 @pytest.mark.timeout(60)

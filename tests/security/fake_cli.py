@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from apps import cli
-from apps.engine import Event, Token
+from apps.collection import Event, Token
 from tests.apps.fakes import fake_answer
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from apps import cli
-from apps.engine import Event, Token
+from apps.collection import Event, Token
 from tests.apps.fakes import fake_answer
 
 ROOT = Path(__file__).resolve().parents[2]

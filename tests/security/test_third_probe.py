@@ -21,7 +21,7 @@ import httpx
 import pytest
 from langchain_core.documents import Document
 
-from apps.engine import Event, IndexSummary, Token
+from apps.collection import Event, IndexSummary, Token
 from apps.web.server import AppConfig, create_app
 from ragspec.answers import Answer
 from ragspec.prompts import chat_prompt_ids, qa_prompt_ids

@@ -201,7 +201,7 @@ def test_uploads_are_bounded_per_session_and_a_refused_upload_leaves_no_session(
 def test_an_expired_session_is_reported_as_expired(backend: ScriptedBackend, tmp_path: Path) -> None:
     app = create_app(AppConfig(session_ttl_s=0.5), backend=backend, sessions_root=tmp_path)
     now = [0.0]
-    app.state.sessions.clock = lambda: now[0]  # the sessions' clock, moved on by hand instead of sleeping
+    app.state.web.store.clock = lambda: now[0]  # the sessions' clock, moved on by hand instead of sleeping
 
     def sleep(seconds: float) -> None:
         now[0] += seconds

@@ -82,7 +82,7 @@ class StepCosts:
 
     One ``ragspec.engine.planning.CostCurve`` per batch size (monotone: step times are noisy), because
     a row costs far more than a drafted token: each row reads its own context's keys and values,
-    while a drafted token reuses its row's. ``relative(rows, d)`` is then the step's cost in plain
+    while a drafted token reuses its row's. ``curve(rows).relative(d)`` is then the step's cost in plain
     steps of a batch of that size. A size whose plain step is untimed gets no drafts
     (``measured``), and the plain step is timed again every ``replain_every`` steps of a size, as
     its contexts grow.
@@ -129,9 +129,6 @@ class StepCosts:
         if rows > 1:
             self._scale_prior(curve)
         return curve
-
-    def relative(self, rows: int, drafted: int) -> float:
-        return self.curve(rows).relative(drafted)
 
 
 class BatchDrafter:

@@ -22,7 +22,8 @@ from ragspec.backends import llamacpp as llamacpp_module
 from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings, load_llamacpp
 from ragspec.engine.config import GenerationConfig
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
+from ragspec.decoding.loop import verify
 from ragspec.backends import load_model
 from ragspec.engine.results import ModelLoadError
 from retrievers.cache import CACHE_ENV
@@ -30,7 +31,7 @@ from retrievers.extras import MissingExtraError
 from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.sampling import GreedyAcceptor, warp
 
-from tests.ragspec.engine.test_generator import NoisyOracle
+from tests.ragspec.decoding.test_generator import NoisyOracle
 from tests.ragspec.engine.test_penalties import CONFIGS as PENALTIES, reference_penalties
 from tests.ragspec.engine.test_sampling import ALPHA, PROMPT, RUNS, FixedDrafter, RandomModelDrafter, chi_square_pvalue
 
@@ -152,9 +153,9 @@ def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel
     prompt = [random.Random(1).randrange(EOS) for _ in range(250 if context else 1020)]
     truth = plain_greedy(lm_sized, prompt, 12)
     cache = gen.backend.new_cache(len(prompt) + 20)
-    gen._forward(prompt, cache, last_only=True)
+    gen.backend.forward(prompt, cache, last_only=True)
     wrong = (truth[1], truth[2], (truth[3] + 1) % EOS, 42, 43)  # two right, then wrong
-    new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
+    new, n = verify(gen.backend, cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
     assert (new, n) == ([truth[1], truth[2], truth[3]], 2)
     assert cache.get_seq_length() == len(prompt) + 3
     if context is None:
@@ -165,12 +166,12 @@ def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel
     fresh.forward(prompt, reference, last_only=True)
     for t in truth[:3]:
         fresh.forward([t], reference)
-    assert torch.equal(gen._forward(truth[3:8], cache), fresh.forward(truth[3:8], reference))
+    assert torch.equal(gen.backend.forward(truth[3:8], cache), fresh.forward(truth[3:8], reference))
     with pytest.raises(ValueError, match="negative"):
         cache.crop(1)
     gen.backend.new_cache(16)
     with pytest.raises(RuntimeError, match="replaced by a newer one"):
-        gen._forward([1], cache)
+        gen.backend.forward([1], cache)
 
 
 @needs_llamacpp
@@ -212,14 +213,14 @@ def test_calibrating_between_requests_does_not_break_prefix_reuse(
     tiny: tuple[LlamaCppModel, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A llama.cpp context holds one cache: timing verify forwards replaces the one kept for reuse."""
-    from ragspec.engine import calibration
+    from ragspec.decoding import calibration
 
     lm, _ = tiny
     rng = random.Random(8)
     system = [rng.randrange(EOS) for _ in range(100)]
     gen = SpeculativeGenerator(lm)
     gen.generate(system + [5, 6, 7], max_new_tokens=5)
-    monkeypatch.setattr(calibration, "load", lambda key: None)  # time them now, not from the disk cache
+    monkeypatch.setattr(calibration, "load", lambda key, folder: None)  # time them now, not from the disk cache
     gen.calibrate(context=64)
     second = system + [8, 9, 10, 11]
     assert gen.generate(second, max_new_tokens=20).token_ids == plain_greedy(lm, second, 20)
@@ -529,8 +530,8 @@ def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default
 @pytest.mark.timeout(300)
 def test_default_model_runs_on_llamacpp_with_streaming_and_stop_strings(default_lm: LlamaCppModel) -> None:
     gen = SpeculativeGenerator("default", backend="llamacpp")
-    assert gen.backend.name == "llamacpp" and isinstance(gen.lm, LlamaCppModel) and gen.lm.exact
-    assert not hasattr(gen.lm, "model")  # the 538 MB fp32 PyTorch weights were not loaded
+    assert gen.backend.name == "llamacpp" and isinstance(gen.target, LlamaCppModel) and gen.target.exact
+    assert not hasattr(gen.target, "model")  # the 538 MB fp32 PyTorch weights were not loaded
     text, passages = rag_prompts(default_lm, 1)[0]
     with gen.stream(text, references=passages, max_new_tokens=40) as stream:
         deltas = list(stream)

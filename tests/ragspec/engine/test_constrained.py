@@ -18,13 +18,13 @@ import torch
 from ragspec.engine.config import GenerationConfig, GenerationConfigError
 from ragspec.engine.constraints import Constraint, ConstraintError, Grammar, engine_tokenizer
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
 from ragspec.engine.ngram import NgramDrafter
 from ragspec.engine.policy import AdaptivePolicy, FixedPolicy
 from ragspec.engine.tool_calls import Tool, tool_call_constraint
 
-from tests.ragspec.engine.test_generator import NoisyOracle, assert_same_or_tie
+from tests.ragspec.decoding.test_generator import NoisyOracle, assert_same_or_tie
 from tests.ragspec.tiny import EOS, tiny_model
 
 PERSON = {
@@ -143,7 +143,7 @@ def test_no_impossible_token_is_ever_verified(monkeypatch: pytest.MonkeyPatch) -
     lm = tiny_model(257, 4)
     constraint = CONSTRAINTS["schema"]
     CheckingGrammar.lm, CheckingGrammar.verified = lm, 0
-    monkeypatch.setattr("ragspec.engine.generator.Grammar", CheckingGrammar)
+    monkeypatch.setattr("ragspec.decoding.generator.Grammar", CheckingGrammar)
     expected = brute_masked_greedy(lm, constraint, [1, 2, 3], 60)
     oracle = NoisyOracle(expected, 3, 0, 257)
     oracle.rng.random = lambda: 0.3 * random.random()  # type: ignore[method-assign]  # corrupt ~half the tokens
@@ -217,7 +217,7 @@ def test_constraint_errors_come_before_any_forward(monkeypatch: pytest.MonkeyPat
     lm = tiny_model(257, 0)
     gen = SpeculativeGenerator(lm)
     calls = []
-    monkeypatch.setattr(gen, "_forward", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(gen.backend, "forward", lambda *a, **k: calls.append(a))
     # A special token this tokenizer does not have: only the tokenizer can tell.
     with pytest.raises(ConstraintError, match="cannot be used"):
         gen.stream([1, 2], constraint=Constraint.lark("start: <|im_start|> /a+/"))
@@ -247,15 +247,15 @@ def test_default_model_constrained_speculation_equals_constrained_plain() -> Non
     otherwise copy the plain run's answer whole, and what the grammar drafts would depend on it."""
     from ragspec import registry
 
-    gen = SpeculativeGenerator(registry.get_generator("default").lm, drafter=NgramDrafter(history_tokens=0))
+    gen = SpeculativeGenerator(registry.get_generator("default").target, drafter=NgramDrafter(history_tokens=0))
     passage = ("The Kestrel Lane cooperative was founded in 1987. Every member owns exactly one share, "
                "bought for 250 pounds, and the general meeting is held each March.")
     schema = {"type": "object", "properties": {"founded": {"type": "integer"}, "share_price": {"type": "string", "maxLength": 60},
               "meeting": {"enum": ["January", "March", "June"]}, "summary": {"type": "string", "maxLength": 160}},
               "required": ["founded", "share_price", "meeting", "summary"], "additionalProperties": False}
-    text = gen.lm.tokenizer.apply_chat_template(
+    text = gen.target.tokenizer.apply_chat_template(
         [{"role": "user", "content": f"{passage}\n\nExtract the facts as JSON."}], tokenize=False, add_generation_prompt=True)
-    prompt = gen.lm.tokenizer.encode(text, add_special_tokens=False)
+    prompt = gen.target.tokenizer.encode(text, add_special_tokens=False)
     constraint = Constraint.json_schema(schema)
     plain = gen.generate(prompt, max_new_tokens=120, speculation=False, constraint=constraint)
     spec = gen.generate(prompt, references=[passage], max_new_tokens=120, constraint=constraint)

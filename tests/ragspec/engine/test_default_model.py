@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ragspec.backends.pytorch.forward import LlamaForward
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
 from ragspec.prompts import qa_messages
@@ -35,7 +35,7 @@ def document_prompts(n: int) -> list[tuple[str, list[str]]]:
 
 def chat_prompt(gen: SpeculativeGenerator, question: str, passages: list[str]) -> str:
     messages = qa_messages(question, passages)  # the pipeline's own numbered-passage prompt
-    return gen.lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return gen.target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_speculative_greedy_is_token_identical_on_document_questions(generator: 
         i = next(j for j, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids)) if a != b)
         ids = generator.encode(prompt, special_tokens=True) + plain.token_ids[:i]
         with torch.inference_mode():
-            top2 = generator.lm.model(torch.tensor([ids])).logits[0, -1].topk(2).values
+            top2 = generator.target.model(torch.tensor([ids])).logits[0, -1].topk(2).values
         assert float(top2[0] - top2[1]) < TIE, f"{question!r} diverges at token {i} without a tie"
     assert identical >= len(prompts) - 1, f"outputs identical: {identical}/{len(prompts)}"
     assert accepted > 0, "drafting never helped: the passages were not used as references"
@@ -73,7 +73,7 @@ def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> 
     # Every prompt from an empty cache: a prefix hit computes the prompt's rest in other shapes, which
     # in bf16 may move logits by more than a tie (docs/backends.md, "bf16 prompts").
     gen = SpeculativeGenerator("default", device="cpu", dtype="bf16-prompts", prefix_cache=False)
-    assert gen.lm.dtype == torch.float32 and gen.lm.prompt_dtype == torch.bfloat16
+    assert gen.target.dtype == torch.float32 and gen.target.prompt_dtype == torch.bfloat16
     identical, accepted = 0, 0
     prompts = document_prompts(12)
     for question, passages in prompts:
@@ -102,9 +102,9 @@ def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGene
     prompt = chat_prompt(generator, question, passages)
     ids = torch.tensor([generator.encode(prompt, special_tokens=True)])
     with torch.inference_mode():
-        hf = generator.lm.model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :].tolist()
+        hf = generator.target.model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :].tolist()
     ours = generator.generate(prompt, max_new_tokens=24, speculation=False).token_ids
-    eos = generator.lm.tokenizer.eos_token_id
+    eos = generator.target.tokenizer.eos_token_id
     assert ours == [t for t in hf if t != eos][: len(ours)] and len(ours) >= min(24, hf.index(eos) if eos in hf else 24)
 
 

@@ -11,12 +11,12 @@ import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
 from ragspec.engine.config import GenerationConfig, GenerationConfigError
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
 from ragspec.engine.penalties import Penalties
 from ragspec.engine.policy import FixedPolicy
 
-from tests.ragspec.engine.test_generator import NoisyOracle, assert_same_or_tie
+from tests.ragspec.decoding.test_generator import NoisyOracle, assert_same_or_tie
 from tests.ragspec.tiny import EOS, tiny_model
 
 

@@ -13,9 +13,9 @@ def test_calibrated_costs_are_interpolated() -> None:
     assert policy.needs_calibration
     policy.calibrate({0: 0.05, 2: 0.10, 4: 0.08, 8: 0.09})
     assert not policy.needs_calibration
-    assert policy.relative_cost(2) == pytest.approx(2.0)
-    assert policy.relative_cost(3) == pytest.approx(1.8)  # between 2.0 at k=2 and 1.6 at k=4
-    assert policy.relative_cost(10) == pytest.approx(1.8 + 2 * policy.prior_cost_slope)
+    assert policy.costs.relative(2) == pytest.approx(2.0)
+    assert policy.costs.relative(3) == pytest.approx(1.8)  # between 2.0 at k=2 and 1.6 at k=4
+    assert policy.costs.relative(10) == pytest.approx(1.8 + 2 * policy.prior_cost_slope)
     with pytest.raises(ValueError, match="k=0"):
         policy.calibrate({4: 0.1})
 
@@ -24,7 +24,7 @@ def test_choice_maximises_expected_tokens_per_cost_and_learns_to_stop() -> None:
     policy = AdaptivePolicy(max_draft=8)
     policy.calibrate({0: 0.05, 1: 0.1, 2: 0.1, 4: 0.07, 8: 0.09})
     draft = Draft(tuple(range(8)), DraftSource.PASSAGE, match_length=8)
-    gains = {k: policy.expected_yield(draft, k) / policy.relative_cost(k) for k in range(1, 9)}
+    gains = {k: policy.expected_yield(draft, k) / policy.costs.relative(k) for k in range(1, 9)}
     best = max(gains, key=gains.get)
     assert policy.choose(draft) == (best if gains[best] > 1 + policy.margin else 0)
     for _ in range(60):  # the target keeps rejecting the first token of such drafts

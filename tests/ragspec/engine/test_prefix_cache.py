@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from ragspec.backends.pytorch import TorchBackend
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.kv_cache import BufferLayer, cache_nbytes, copy_prefix
 from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.prefix_cache import PrefixCache, shared_prefix
 
-from tests.ragspec.engine.test_generator import assert_same_or_tie, brute_greedy
+from tests.ragspec.decoding.test_generator import assert_same_or_tie, brute_greedy
 from tests.ragspec.tiny import EOS, tiny_model
 
 

@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chi2
 
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
 from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.config import GenerationConfig

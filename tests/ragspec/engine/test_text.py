@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragspec.engine.config import GenerationConfig, GenerationConfigError
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.text import (
     CUT_FINISH_REASONS,

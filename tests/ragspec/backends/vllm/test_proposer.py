@@ -178,7 +178,7 @@ def test_expensive_verification_and_rejected_drafts_make_it_propose_nothing() ->
         batch.extend("a", [999])  # never what was drafted
     assert sum(proposed[:20]) > 0  # it tried, measured, and stopped
     assert sum(proposed[-30:]) == 0
-    assert drafter.costs.relative(1, 4) > 1.5
+    assert drafter.costs.curve(1).relative(4) > 1.5
 
 
 def _plan(p1: list[float], q: list[float], lengths: list[int], cost: list[float], margin: float = 0.03) -> list[int]:
@@ -225,7 +225,7 @@ def test_the_plan_is_the_best_allocation_and_for_one_request_the_policys_choice(
     policy.calibrate({0: 0.05, 1: 0.1, 2: 0.1, 4: 0.07, 8: 0.09})
     for length in (1, 3, 8):
         p1, q = policy.acceptance.rates(0, length)
-        gains = {k: (1 + p1 * (1 - q**k) / (1 - q)) / policy.relative_cost(k) for k in range(1, 9)}
+        gains = {k: (1 + p1 * (1 - q**k) / (1 - q)) / policy.costs.relative(k) for k in range(1, 9)}
         best = max(gains, key=gains.get)
         assert _plan([p1], [q], [8], policy.costs.table(8).tolist()) == [best if gains[best] > 1.03 else 0]
 
@@ -237,7 +237,7 @@ def test_a_full_batch_backs_off_where_a_single_request_drafts() -> None:
     strong, weak = policy.acceptance.rates(0, 3), policy.acceptance.rates(1, 1)
     single = policy.costs.table(8).tolist()
     assert _plan([strong[0]], [strong[1]], [8], single)[0] > 0
-    batch = [policy.relative_cost(7 + d) for d in range(65)]  # eight rows: a step of 8 + d tokens
+    batch = [policy.costs.relative(7 + d) for d in range(65)]  # eight rows: a step of 8 + d tokens
     assert _plan([weak[0]] * 8, [weak[1]] * 8, [8] * 8, batch) == [0] * 8
 
 
@@ -265,7 +265,7 @@ def _isotonic_brute_force(points: list[tuple[int, float, float]]) -> list[float]
 
 def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
     costs = StepCosts(prior_slope=0.1)
-    assert not costs.measured(4) and costs.relative(4, 3) == pytest.approx(1.3)  # untimed: the prior
+    assert not costs.measured(4) and costs.curve(4).relative(3) == pytest.approx(1.3)  # untimed: the prior
     costs.record(1, 0, 0.05)
     costs.record(1, 4, 0.10)
     for _ in range(3):
@@ -273,12 +273,12 @@ def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
         costs.record(4, 4, 0.13)  # ... but drafting into that batch adds little
     costs.record(4, 2, 0.40)  # one slow outlier, timed once
     assert costs.measured(1) and costs.measured(4) and not costs.measured(8)
-    assert costs.relative(1, 4) == pytest.approx(2.0) and costs.relative(1, 2) == pytest.approx(1.5)
+    assert costs.curve(1).relative(4) == pytest.approx(2.0) and costs.curve(1).relative(2) == pytest.approx(1.5)
     pooled = (0.40 + 3 * 0.13) / 4  # the outlier is pooled with the cell after it, by weight
     assert costs.curve(4).fitted() == pytest.approx({0: 0.12, 2: pooled, 4: pooled})
     # Beyond the longest timed length, the prior: 0.1 of the one-row plain step per token, in 4-row steps.
-    assert costs.relative(4, 8) == pytest.approx(pooled / 0.12 + 4 * 0.1 * 0.05 / 0.12)
-    assert costs.relative(1, 8) == pytest.approx(2.0 + 4 * 0.1)  # one row: 0.1 of its own step
+    assert costs.curve(4).relative(8) == pytest.approx(pooled / 0.12 + 4 * 0.1 * 0.05 / 0.12)
+    assert costs.curve(1).relative(8) == pytest.approx(2.0 + 4 * 0.1)  # one row: 0.1 of its own step
     rng = np.random.default_rng(1)
     for trial in range(30):  # against a brute-force isotonic fit, on random timings
         costs = StepCosts()
@@ -289,7 +289,7 @@ def test_step_costs_are_kept_per_batch_size_and_fitted_non_decreasing() -> None:
         expected = _isotonic_brute_force(cells)
         assert [curve.fitted()[d] for d, *_ in cells] == pytest.approx(expected)
         if curve.has_plain:
-            assert all(1.0 <= costs.relative(2, d) <= costs.relative(2, d + 1) for d in range(10))
+            assert all(1.0 <= costs.curve(2).relative(d) <= costs.curve(2).relative(d + 1) for d in range(10))
 
 
 def test_a_batch_size_first_seen_is_timed_plain_before_it_gets_drafts() -> None:

@@ -207,7 +207,8 @@ class Collection:
                 from ragspec.pipeline import DocumentQA
                 from retrievers import IndexNotFoundError
 
-                llm = self.source if self.source is not None else ChatRagSpec(model=self.model, max_tokens=self.max_tokens, backend=self.backend)
+                # max_tokens is each call's (``stream``), whichever model answers
+                llm = self.source if self.source is not None else ChatRagSpec(model=self.model, backend=self.backend)
                 try:
                     self._qa = DocumentQA.from_store(
                         self.index_dir, collection=self.collection, llm=llm, k=self.k, embeddings=self.embeddings,

@@ -11,7 +11,8 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding.generator import SpeculativeGenerator
+from ragspec.decoding.loop import verify
 from ragspec.engine.results import GeneratorBusyError, PromptTooLongError
 from ragspec.backends.pytorch.kv_cache import make_cache
 from ragspec.backends.pytorch.loading import LoadedModel
@@ -139,12 +140,12 @@ def test_rollback_leaves_cache_equal_to_a_fresh_prefill(capacity: int) -> None:
     prompt = [5, 6, 7, 8, 9, 10]
     truth = brute_greedy(lm, prompt, 6)
     cache = make_cache(lm.model.config, capacity)
-    gen._forward(prompt, cache)
+    gen.backend.forward(prompt, cache)
     wrong = (truth[1], truth[2], (truth[3] + 1) % 250, 42, 43)  # two right, then wrong
-    new, n = gen._verify(cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
+    new, n = verify(gen.backend, cache, truth[0], Draft(wrong, DraftSource.ORACLE), GreedyAcceptor())
     assert (new, n) == ([truth[1], truth[2], truth[3]], 2)
     fresh = DynamicCache(config=lm.model.config)  # transformers' own concatenating cache
-    gen._forward(prompt + truth[:3], fresh)
+    gen.backend.forward(prompt + truth[:3], fresh)
     assert cache.get_seq_length() == fresh.get_seq_length() == len(prompt) + 3
     for got, want in zip(cache.layers, fresh.layers):
         torch.testing.assert_close(got.keys, want.keys, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-from apps.engine import AppError, Collection, Token, _pipeline_events, update_index
+from apps.collection import AppError, Collection, Token, _pipeline_events, update_index
 from ragspec.engine.results import GenerationStats
 from ragspec.answers import Answer, Citation
 from ragspec.prompts import Turn
@@ -143,7 +143,7 @@ def test_bad_settings_and_paths_fail_early(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_update_index_is_incremental_and_its_errors_leave_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.engine import update_index
+    from apps.collection import update_index
 
     embedded = counting_embeddings(monkeypatch)
     index = tmp_path / "idx"

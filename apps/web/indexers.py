@@ -1,5 +1,5 @@
-"""What indexes a web session's uploads and answers over them (``apps.web.sessions.Backend``): into a folder
-per session (``DefaultBackend``), or into a collection per session in PostgreSQL (``StoreBackend``, for
+"""What indexes a web session's uploads and answers over them (``apps.web.sessions.Indexer``): into a folder
+per session (``FolderIndexer``), or into a collection per session in PostgreSQL (``StoreIndexer``, for
 replicas that share one database: ``apps.web.pg_state``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from apps.engine import Collection, IndexSummary, update_index
+from apps.collection import Collection, IndexSummary, update_index
 from ragspec.engine.config import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from apps.web.openai_api import Source
     from retrievers.ingest import SyncProgress
 
-__all__ = ["DefaultBackend", "StoreBackend", "session_collection"]
+__all__ = ["FolderIndexer", "StoreIndexer", "session_collection"]
 
 
 def session_collection(folder_name: str) -> str:
@@ -27,8 +27,8 @@ def session_collection(folder_name: str) -> str:
 
 
 @dataclass
-class DefaultBackend:
-    """Indexes with ``apps.engine.update_index`` (incremental, into ``workdir/index``) and answers with the ragspec pipeline."""
+class FolderIndexer:
+    """Indexes with ``apps.collection.update_index`` (incremental, into ``workdir/index``) and answers with the ragspec pipeline."""
 
     max_tokens: int = DEFAULT_MAX_TOKENS
     k: int = 4
@@ -51,7 +51,7 @@ class DefaultBackend:
 
 
 @dataclass
-class StoreBackend(DefaultBackend):
+class StoreIndexer(FolderIndexer):
     """Indexes a session's files into its own collection of the database at ``url`` (``session_collection``
     of the session's folder), so that every replica answers over the same passages without embedding them again."""
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ragspec.backends.pytorch as torch_backend
-from ragspec.engine import calibration
-from ragspec.engine.generator import SpeculativeGenerator
+from ragspec.decoding import calibration
+from ragspec.decoding.generator import SpeculativeGenerator
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_the_second_generator_reads_the_calibration_instead_of_timing(cache_dir,
     forwards.clear()
     second = SpeculativeGenerator(lc_tiny_model)
     assert forwards == []
-    assert second.policy.measured_costs() == first.policy.measured_costs() == {int(k): v for k, v in entry["seconds"].items()}
+    assert second.policy.costs.measured() == first.policy.costs.measured() == {int(k): v for k, v in entry["seconds"].items()}
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_a_corrupt_or_foreign_cache_file_is_measured_again(cache_dir, forwards, 
     assert len(forwards) >= 20
     assert "measuring again" in caplog.text
     [entry] = stored(cache_dir)  # rewritten, valid again
-    assert {int(k): v for k, v in entry["seconds"].items()} == gen.policy.measured_costs()
+    assert {int(k): v for k, v in entry["seconds"].items()} == gen.policy.costs.measured()
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ class ModelDrafter:
 
     def __init__(self, draft: TargetModel, target: TargetModel) -> None:
         check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
-        self.lm = draft
+        self.model = draft
         self.backend = make_backend(draft)
         self.clear_cache()
 
@@ -76,7 +76,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft | None:
         # Drafting k tokens puts len(context) + k - 1 positions in the draft model's cache; past its
         # context window the target goes on alone (its own window may be larger).
-        max_tokens = min(max_tokens, self.lm.context_length - len(context))
+        max_tokens = min(max_tokens, self.model.context_length - len(context))
         if max_tokens <= 0 or not context:
             return None
         self._rollback(context)

@@ -6,12 +6,12 @@ import copy
 
 import pytest
 
-from ragspec.engine.generator import SpeculativeGenerator
-from ragspec.engine.model_drafter import ModelDrafter, VocabularyMismatchError
+from ragspec.decoding.generator import SpeculativeGenerator
+from ragspec.decoding.model_drafter import ModelDrafter, VocabularyMismatchError
 from ragspec.engine.ngram import NgramDrafter
 from ragspec.engine.policy import AdaptivePolicy, FixedPolicy
 
-from tests.ragspec.engine.test_generator import assert_same_or_tie, brute_greedy
+from tests.ragspec.decoding.test_generator import assert_same_or_tie, brute_greedy
 from tests.ragspec.tiny import tiny_model
 
 
@@ -32,7 +32,7 @@ def test_identical_draft_model_is_fully_accepted_and_exact(seed: int) -> None:
     for i in range(3):  # a second request re-uses and rolls back the draft model's cache; a third starts cold
         if i == 2:
             gen.clear_cache()
-            assert gen.model_drafter is not None and gen.model_drafter._seen == []
+            assert gen.drafter.model is not None and gen.drafter.model._seen == []
         result = gen.generate(prompt, max_new_tokens=40)
         assert_same_or_tie(target, prompt, expected, result.token_ids)
         model = result.stats.by_source["model"]

@@ -2,8 +2,8 @@
 
 A ``SpeculativeGenerator`` times about 30 target forwards when it is built, so that its policy
 starts from real verify costs (see ``ragspec.engine.policy``). Those timings depend on the model and the
-machine, not on the request, so they are stored once under ``cache_root()/calibration`` and read
-back by the next generator of the same model on the same machine, which then starts at once.
+machine, not on the request, so they are stored once in a folder the caller names (the generator's
+is ``calibration`` under ``retrievers.cache.cache_root()``) and read back by the next generator of the same model on the same machine, which then starts at once.
 
 A file is named by a hash of its key and holds the key itself, so a read checks the whole key
 (model name, a fingerprint of the weights, device, dtype, forward implementation, torch version,
@@ -22,14 +22,15 @@ import math
 import os
 import platform
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ragspec.backends import Backend, TargetModel
 from ragspec.backends.pytorch.loading import LoadedModel
-from retrievers.cache import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,36 @@ def _device_model(device: torch.device) -> str:
     return _cpu_model()
 
 
-def calibration_key(lm: LoadedModel, forward: str, lengths: tuple[int, ...], context: int) -> dict[str, Any]:
+LENGTHS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+"""Draft lengths timed (those up to the generator's ``max_draft``); the policy interpolates between them."""
+
+
+@torch.inference_mode()
+def verify_costs(lm: TargetModel, backend: Backend, max_draft: int, context: int, folder: Path) -> dict[int, float]:
+    """Seconds of a verify forward by drafted tokens after ``context`` tokens: read from ``folder`` when
+    this model and machine were timed before, else timed now (about 30 forwards) and stored there."""
+    lengths = tuple(k for k in LENGTHS if k <= max_draft and k + 2 <= backend.context_length)
+    context = min(context, backend.context_length - max(lengths) - 1)  # stay inside the position limit
+    key = calibration_key(lm, backend.description, lengths, context)
+    cached = load(key, folder)
+    if cached is not None:
+        return cached
+    cache = backend.new_cache(context + max(lengths) + 1)
+    backend.forward([0] * context, cache, last_only=True)
+    seconds: dict[int, float] = {}
+    for k in lengths:
+        times = []
+        for _ in range(3):  # the first run of a shape pays one-off set-up; keep the fastest
+            start = time.perf_counter()
+            backend.forward([0] * (k + 1), cache)
+            times.append(time.perf_counter() - start)
+            cache.crop(-(k + 1))
+        seconds[k] = min(times)
+    save(key, seconds, folder)
+    return seconds
+
+
+def calibration_key(lm: TargetModel, forward: str, lengths: tuple[int, ...], context: int) -> dict[str, Any]:
     """Everything a stored calibration must match to be reused."""
     return {
         "format": FORMAT,
@@ -89,14 +119,14 @@ def calibration_key(lm: LoadedModel, forward: str, lengths: tuple[int, ...], con
     }
 
 
-def _path(key: dict[str, Any]) -> Path:
+def _path(key: dict[str, Any], folder: Path) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_root() / "calibration" / f"{digest}.json"
+    return folder / f"{digest}.json"
 
 
-def load(key: dict[str, Any]) -> dict[int, float] | None:
-    """The stored seconds per draft length for ``key``, or ``None`` when there is no valid entry."""
-    path = _path(key)
+def load(key: dict[str, Any], folder: Path) -> dict[int, float] | None:
+    """The seconds per draft length stored in ``folder`` for ``key``, or ``None`` when there is no valid entry."""
+    path = _path(key, folder)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -123,9 +153,9 @@ def _valid(data: object, key: dict[str, Any]) -> dict[int, float] | None:
     return seconds if sorted(seconds) == sorted(key["lengths"]) else None
 
 
-def save(key: dict[str, Any], seconds: dict[int, float]) -> None:
-    """Store ``seconds`` for ``key`` (atomically; a cache that cannot be written is only logged)."""
-    path = _path(key)
+def save(key: dict[str, Any], seconds: dict[int, float], folder: Path) -> None:
+    """Store ``seconds`` for ``key`` in ``folder`` (atomically; a cache that cannot be written is only logged)."""
+    path = _path(key, folder)
     payload = json.dumps({"key": key, "seconds": {str(k): v for k, v in sorted(seconds.items())}}, indent=1)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
