@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import LlamaForCausalLM
 
-QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q6_K": 18}
+QUANT_TYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_S": 14, "Q4_K_M": 15, "Q6_K": 18, "IQ4_NL": 25}
 """``llama_ftype`` values of the quantizations ``quantize`` accepts."""
 
 

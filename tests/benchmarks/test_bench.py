@@ -106,7 +106,7 @@ def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
     report = run_benchmark(model="default", backends=("llamacpp",), questions=1, open_ended=0,
                            max_new_tokens=12, structured=0, progress=lambda _: None)
     rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
-    assert set(rows) == {"llama_greedy", "llama_greedy_all_cores", "llama_prompt_lookup", "ragspec_llamacpp_plain",
+    assert set(rows) == {"llama_greedy", "llama_greedy_one_thread", "llama_prompt_lookup", "ragspec_llamacpp_plain",
                          "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"}
     for method in ("llama_prompt_lookup", "ragspec_llamacpp_plain", "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"):
         assert rows[method]["identical"] == 1, method  # equal to llama.cpp's own greedy output
