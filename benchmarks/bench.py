@@ -611,8 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from ragspec.backends.llamacpp import LlamaCppSettings
 
-        settings = LlamaCppSettings(n_threads=args.llamacpp_threads, n_threads_batch=args.llamacpp_threads, n_ubatch=args.llamacpp_ubatch,
-                                    n_batch=max(512, args.llamacpp_ubatch))
+        settings = LlamaCppSettings(n_threads=args.llamacpp_threads, n_threads_batch=args.llamacpp_threads,
+                                    n_ubatch=args.llamacpp_ubatch, n_batch=max(512, args.llamacpp_ubatch))
     except ValueError as e:
         parser.error(str(e))
     for name in ("questions", "open_ended", "max_new_tokens", "oracle_k", "structured", "repetition_stop"):

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench import rag_prompts, verify_costs  # noqa: E402
 from ragspec.backends import load_model  # noqa: E402
-from ragspec.backends.gguf_export import QUANT_TYPES, quantize, write_llama_gguf  # noqa: E402
+from ragspec.backends.gguf_export import QUANT_TYPES, cached_quantizations, write_llama_gguf  # noqa: E402
 from ragspec.backends.llamacpp import PINNED_VERSION, LlamaCppSettings, load_llamacpp  # noqa: E402
 from ragspec.backends.models import default_gguf_path  # noqa: E402
 from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
@@ -63,27 +63,16 @@ class TypeResult:
 
 
 def gguf_files(kinds: tuple[str, ...]) -> dict[str, Path]:
-    """The default model as GGUF files of ``kinds``, written and quantized once into the cache."""
+    """The default model as GGUF files of ``kinds``, written (F32, kept) and quantized once into the cache."""
     import llama_cpp
 
     folder = cache_root() / "bench" / f"quant-{getattr(llama_cpp, '__version__', PINNED_VERSION)}"
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {kind: folder / f"SmolLM2-135M-Instruct.{kind}.gguf" for kind in kinds}
-    missing = [kind for kind, path in files.items() if not path.is_file()]
-    if missing:
-        f32 = folder / "SmolLM2-135M-Instruct.F32.gguf"
-        if not f32.is_file():
-            print(f"writing {f32} ...", flush=True)
-            tmp = f32.with_suffix(".tmp")
-            write_llama_gguf(load_model("default").model, tmp, tokenizer_from=default_gguf_path(), f16=False,
-                             name="SmolLM2-135M-Instruct")
-            tmp.rename(f32)
-        for kind in missing:
-            print(f"quantizing to {kind} ...", flush=True)
-            tmp = files[kind].with_suffix(".tmp")
-            quantize(f32, tmp, kind)
-            tmp.rename(files[kind])
-    return files
+    return cached_quantizations(
+        folder, "SmolLM2-135M-Instruct", kinds,
+        lambda path: write_llama_gguf(load_model("default").model, path, tokenizer_from=default_gguf_path(), f16=False,
+                                      name="SmolLM2-135M-Instruct"),
+        keep_source=True,
+    )
 
 
 def agreement(answer: list[int], reference: list[int]) -> float:

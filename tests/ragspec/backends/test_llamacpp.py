@@ -422,6 +422,24 @@ def test_exactness_probe_flags_files_and_settings_that_break_it(
 
 @needs_llamacpp
 @pytest.mark.timeout(120)
+def test_quantizations_are_written_once(tmp_path: Path, tiny_cache: Path) -> None:
+    from ragspec.backends.gguf_export import cached_quantizations, write_llama_gguf
+
+    writes: list[Path] = []
+
+    def write(path: Path) -> None:
+        writes.append(path)
+        write_llama_gguf(tiny_llama(5), path, byte_vocab=VOCAB, merges=["Ġ t"], eos_token_id=EOS, f16=False)
+
+    files = cached_quantizations(tmp_path, "tiny", ["Q4_0", "Q8_0"], write)
+    assert [p.name for p in files.values()] == ["tiny.Q4_0.gguf", "tiny.Q8_0.gguf"] and len(writes) == 1
+    assert load_llamacpp(files["Q4_0"]).quantization.startswith("Q4_0")
+    assert not (tmp_path / "tiny.source.gguf").exists()  # not kept by default
+    assert cached_quantizations(tmp_path, "tiny", ["Q8_0"], write) == {"Q8_0": files["Q8_0"]} and len(writes) == 1
+
+
+@needs_llamacpp
+@pytest.mark.timeout(120)
 def test_a_file_whose_verify_runs_row_by_row_is_noted(
     tiny: tuple[LlamaCppModel, LlamaForCausalLM], tiny_f32: tuple[LlamaCppModel, LlamaForCausalLM],
     caplog: pytest.LogCaptureFixture,
