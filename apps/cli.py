@@ -323,6 +323,17 @@ def _target(args: argparse.Namespace, default: str | None = DEFAULT_INDEX) -> tu
     return target, args.collection
 
 
+def _require_extras(command: str, target: str | None) -> None:
+    """The extras a command over documents needs (``retrieval``; ``postgres`` for a database), checked
+    before anything loads: a missing one is a ``MissingExtraError`` naming it."""
+    from retrievers.extras import require
+    from retrievers.store_url import is_database_url
+
+    require("retrieval", f"ragspec {command}")
+    if target is not None and is_database_url(target):
+        require("postgres", f"ragspec {command} --store")
+
+
 def _where(target: str, collection: str | None) -> str:
     from retrievers.store_url import safe_label
 
@@ -339,12 +350,13 @@ def _chunk_overlap(chunk_size: int, overlap: int | None) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    target, collection = _target(args)
+    assert target is not None
+    _require_extras("ingest", target)
     from apps.engine import update_index
     from retrievers import check_index_writable
     from retrievers.store_url import is_database_url
 
-    target, collection = _target(args)
-    assert target is not None
     if not is_database_url(target):
         check_index_writable(target)  # fail now, not after embedding everything
     bar = _ProgressBar(enabled=not args.no_progress)
@@ -471,6 +483,7 @@ def _collection(args: argparse.Namespace) -> Collection:
 
     target, collection = _target(args)
     assert target is not None
+    _require_extras(args.command, target)
     if not is_database_url(target) and not Path(target).is_dir():
         raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
     options = _penalties(args)
@@ -606,6 +619,9 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from retrievers.extras import require
+
+    require("server", "ragspec serve")
     from apps.web.security import require_key_off_loopback
     from apps.web.server import AppConfig, is_loopback, serve, trusted_hosts_for
 
@@ -678,6 +694,7 @@ def _preload(args: argparse.Namespace, remote: Any, **local: str) -> Collection 
         if args.embeddings_url:
             raise CLIError("--embeddings-url embeds for --index or --store; give one of them")
         return None
+    _require_extras("serve", target)
     if not is_database_url(target) and not Path(target).is_dir():
         raise CLIError(f"no index at {target}: build one with 'ragspec ingest PATH... --index {target}'")
     preload = Collection(target, max_tokens=args.max_tokens, source=remote, collection=collection,

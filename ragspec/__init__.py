@@ -6,8 +6,9 @@ transformers) are imported on first attribute access.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from retrievers.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ _LAZY = {
     "AnswerStream": "ragspec.answers",
     "Conversation": "ragspec.conversation",
     "Turn": "ragspec.prompts",
+    "MissingExtraError": "retrievers.extras",
 }
 
 __all__ = sorted(_LAZY)
@@ -42,16 +44,7 @@ if TYPE_CHECKING:
     from ragspec.pipeline import DocumentQA
     from ragspec.prompts import Turn
     from ragspec.remote import RemoteGenerator
+    from retrievers.extras import MissingExtraError
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ragspec' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

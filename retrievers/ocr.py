@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 __all__ = ["INSTALL_HINT", "MAX_PIXELS", "OCR_TIMEOUT_S", "OcrError", "available", "ocr_image", "ocr_pdf_page"]
 
 #: What a skip reason tells the user to do when OCR is not installed.
-INSTALL_HINT = "install the OCR extra to read it: bash scripts/install-ocr.sh (Debian's tesseract-ocr and pytesseract)"
+INSTALL_HINT = (
+    "install the OCR extra to read it: pip install 'ragspec[ocr]' and the tesseract program "
+    "(bash scripts/install-ocr.sh installs both, with Debian's tesseract-ocr)"
+)
 
 #: Largest image OCR'd, in pixels: an A4 page scanned at 600 dpi is 35 million.
 MAX_PIXELS = 60_000_000

@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
-
 from retrievers.errors import (
     IndexCorruptError,
     IndexLoadError,
@@ -49,6 +47,10 @@ from retrievers.errors import (
     IndexSaveError,
     IndexVersionError,
 )
+from retrievers.extras import needs
+
+with needs("retrieval", "FaissVectorStore"):
+    import faiss
 
 try:
     import fcntl

@@ -23,11 +23,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from retrievers.errors import FilterError
 from retrievers.types import MetadataFilter, check_filter
+from retrievers.extras import needs
+
+with needs("postgres", "the PostgreSQL store"):
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
 
 __all__ = ["filter_sql", "jsonb_value"]
 

@@ -27,11 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from retrievers.catalog import ChunkRef, FileRecord
 from retrievers.chunking import contextual_text
@@ -42,6 +39,12 @@ from retrievers.ingest import ChunkingSettings, Progress, SyncReport, _chunk_fil
 from retrievers.loaders import DEFAULT_MAX_FILE_BYTES, SkippedFile, file_digest, find_files
 from retrievers.pg_store import PgVectorStore
 from retrievers.store_url import DEFAULT_COLLECTION
+from retrievers.extras import needs
+
+with needs("postgres", "ingesting into PostgreSQL"):
+    import psycopg
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
 
 __all__ = ["DEFAULT_INGEST_LOCK_TIMEOUT_S", "sync_collection"]
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from psycopg import sql
 
 from retrievers.errors import RetrieverError
+from retrievers.extras import needs
+
+with needs("postgres", "the PostgreSQL store"):
+    import psycopg
+    from psycopg import sql
 
 __all__ = [
     "LOCK_CLASS", "SCHEMA_LOCK", "HnswSettings", "PgStoreError", "Tables", "create_tables", "drop_collection", "ensure_schema",

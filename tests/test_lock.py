@@ -1,5 +1,5 @@
 """The committed lock (constraints.txt) agrees with pyproject.toml: every dependency the package
-declares, with its extras for the test command, is pinned there to a version its range allows."""
+declares, core and every extra, is pinned there to a version its range allows."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("test", "llamacpp", "ocr", "postgres")
-"""The extras scripts/test.sh installs (ocr through scripts/install-ocr.sh, postgres through scripts/install-postgres.sh)."""
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def pins(lock: str = "constraints.txt") -> dict[str, Version]:
@@ -29,11 +28,17 @@ def pins(lock: str = "constraints.txt") -> dict[str, Version]:
 
 
 def declared() -> list[Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    lines = list(project["dependencies"])
-    for extra in EXTRAS:
-        lines += project["optional-dependencies"][extra]
-    return [Requirement(line) for line in lines]
+    """Every requirement of the core and of each extra, less an extra's references to other extras (``ragspec[...]``)."""
+    lines = [*PROJECT["dependencies"], *(line for extra in PROJECT["optional-dependencies"].values() for line in extra)]
+    return [r for r in map(Requirement, lines) if canonicalize_name(r.name) != "ragspec"]
+
+
+def test_all_is_every_extra_that_installs_from_wheels_and_the_tests_install_all() -> None:
+    extras = PROJECT["optional-dependencies"]
+    assert [Requirement(line) for line in extras["all"]] == [Requirement("ragspec[retrieval,formats,server,ocr,postgres]")]
+    assert set(extras) - {"all", "test"} == {"retrieval", "formats", "server", "ocr", "postgres", "llamacpp"}
+    assert "ragspec[all]" in extras["test"]
+    assert '-e "$ROOT[all,test]"' in (ROOT / "scripts" / "bootstrap.sh").read_text()
 
 
 def test_every_declared_dependency_is_pinned_within_its_range() -> None:

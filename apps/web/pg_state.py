@@ -40,14 +40,16 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
-
 from apps.engine import IndexSummary, Skipped
 from apps.web.backends import session_collection
 from apps.web.sessions import Answerer, Backend, Session, SessionLimitError
 from apps.web.state import MAX_PROGRESS, PROGRESS_ID, ApiError
+from retrievers.extras import needs
+
+with needs("postgres", "the web app's sessions in PostgreSQL"):
+    import psycopg
+    from psycopg.types.json import Jsonb
+    from psycopg_pool import ConnectionPool
 
 if TYPE_CHECKING:
     from retrievers.ingest import SyncProgress

@@ -19,6 +19,7 @@ from apps.engine import AppError, IndexSummary
 from apps.web.config import AppConfig
 from apps.web.queue import ModelQueue
 from apps.web.sessions import Answerer, Backend, Session, SessionLimitError, SessionStore
+from retrievers.extras import MissingExtraError
 
 if TYPE_CHECKING:
     from retrievers.ingest import SyncProgress
@@ -166,6 +167,8 @@ class WebState:
                 answerer, summary = await asyncio.to_thread(self.backend.index, paths, session.root, report)
             except AppError as e:
                 raise HTTPException(422, _without_session_paths(str(e), session.root)) from e
+            except MissingExtraError as e:  # a server installed without the retrieval extra answers /v1, indexes nothing
+                raise HTTPException(501, str(e)) from e
         session.update = _update(summary)
         await asyncio.to_thread(self.store.indexed, session, answerer, summary, added)
 

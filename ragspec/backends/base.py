@@ -87,4 +87,5 @@ class Backend(Protocol):
 
 
 class BackendUnavailableError(ModelLoadError):
-    """A back end's optional dependency is not installed; the message names the install command."""
+    """A back end's optional dependency is installed but unusable (its library does not load, or it is another
+    version); the message names the install command. A missing one is ``retrievers.extras.MissingExtraError``."""

@@ -52,11 +52,13 @@ from ragspec.backends.base import BackendUnavailableError
 from ragspec.engine.cancel import check as check_cancelled
 from ragspec.backends.models import gguf_tokenizer
 from ragspec.engine.results import ModelLoadError
+from retrievers.extras import MissingExtraError, needs
 
 logger = logging.getLogger(__name__)
 
 PINNED_VERSION = "0.3.36"
 INSTALL_HINT = "pip install 'ragspec[llamacpp]'"
+_BUILD_NOTE = "where pip finds no wheel it compiles llama.cpp, 15-35 min once; or use backend='torch'"
 _GGUF_MAGIC = b"GGUF"
 _NEEDED = ("llama_batch_init", "llama_decode", "llama_get_logits", "llama_get_memory", "llama_memory_seq_rm",
            "llama_memory_clear", "llama_model_load_from_file", "llama_init_from_model", "llama_vocab_n_tokens")
@@ -156,11 +158,14 @@ def _lib() -> Any:
     """The ``llama_cpp`` module, initialised once; a clear error when it is missing or too different."""
     global _initialized
     try:
-        import llama_cpp
-    except (ImportError, OSError) as e:
+        with needs("llamacpp", "the llama.cpp back end", _BUILD_NOTE):
+            import llama_cpp
+    except MissingExtraError:
+        raise
+    except (ImportError, OSError) as e:  # installed, but its library does not load
         raise BackendUnavailableError(
-            f"the llama.cpp back end needs llama-cpp-python=={PINNED_VERSION}: install it with `{INSTALL_HINT}` "
-            "(where pip finds no wheel it compiles llama.cpp, 15-35 min once), or use backend='torch'"
+            f"the llama.cpp back end could not load llama-cpp-python=={PINNED_VERSION} ({e}): reinstall it with "
+            f"`{INSTALL_HINT}`, or use backend='torch'"
         ) from e
     missing = [name for name in _NEEDED if not hasattr(llama_cpp, name)]
     if missing:

@@ -46,6 +46,7 @@ from ragspec.engine.config import (
     check_backend,
     speculation_setting,
 )
+from retrievers.extras import require
 
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
@@ -211,7 +212,9 @@ class RagSpecParams(BaseModel):
     @field_validator("backend")
     @classmethod
     def _v_backend(cls, v: str) -> str:
-        return check_backend(v)
+        if check_backend(v) == "llamacpp":
+            require("llamacpp", "backend='llamacpp'")  # now, not when the model loads
+        return v
 
     @model_validator(mode="after")
     def _v_generator(self) -> RagSpecParams:

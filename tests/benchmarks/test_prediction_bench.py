@@ -3,6 +3,7 @@ prediction's counts as ``/v1`` does (the measurements themselves are not tests).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,3 +41,23 @@ def test_the_documented_command_runs_from_any_folder(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: benchmarks/prediction_bench.py") and "--max-tokens" in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_the_documented_command_measures_both_arms_at_a_tiny_size(tmp_path: Path) -> None:
+    """docs/serving.md's command (without the bench lock, which only serializes quiet runs) on the
+    default model, one file, one round, 8 tokens: it prints and writes the report the docs describe."""
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "prediction.json"
+    env = {**os.environ, "PYTHONPATH": str(root)}  # this tree's ragspec, whatever is installed
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "prediction_bench.py"), "--files", "1", "--repeats", "1",
+                           "--max-tokens", "8", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=880)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert json.loads(done.stdout[done.stdout.index("{"):]) == report
+    assert report["model"] == "SmolLM2-135M-Instruct" and report["identical"] == "1/1"
+    pred, base = report["arms"]["with_prediction"], report["arms"]["without_prediction"]
+    assert pred["requests"] == base["requests"] == 1 and pred["new_tokens"] == base["new_tokens"] == 8
+    assert {"accepted_prediction_tokens", "rejected_prediction_tokens", "accepted_share"} <= set(pred)

@@ -18,7 +18,7 @@ import torch
 from tokenizers import pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ragspec.backends import BackendUnavailableError, choose_backend, make_backend
+from ragspec.backends import choose_backend, make_backend
 from ragspec.backends import llamacpp as llamacpp_module
 from ragspec.backends.llamacpp import LlamaCppModel, LlamaCppSettings, load_llamacpp
 from ragspec.engine.config import GenerationConfig
@@ -27,6 +27,7 @@ from ragspec.engine.generator import SpeculativeGenerator
 from ragspec.backends import load_model
 from ragspec.engine.results import ModelLoadError
 from retrievers.cache import CACHE_ENV
+from retrievers.extras import MissingExtraError
 from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.sampling import GreedyAcceptor, warp
 
@@ -362,11 +363,11 @@ def test_auto_falls_back_to_torch_and_explicit_llamacpp_names_the_extra(
     monkeypatch.setattr(llamacpp_module, "available", lambda: False)
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # importing it now raises ImportError
     assert choose_backend("default", "auto", "cpu", "auto") == "torch"
-    with pytest.raises(BackendUnavailableError, match=r"pip install 'ragspec\[llamacpp\]'"):
+    with pytest.raises(MissingExtraError, match=r"pip install 'ragspec\[llamacpp\]'"):
         choose_backend("default", "llamacpp")
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + bytes(64))
-    with pytest.raises(BackendUnavailableError, match=r"pip install 'ragspec\[llamacpp\]'"):
+    with pytest.raises(MissingExtraError, match=r"pip install 'ragspec\[llamacpp\]'"):
         load_llamacpp(gguf)
 
 
