@@ -133,8 +133,9 @@ def test_export_and_forward_match_transformers(tiny_f32: tuple[LlamaCppModel, Ll
 @pytest.mark.parametrize("split", [1, 5, 40, 63, 64, 100])
 def test_logits_do_not_depend_on_how_positions_are_batched(tiny: tuple[LlamaCppModel, LlamaForCausalLM], split: int) -> None:
     """A prompt evaluated in two parts (a reused prefix) gives the logits of one evaluation, bit for
-    bit, and a verify batch gives those of one-token steps: what makes speculation exact here."""
-    lm, _ = tiny
+    bit, and a verify batch gives those of one-token steps on one thread: what makes speculation bit-exact
+    there (with several threads a step's attention is split from ~256 cached positions, LlamaCppSettings)."""
+    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=1))
     rng = random.Random(split)
     prompt = [rng.randrange(EOS) for _ in range(300)]
     backend = make_backend(lm)
@@ -152,7 +153,8 @@ def test_logits_do_not_depend_on_how_positions_are_batched(tiny: tuple[LlamaCppM
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", [None, 300])  # None: grown from 1024 positions; 300: fixed
 def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel, LlamaForCausalLM], context: int | None) -> None:
-    lm_sized = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_ctx=context))
+    # One thread: rollback is checked bit for bit (several threads split a step's attention, LlamaCppSettings).
+    lm_sized = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_ctx=context, n_threads=1))
     gen = SpeculativeGenerator(lm_sized, policy=FixedPolicy(k=4))
     prompt = [random.Random(1).randrange(EOS) for _ in range(250 if context else 1020)]
     truth = plain_greedy(lm_sized, prompt, 12)
@@ -237,8 +239,8 @@ def test_several_prompts_are_kept_and_each_hit_equals_plain_greedy(
     tiny: tuple[LlamaCppModel, LlamaForCausalLM], system_len: int
 ) -> None:
     """Two conversations interleaved: each turn extends its own earlier prompt, whose state the context
-    no longer holds (copied back from the prefix cache), or still holds (cropped only)."""
-    lm, _ = tiny
+    no longer holds (copied back from the prefix cache), or still holds (cropped only). One thread: bit for bit."""
+    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=1))
     rng = random.Random(system_len)
     system = [rng.randrange(EOS) for _ in range(system_len)]
     a1, b1 = system + [rng.randrange(EOS) for _ in range(17)], system + [rng.randrange(EOS) for _ in range(5)]
