@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--vllm-draft-tokens", type=_non_negative, default=None, metavar="K",
                        help="with --engine vllm: longest draft ragspec's proposer hands vLLM (0: no speculation; "
                             "default: 8)")
+    serve.add_argument("--draft-model", default=None, metavar="DIR",
+                       help="with --engine vllm: a smaller model of the same tokenizer (a folder, 'default' or 'weak', "
+                            "the default model cut to 2 layers) that vLLM runs beside --model; ragspec's hybrid then "
+                            "drafts per request from the passages where they match and from this model elsewhere "
+                            "(docs/scale-out.md)")
     _generator_options(serve)
 
     return parser
@@ -646,8 +651,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"{PROG}: warning: --allow-folders on {args.host}: anyone with the API key can index server folders", file=sys.stderr)
     if args.engine == "vllm":
         return _serve_on_vllm(args, config)
-    if args.engine_args or args.vllm_draft_tokens is not None:
-        raise CLIError("vLLM flags after '--' and --vllm-draft-tokens need --engine vllm")
+    if args.engine_args or args.vllm_draft_tokens is not None or args.draft_model is not None:
+        raise CLIError("vLLM flags after '--', --vllm-draft-tokens and --draft-model need --engine vllm")
     preload = _preload(args, remote, model=args.model, backend=args.backend)
     _quiet_model_loading()
     locked = " (API key required)" if api_key else ""
@@ -726,7 +731,18 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
     draft_tokens = DEFAULT_DRAFT_TOKENS if args.vllm_draft_tokens is None else args.vllm_draft_tokens
     folder = model_folder(args.model)
     label = model_label(args.model)  # the model's own name, as ragspec's engine gives it
-    server = VllmServer(folder, speculation=speculative_config(draft_tokens) if draft_tokens else None,
+    if args.draft_model is not None and not draft_tokens:
+        raise CLIError("--draft-model drafts: it needs --vllm-draft-tokens above 0")
+    if args.draft_model is not None:  # the hybrid: n-gram drafts and the draft model's
+        from ragspec.backends.vllm.draft import draft_folder
+        from ragspec.backends.vllm.server import check_draft_folder, hybrid_config
+
+        draft = draft_folder(args.draft_model)
+        check_draft_folder(folder, draft)
+        speculation, drafting = hybrid_config(draft, draft_tokens), f"ragspec's hybrid with draft model {draft}"
+    else:
+        speculation, drafting = speculative_config(draft_tokens) if draft_tokens else None, "ragspec's proposer"
+    server = VllmServer(folder, speculation=speculation, hybrid=args.draft_model is not None,
                         extra_args=args.engine_args, served_name=label)
     print(f"{PROG}: starting vLLM on {folder} (the first start compiles for a few minutes)", file=sys.stderr)
     server.start()
@@ -753,7 +769,7 @@ def _serve_on_vllm(args: argparse.Namespace, config: Any) -> int:
         _quiet_model_loading()
         url = f"http://{args.host}:{args.port}"
         locked = " (API key required)" if config.api_key else ""
-        print(f"generating on vLLM at {server.base_url} (ragspec's proposer, up to {draft_tokens} drafted tokens)", file=sys.stderr)
+        print(f"generating on vLLM at {server.base_url} ({drafting}, up to {draft_tokens} drafted tokens)", file=sys.stderr)
         print(f"ragspec web app on {url}/ and OpenAI-compatible API on {url}/v1{locked} (Ctrl-C to stop)", file=sys.stderr)
         _say_where_state_lives(args)
         try:

@@ -1,12 +1,15 @@
 """Generate the answers that ``benchmarks/support_eval.py`` judges: the default model over the bundled corpus.
 
-Asks the questions of ``benchmarks/data/support_questions.json`` (single questions and three-turn
-conversations written for issue 37) and the follow-up conversations of
+Asks the questions of ``benchmarks/data/support_questions.json`` and ``heldout_questions.json`` (single
+questions and three-turn conversations written for issue 37) and the follow-up conversations of
 ``benchmarks/data/conversations.json`` as the demo does (``DocumentQA``, k=3, ``max_tokens=96``, the
 default model, greedy, ``QA_DEFAULTS``), turn by turn through ``DocumentQA.conversation()``, and
 writes each answer with its question and the passages of its prompt, for labelling by hand:
 
     flock /tmp/ragspec-bench.lock python benchmarks/support_answers.py --out benchmarks/data/support_answers.json
+
+The answers labelled for tuning the rule are in ``support_answers.json``; those made after it was frozen
+(``--ids`` of the rest) in ``heldout_answers.json``.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ DATA = REPO / "benchmarks" / "data"
 def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
     """Conversations as ``(id, [(turn id, question), ...])`` (a single question is a one-turn conversation):
     all of them, or those of ``ids`` in that order."""
-    mine = json.loads((DATA / "support_questions.json").read_text())
+    mine = [json.loads((DATA / name).read_text()) for name in ("support_questions.json", "heldout_questions.json")]
     theirs = json.loads((DATA / "conversations.json").read_text())["conversations"]
-    convs = [(q["id"], [(q["id"], q["question"])]) for q in mine["questions"]]
-    for conv in mine["conversations"] + theirs:
+    convs = [(q["id"], [(q["id"], q["question"])]) for m in mine for q in m["questions"]]
+    for conv in [c for m in mine for c in m["conversations"]] + theirs:
         convs.append((conv["id"], [(f"{conv['id']}-{i + 1}", t["question"]) for i, t in enumerate(conv["turns"])]))
     if ids is None:
         return convs

@@ -1,6 +1,6 @@
 """How well ``Answer.supported`` tells right answers from the rest: precision and recall against hand labels.
 
-Two labelled sets of the default model's answers over the bundled corpus (k=3, ``max_tokens=96``,
+Three labelled sets of the default model's answers over the bundled corpus (k=3, ``max_tokens=96``,
 greedy, ``QA_DEFAULTS``):
 
 - ``benchmarks/data/qa_labels.json``: the 51 answers of ``docs/bench/qa_defaults.json`` (39 bundled
@@ -10,12 +10,17 @@ greedy, ``QA_DEFAULTS``):
   the answers in ``benchmarks/data/support_answers.json`` (made by ``benchmarks/support_answers.py``):
   questions written for this measurement before any answer was seen
   (``benchmarks/data/support_questions.json``: single questions and three-turn conversations) and
-  the follow-up conversations of ``benchmarks/data/conversations.json``, every turn.
+  the follow-up conversations of ``benchmarks/data/conversations.json``, every turn;
+- ``benchmarks/data/heldout_labels.json``: the answers of ``benchmarks/data/heldout_answers.json`` (the
+  same script, the rest of those questions and turns and ``benchmarks/data/heldout_questions.json``,
+  written over corpus sentences no earlier question asks about), made and labelled after the rules were
+  frozen: the "held-out" part, which measures the rules without having shaped them ("tuned" is the rest).
 
 Each label says whether the answer is right (it says what a passage says and nothing false; "partial"
 and "wrong" are not right) and which passage holds the answer. For the citation rules before and after
 the fact check (``choose_citations(..., check_facts=False / True)``, both with the on-topic rule) it
-reports, overall and per group (bundled questions, new questions, first turns, follow-ups):
+reports, overall, per part (tuned, held-out) and per group (bundled questions, new questions, first turns,
+follow-ups; the held-out part's groups apart too):
 
 - ``supported`` precision (right answers among those marked supported) and recall (right answers
   marked supported);
@@ -64,6 +69,8 @@ class Case:
     right: bool
     passage: int | None
     """The passage (1-based) that holds the answer, when one does."""
+    part: str = "tuned"
+    """"tuned" (the rules were designed against its label) or "held-out" (answered and labelled after they were frozen)."""
 
 
 def _stored_cases() -> list[Case]:
@@ -78,6 +85,15 @@ def _stored_cases() -> list[Case]:
             for label in labels]  # fmt: skip
 
 
+def _new_answers(name: str) -> dict[tuple[str, str], dict]:
+    """The answers of ``benchmarks/data/<name>`` (``benchmarks/support_answers.py``) by ``("new", id)``, with their group."""
+    answers = {}
+    for a in json.loads((DATA / name).read_text())["answers"]:
+        group = "new questions" if a["id"] == a["conversation"] else ("first turns" if a["turn"] == 1 else "follow-ups")
+        answers[("new", a["id"])] = {**a, "group": group}
+    return answers
+
+
 def _labelled_cases() -> list[Case]:
     """The answers labelled in support_labels.json: the bundled questions' answers with a repeat penalty
     (docs/bench/qa_defaults.json, a prefix of the stored text: cut by the stop) and the new answers
@@ -86,22 +102,29 @@ def _labelled_cases() -> list[Case]:
     asked = {q["id"]: q["question"] for q in json.loads(QUESTIONS.read_text())["questions"]}
     asked |= {q["id"]: q["question"] for q in json.loads((DATA / "unanswerable.json").read_text())["questions"]}
     answers = {("repeat_penalty", a["id"]): {**a, "question": asked[a["id"]], "group": "bundled"} for a in stored}
-    for a in json.loads((DATA / "support_answers.json").read_text())["answers"]:
-        group = "new questions" if a["id"] == a["conversation"] else ("first turns" if a["turn"] == 1 else "follow-ups")
-        answers[("new", a["id"])] = {**a, "group": group}
+    return _matched(json.loads((DATA / "support_labels.json").read_text())["labels"], answers | _new_answers("support_answers.json"), "tuned")
+
+
+def _held_out_cases() -> list[Case]:
+    """The answers of heldout_answers.json (made after the rules were frozen) with their heldout_labels.json labels."""
+    return _matched(json.loads((DATA / "heldout_labels.json").read_text())["labels"], _new_answers("heldout_answers.json"), "held-out")
+
+
+def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str) -> list[Case]:
+    """A case per label whose answer has its text (a new answer exactly, a stored one up to where the stop cut it)."""
     cases = []
-    for label in json.loads((DATA / "support_labels.json").read_text())["labels"]:
+    for label in labels:
         a = answers.get((label["set"], label["id"]))
         if a is None or not a["text"].startswith(label["text"]) or (label["set"] == "new" and a["text"] != label["text"]):
             continue  # labelled for another text: not counted
         cases.append(Case(label["id"], a["group"], a["question"], label["text"], [Document(p["text"]) for p in a["passages"]],
-                          label["verdict"] == "right", label.get("passage")))  # fmt: skip
+                          label["verdict"] == "right", label.get("passage"), part))  # fmt: skip
     return cases
 
 
 def cases(limit: int | None = None) -> list[Case]:
     """Every labelled answer (the first ``limit`` of each file's labels)."""
-    return _stored_cases()[:limit] + _labelled_cases()[:limit]
+    return _stored_cases()[:limit] + _labelled_cases()[:limit] + _held_out_cases()[:limit]
 
 
 _DIGITS = re.compile(r"\d+(?:[.:,]\d+)*")
@@ -141,10 +164,15 @@ def measure(rows: list[Case], check_facts: bool) -> dict[str, str]:
 
 
 def report(rows: list[Case]) -> dict[str, dict[str, dict[str, str]]]:
-    """``{rule set: {group: measures}}``, the groups being "all" and each group of the cases."""
-    groups = ["all", *dict.fromkeys(c.group for c in rows)]
-    return {name: {g: measure([c for c in rows if g in ("all", c.group)], check) for g in groups}
-            for name, check in RULES.items()}  # fmt: skip
+    """``{rule set: {group: measures}}``, the groups being "all", each part ("tuned", "held-out") and each
+    group of the cases ("bundled", "new questions", "first turns", "follow-ups"), and each group of the
+    held-out part apart ("held-out follow-ups")."""
+    parts = {g: [c for c in rows if c.part == g] for g in dict.fromkeys(c.part for c in rows)}
+    groups = {g: [c for c in rows if c.group == g] for g in dict.fromkeys(c.group for c in rows)}
+    held = {f"held-out {g}": [c for c in rows if c.part == "held-out" and c.group == g]
+            for g in dict.fromkeys(c.group for c in rows if c.part == "held-out")}  # fmt: skip
+    sets = {"all": rows} | parts | groups | held
+    return {name: {g: measure(cases, check) for g, cases in sets.items()} for name, check in RULES.items()}
 
 
 def table(result: dict[str, dict[str, dict[str, str]]]) -> str:

@@ -1,5 +1,7 @@
 """vLLM side by side: no speculation, its n-gram (defaults and tuned), its suffix decoding, ragspec's
-proposer; and ragspec's own engine (plain and with its drafting, one client) on the same prompts.
+proposer, vLLM's ``draft_model`` alone and ragspec's hybrid (n-gram drafts and the same draft model's,
+chosen per request and step; ``--draft-model``); and ragspec's own engine (plain and with its
+drafting, one client) on the same prompts.
 
 Each method is one vLLM server (started here on 127.0.0.1 with the same flags; on a CPU all of them
 at once, idle but for the one measured, and each cell runs the methods one after another, their
@@ -22,11 +24,14 @@ draft from) for every method and cell, on one loaded model. Prefix caching is on
 methods (``--prefix-caching``, default on as in both engines; ``--no-prefix-caching`` turns it off
 in vLLM and in ragspec's engine alike), and the report states it.
 ragspec's proposer also reports the step costs it measured (``r``: a step of
-T tokens in one-token steps, keyed by T - 1), which is vLLM's verify cost on this device.
+T tokens in one-token steps, keyed by T - 1), which is vLLM's verify cost on this device; the
+hybrid, per cell, the drafted tokens each engine step kept by source (n-gram / model), and in the
+report its draft model's timed work by steps.
 
     python benchmarks/vllm_bench.py                                   # CPU: the default model, fp32
     python benchmarks/vllm_bench.py --questions 1 --open-ended 1 --clients 1 --max-tokens 8   # a smoke run
     python benchmarks/vllm_bench.py --device cuda --model /models/Qwen2.5-7B-Instruct \\
+        --draft-model /models/Qwen2.5-0.5B-Instruct \\
         --vllm-arg=--gpu-memory-utilization=0.85                      # a GPU: nothing else changes
 
 Run it alone (``flock /tmp/ragspec-bench.lock python benchmarks/vllm_bench.py``); it writes
@@ -56,21 +61,33 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench import OPEN_ENDED, open_prompts, rag_prompts  # noqa: E402
 from ragspec.backends.pytorch.loading import model_folder  # noqa: E402
 from ragspec.backends.vllm.proposer import STATS_ENV  # noqa: E402
-from ragspec.backends.vllm.server import VllmServer, speculative_config  # noqa: E402
+from ragspec.backends.vllm.draft import draft_folder  # noqa: E402
+from ragspec.backends.vllm.server import VllmServer, hybrid_config, speculative_config  # noqa: E402
 from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 from ragspec.prompts import chat_prompt_ids  # noqa: E402
 from ragspec.remote import load_tokenizer  # noqa: E402
 from ragspec.engine.text import RepeatGuard, sentence_end_tokens  # noqa: E402
 
 
-def methods(draft_tokens: int, ngram_best: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
-    return {
+def methods(draft_tokens: int, ngram_best: dict[str, Any], draft: Path | None) -> dict[str, dict[str, Any] | None]:
+    """Each vLLM method's speculative config (``None``: none). With a draft model, vLLM's
+    ``draft_model`` alone and ragspec's hybrid (``HYBRID_METHODS``: started with ``hybrid=True``)."""
+    table: dict[str, dict[str, Any] | None] = {
         "vllm": None,
         "vllm_ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
         "vllm_ngram_best": {"method": "ngram", **ngram_best},
         "vllm_suffix": {"method": "suffix", "num_speculative_tokens": draft_tokens},
         "vllm_ragspec": speculative_config(draft_tokens),
     }
+    if draft is not None:
+        table["vllm_draft_model"] = hybrid_config(draft, draft_tokens)
+        table["vllm_hybrid"] = hybrid_config(draft, draft_tokens)
+    return table
+
+
+HYBRID_METHODS = {"vllm_hybrid"}
+STATS_METHODS = ("vllm_ragspec", "vllm_hybrid")
+"""Methods whose drafter writes its statistics (``RAGSPEC_PROPOSER_STATS``): kept in the report."""
 
 
 @dataclass
@@ -100,6 +117,8 @@ class Cell:
     ended_by_repeat: int
     requests: int
     identical: int | None = None
+    by_source: dict[str, float] | None = None
+    """The hybrid's drafted tokens kept per engine step, by source (``ngram``, ``model``), and its steps."""
 
 
 def stream(base_url: str, index: int, ids: list[int], max_tokens: int, guard: RepeatGuard | None, eos: int | None
@@ -211,9 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetition-stop", type=int, default=QA_DEFAULTS["repetition_stop"],
                    help="cut an answer where it repeats this many of its own tokens, as ragspec does (0: off)")
     p.add_argument("--clients", default="1,4,8", help="concurrency levels (default 1,4,8)")
-    p.add_argument("--methods", default="vllm,vllm_ragspec,vllm_ngram,vllm_ngram_best,vllm_suffix,ragspec_plain,ragspec_ngram",
+    p.add_argument("--methods", default="vllm,vllm_ragspec,vllm_ngram,vllm_ngram_best,vllm_suffix,vllm_draft_model,"
+                                        "vllm_hybrid,ragspec_plain,ragspec_ngram",
                    help="vLLM servers (vllm*) and ragspec's own engine (ragspec_*), measured in this order")
-    p.add_argument("--draft-tokens", type=int, default=8, help="longest draft of ragspec's proposer and suffix decoding")
+    p.add_argument("--draft-tokens", type=int, default=8,
+                   help="longest draft of ragspec's proposer, suffix decoding, vLLM's draft_model and the hybrid")
+    p.add_argument("--draft-model", default="weak",
+                   help="the draft model of vllm_draft_model and vllm_hybrid: a folder of the same tokenizer, 'default' "
+                        "(the model as its own draft) or 'weak' (the default model cut to 2 layers; default)")
     p.add_argument("--ngram-best", default='{"num_speculative_tokens": 4, "prompt_lookup_min": 3, "prompt_lookup_max": 5}',
                    help="vLLM n-gram settings of the tuned row (JSON)")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -249,15 +273,17 @@ def main(argv: list[str] | None = None) -> int:
              "--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching", *args.vllm_arg]
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16"]
-    table = methods(args.draft_tokens, json.loads(args.ngram_best))
+    chosen = args.methods.split(",")
+    needs_draft = any(m in ("vllm_draft_model", "vllm_hybrid") for m in chosen)
+    table = methods(args.draft_tokens, json.loads(args.ngram_best), draft_folder(args.draft_model) if needs_draft else None)
     cells: list[Cell] = []
     outputs: dict[str, dict[str, list[list[int]]]] = {}
     report: dict[str, Any] = {"model": str(folder), "device": args.device, "max_tokens": args.max_tokens,
                               "repetition_stop": args.repetition_stop, "prefix_caching": args.prefix_caching,
-                              "flags": flags, "cells": [], "proposer": None, "skipped": {}}
+                              "flags": flags, "draft_model": args.draft_model if needs_draft else None, "cells": [],
+                              "proposer": None, "skipped": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    chosen = args.methods.split(",")
     if args.keep and out.is_file():  # an earlier run's other methods, measured with the same settings
         earlier = json.loads(out.read_text())
         if any(earlier.get(k) != report[k] for k in ("model", "device", "max_tokens", "repetition_stop", "prefix_caching",
@@ -283,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 return own_cell(generator, prompts, args.max_tokens, new_guard, OWN_ENGINE[method])
             return run_own
         server = VllmServer(folder, speculation=table[method], extra_args=flags, served_name="bench",
+                            hybrid=method in HYBRID_METHODS,
                             env={STATS_ENV: str(out.parent / f"{method}-proposer.json")}, log=out.parent / f"{method}.log")
         started = time.perf_counter()
         try:
@@ -305,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = every[level * per_cell : (level + 1) * per_cell]
                 order = [m for m in runners if clients == 1 or m not in OWN_ENGINE]
                 for method in order if turn % 2 == 0 else order[::-1]:
+                    before = drafter_stats(method)
                     runs, wall, drafted, accepted = runners[method](prompts, clients)
                     cell = summarize(method, workload, clients, runs, wall, drafted, accepted)
+                    cell.by_source = per_step_by_source(before, drafter_stats(method, flush=True))
                     if clients == 1:
                         outputs.setdefault(method, {})[workload] = [r.tokens for r in runs]
                     cells.append(cell)
@@ -314,11 +343,23 @@ def main(argv: list[str] | None = None) -> int:
                 turn += 1
                 save()
 
+    def drafter_stats(method: str, flush: bool = False) -> dict[str, Any] | None:
+        """The hybrid's statistics; with ``flush``, after a one-token request of no workload: the drafter
+        counts a request's last steps when it sees the batch without it, at the next request's first step."""
+        if method not in HYBRID_METHODS:
+            return None
+        if flush:
+            stream(servers[method].base_url, 0, warm_up, 1, None, eos)
+        path = out.parent / f"{method}-proposer.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
     def save() -> None:
         mark_identical(cells, outputs)
-        stats = out.parent / "vllm_ragspec-proposer.json"
-        if "vllm_ragspec" in servers and stats.is_file():
-            report["proposer"] = json.loads(stats.read_text())
+        for method in STATS_METHODS:  # the drafters' own figures (the hybrid's: tokens drafted and kept by source)
+            stats = out.parent / f"{method}-proposer.json"
+            if method in servers and stats.is_file():
+                key = "proposer" if method == "vllm_ragspec" else method
+                report[key] = json.loads(stats.read_text())
         report["cells"] = [asdict(c) for c in cells]
         report["outputs"] = outputs
         out.write_text(json.dumps(report, indent=2))
@@ -341,6 +382,18 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     print(format_table(cells))
     return 0
+
+
+def per_step_by_source(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float] | None:
+    """Drafted tokens kept per engine step by source, between two of the hybrid's statistics."""
+    if after is None or "accepted_by_source" not in after:
+        return None
+    was = before or {"steps": 0, "accepted_by_source": {}}
+    steps = after["steps"] - was["steps"]
+    if steps <= 0:
+        return None
+    kept = {s: n - was["accepted_by_source"].get(s, 0) for s, n in after["accepted_by_source"].items()}
+    return {**{s: n / steps for s, n in kept.items()}, "steps": float(steps)}
 
 
 def mark_identical(cells: list[Cell], outputs: dict[str, dict[str, list[list[int]]]]) -> None:
@@ -406,7 +459,11 @@ def format_table(cells: list[Cell]) -> str:
     """Decode tok/s is all decoded tokens over all decode time; the mean of the per-request rates beside it."""
     base = {(c.workload, c.clients): c for c in cells if c.method == "vllm"}
     lines = ["| method | workload | clients | decode tok/s | vs vLLM | mean per request | vs vLLM | throughput tok/s | "
-             "TTFT s | drafted | accepted | ended by EOS / repeat | identical |", "|---" * 13 + "|"]
+             "TTFT s | drafted | accepted | ended by EOS / repeat | identical | kept per step: n-gram / model |",
+             "|---" * 14 + "|"]
+
+    def sources(by_source: dict[str, float] | None) -> str:
+        return "" if not by_source else f"{by_source.get('ngram', 0.0):.2f} / {by_source.get('model', 0.0):.2f}"
 
     def ratio(mine: float, theirs: float | None) -> str:
         return f"{mine / theirs:.2f}x" if theirs else ""
@@ -417,7 +474,8 @@ def format_table(cells: list[Cell]) -> str:
             f"{ratio(c.decode_tokens_per_s, b and b.decode_tokens_per_s)} | {c.mean_request_tokens_per_s:.2f} | "
             f"{ratio(c.mean_request_tokens_per_s, b and b.mean_request_tokens_per_s)} | "
             f"{c.throughput_tokens_per_s:.2f} | {c.ttft_s:.2f} | {c.drafted} | "
-            f"{c.accepted} | {c.ended_by_eos}+{c.ended_by_repeat}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} |"
+            f"{c.accepted} | {c.ended_by_eos}+{c.ended_by_repeat}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} | "
+            f"{sources(c.by_source)} |"
         )
     return "\n".join(lines)
 

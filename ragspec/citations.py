@@ -25,11 +25,12 @@ a passage's words and still state what no passage says. So (``check_facts``, on 
 cited only when
 
 - the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
-- the sentences of the passage it drew its words from (``drawn_sentences``, with one sentence either
-  side) are about the question, as above, not only the passage somewhere;
+- the sentences of the passage it drew its words from (``drawn_sentences``: found by the words it adds
+  to the question, with one sentence either side) are about the question, as above, not only the
+  passage somewhere;
 - the cited passages' sentences it drew from (with one either side), with the question, hold the
   answer's facts (``ragspec.facts``): its numbers, with
-  number words as digits ("23" = "Twenty-three", "1000" = "1,000"), and its names (capitalized words that
+  number words as digits ("23" = "Twenty-three", "1000" = "1,000", "2/3" = "two-thirds"), and its names (capitalized words that
   do not start a sentence). Another passage the rules found the answer drawing on is cited too when it
   holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``.
 
@@ -185,10 +186,10 @@ def restates(text: str, question: str) -> bool:
     return not _stems(text, _QUESTION_WORDS | _FILLER) - _stems(question, _QUESTION_WORDS)
 
 
-def _drawn_window(text: str, passage: str) -> str:
+def _drawn_window(text: str, passage: str, question: str) -> str:
     """The sentences of ``passage`` that ``text`` drew from (``drawn_sentences``), with one sentence either
     side; ``""`` when it drew from none."""
-    start, end = drawn_sentences(text, passage)
+    start, end = drawn_sentences(text, passage, question)
     spans = sentence_spans(passage)
     inside = [i for i, (s, e) in enumerate(spans) if s >= start and e <= end]
     if end == 0 or not inside:
@@ -203,7 +204,7 @@ def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0
     wanted = _stems(question, _QUESTION_WORDS)
     if not wanted:
         return True
-    window = _drawn_window(text, passage)
+    window = _drawn_window(text, passage, question)
     return len(wanted & _stems(text, _QUESTION_WORDS) & _stems(window, _QUESTION_WORDS)) >= min_share * len(wanted)
 
 
@@ -212,7 +213,7 @@ def _backing(text: str, passages: Sequence[Document], question: str, kept: list[
     together with the question they hold all of its facts, each in the sentences the answer drew from
     there (``_drawn_window``: "14 November" elsewhere in the passage does not back "closed on 14 November
     1979"); else ``[]``."""
-    windows = {n: _drawn_window(text, passages[n - 1].page_content) for n in {*kept, *drawn_from}}
+    windows = {n: _drawn_window(text, passages[n - 1].page_content, question) for n in {*kept, *drawn_from}}
     missing = facts.missing_facts(text, [windows[n] for n in kept], question)
     cited = list(kept)
     for n in drawn_from:
@@ -239,12 +240,17 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def drawn_sentences(answer: str, passage: str) -> tuple[int, int]:
+def drawn_sentences(answer: str, passage: str, question: str = "") -> tuple[int, int]:
     """``(start, end)`` in ``passage`` of the sentence(s) ``answer`` drew from: the sentence holding the
-    most of the answer's content words (its numbers and names count twice), with each neighbour that
-    holds at least half as many; ``(0, 0)`` when no sentence holds any."""
-    found = facts.answer_facts(answer)
-    weight = {w: 1 for w in facts.words(answer) if w not in _STOP_WORDS} | {w: 2 for w in found.numbers | found.names}
+    most of the answer's content words, with each neighbour that holds at least half as many; ``(0, 0)``
+    when no sentence holds any. A word the answer adds to ``question`` counts twice, a number or name it
+    adds three times: the answer draws from where its new words are, not from where the question's words
+    it repeats are ("The Lantern Walk is held on the first Saturday of every month" draws on the sentence
+    about the first Saturday of every month, not on the one about the Lantern Walk)."""
+    found = facts.answer_facts(answer, question)
+    asked = set(facts.words(question))
+    weight = {w: 1 if w in asked else 2 for w in facts.words(answer) if w not in _STOP_WORDS}
+    weight |= {w: 3 for w in found.numbers | found.names}
     spans = sentence_spans(passage)
     scores = [sum(weight.get(w, 0) for w in set(facts.words(passage[s:e]))) for s, e in spans]
     best = max(range(len(spans)), key=lambda i: scores[i], default=-1)

@@ -6,7 +6,8 @@ not hold, so that ``ragspec.citations`` can refuse support to an answer whose wo
 but whose facts do not.
 
 Numbers are compared as digits: number words become digits (``"twenty-three"`` = ``"23"``, ``"nine
-thousand"`` = ``"9000"``, ``"three hundred and forty-two"`` = ``"342"``) and thousands separators go
+thousand"`` = ``"9000"``, ``"three hundred and forty-two"`` = ``"342"``), fractions in words become
+fractions in digits (``"two-thirds"`` = ``"2/3"``, ``"a quarter"`` = ``"1/4"``) and thousands separators go
 (``"1,000"`` = ``"1000"``), in the answer and the passage alike, by ``normalize_numbers``. It is written
 here rather than taken from a library: text2num 3.1 (the maintained one on PyPI) is made for speech
 transcripts and leaves "one" and "two" as words in every context tried ("two players", "for two
@@ -38,6 +39,15 @@ _NUMBER_RUN = re.compile(
     rf"\b(?:{_NUMBER_WORD})(?:(?:[ \t-]+|[ \t]+and[ \t]+)(?:{_NUMBER_WORD}))*\b", re.IGNORECASE
 )
 _GROUPED = re.compile(r"\b\d{1,3}(?:,\d{3})+\b")
+_DENOMINATORS = {"half": 2, "halves": 2, "quarter": 4, "quarters": 4} | {
+    w + s: i for i, w in enumerate("third fourth fifth sixth seventh eighth ninth tenth".split(), start=3) for s in ("", "s")
+}
+# A fraction in words: a count ("a", "one" to "nine") then a denominator ("two-thirds", "a quarter", "three fifths");
+# "the fifth day" or "half past three" name no fraction.
+_FRACTION = re.compile(
+    rf"\b(an?|{'|'.join(list(_UNITS)[1:10])})[ \t-]+({'|'.join(sorted(_DENOMINATORS, key=len, reverse=True))})\b",
+    re.IGNORECASE,
+)
 
 
 def _values(run: str) -> list[int]:
@@ -71,24 +81,31 @@ def _values(run: str) -> list[int]:
     return numbers
 
 
+def _fraction(match: re.Match[str]) -> str:
+    count = match.group(1).lower()
+    return f"{1 if count in ('a', 'an') else _UNITS[count]}/{_DENOMINATORS[match.group(2).lower()]}"
+
+
 def normalize_numbers(text: str) -> str:
-    """``text`` with number words as digits and thousands separators dropped ("Twenty-three" -> "23",
-    "1,000" -> "1000"); everything else as it was."""
+    """``text`` with number words as digits, fractions in words as fractions in digits and thousands
+    separators dropped ("Twenty-three" -> "23", "two-thirds" -> "2/3", "1,000" -> "1000"); everything
+    else as it was."""
     text = _GROUPED.sub(lambda m: m.group(0).replace(",", ""), text)
+    text = _FRACTION.sub(_fraction, text)
     return _NUMBER_RUN.sub(lambda m: " ".join(str(v) for v in _values(m.group(0))), text)
 
 
-_TOKEN = re.compile(r"\d+(?:[.:]\d+)*|\w+")
+_TOKEN = re.compile(r"\d+(?:[.:/]\d+)*|\w+")
 
 
 def words(text: str) -> list[str]:
-    """The lower-cased words of ``text`` with its numbers as digits (``"3:30"`` and ``"4.1875"`` stay one word)."""
+    """The lower-cased words of ``text`` with its numbers as digits (``"3:30"``, ``"4.1875"`` and ``"2/3"`` stay one word)."""
     return [w.lower() for w in _TOKEN.findall(normalize_numbers(text))]
 
 
 _LIST_MARKER = re.compile(r"(?m)^[ \t]*(?:\d+(?:\.\d+)*[.)]|[-*+])[ \t]+|^[ \t]*\d+(?:\.\d+)*[.)]?[ \t]*$")
 _CITE_MARKER = re.compile(r"\[\d+(?:\s*[,;]\s*\d+)*\]")
-_NUMBER = re.compile(r"^\d+(?:[.:]\d+)*$")
+_NUMBER = re.compile(r"^\d+(?:[.:/]\d+)*$")
 _SENTENCE_START = re.compile(r"""(?:^|[.!?:]\s+|\n\s*|["'(*#`]\s*)$""")  # a capital there starts a sentence, names nothing
 _NAME_RUN = re.compile(r"\b[A-Z][\w'’]*(?:[ \t]+[A-Z][\w'’]*)*")
 _GENERIC = frozenset("i answer question passage passages document documents note yes no".split())

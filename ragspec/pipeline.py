@@ -529,7 +529,7 @@ class DocumentQA:
 
     def _answer(self, request: _Request, text: str, finish_reason: str, stats: GenerationStats | None) -> Answer:
         numbers, rule = choose_citations(text, request.passages, request.question)
-        citations = [self._citation(n, request.passages[n - 1], text) for n in numbers]
+        citations = [self._citation(n, request.passages[n - 1], text, request.question) for n in numbers]
         missing = tuple(missing_facts(text, [p.page_content for p in request.passages], request.question))
         answer = Answer(
             question=request.question,
@@ -550,11 +550,11 @@ class DocumentQA:
             return answer
         return dataclasses.replace(answer, text=answer.note, generated_text=text)
 
-    def _citation(self, number: int, passage: Document, answer: str) -> Citation:
+    def _citation(self, number: int, passage: Document, answer: str, question: str) -> Citation:
         """The citation of ``passage``, showing the sentence(s) ``answer`` drew from (else the passage's start)."""
         meta = passage.metadata
         content = passage.page_content
-        start, end = drawn_sentences(answer, content)
+        start, end = drawn_sentences(answer, content, question)
         if end == 0:
             start = len(content) - len(content.lstrip())
             end = len(content.rstrip())

@@ -311,3 +311,65 @@ def plan(p1, q, lengths, kinds, n_kinds, cost, margin, rows, ks):  # type: ignor
                 best_take -= 1
             drafted += ks[i]
     return drafted
+
+
+@njit(cache=True, nogil=True)
+def plan_sources(p1, q, lengths, kinds, n_kinds, model_p1, model_q, model_caps, cost, model_cost, margin, ks, from_model):  # type: ignore[no-untyped-def]
+    """``plan`` with a draft model beside the n-gram drafts: every row's source and draft length,
+    and how many draft-model steps the batch runs. Returns ``(drafted, model_steps)``.
+
+    Row ``i`` has an n-gram candidate of ``lengths[i]`` tokens (0: none) of ``kinds[i]`` (below
+    ``n_kinds``) with acceptance ``p1[i]``, ``q[i]``, and may take up to ``model_caps[i]`` tokens
+    of the draft model's (0: not), whose acceptance is ``model_p1``, ``model_q`` for every row. The
+    draft model drafts for the whole batch at once, ``j`` tokens in ``j`` of its steps, which cost
+    ``model_cost[j]`` plain steps of the batch (``model_cost[0] = 0``); verifying ``D`` drafted
+    tokens costs ``cost[D]`` (as in ``plan``; ``len(cost)`` > the sum of the rows' longest drafts).
+
+    For each ``j``, a row takes the source whose whole draft yields more (the n-gram draft on
+    ties: it costs nothing to make), ``plan`` chooses the lengths, and the step's expected tokens
+    over ``cost[D] + model_cost[j]`` is compared: the best ``j`` wins, and nothing is drafted
+    unless it beats a plain step by ``margin``. So where the n-gram drafts are long and likely
+    they win and the batch does not pay for the model; where nothing matches the model fills in;
+    where neither pays, nothing is drafted. ``ks[i]`` gets the row's length and ``from_model[i]``
+    whether it is the model's draft.
+    """
+    rows = len(lengths)
+    longest_model = 0
+    for i in range(rows):
+        ks[i], from_model[i] = 0, 0
+        longest_model = max(longest_model, model_caps[i])
+    longest_model = min(longest_model, len(model_cost) - 1)
+    rp1 = np.empty(rows)
+    rq = np.empty(rows)
+    rlen = np.zeros(rows, np.int64)
+    rkind = np.zeros(rows, np.int64)
+    tks = np.zeros(rows, np.int64)
+    best_rate = (1.0 + margin) * rows / cost[0]
+    found = False
+    for j in range(longest_model + 1):
+        for i in range(rows):
+            rp1[i], rq[i], rlen[i], rkind[i] = p1[i], q[i], lengths[i], kinds[i]
+            m = min(j, model_caps[i])
+            if m > 0:
+                ng = 0.0 if lengths[i] <= 0 else p1[i] * (1.0 - q[i] ** lengths[i]) / (1.0 - q[i])
+                if model_p1 * (1.0 - model_q**m) / (1.0 - model_q) > ng:
+                    rp1[i], rq[i], rlen[i], rkind[i] = model_p1, model_q, m, n_kinds
+        step = cost + model_cost[j]
+        drafted = plan(rp1, rq, rlen, rkind, n_kinds + 1, step, margin, rows, tks)
+        expected = float(rows)
+        for i in range(rows):
+            if tks[i] > 0:
+                expected += rp1[i] * (1.0 - rq[i] ** tks[i]) / (1.0 - rq[i])
+        rate = expected / step[drafted]
+        if drafted > 0 and rate > best_rate:
+            best_rate, found = rate, True
+            for i in range(rows):
+                ks[i], from_model[i] = tks[i], 1 if tks[i] > 0 and rkind[i] == n_kinds else 0
+    if not found:
+        return 0, 0
+    total, steps = 0, 0
+    for i in range(rows):
+        total += ks[i]
+        if from_model[i]:
+            steps = max(steps, ks[i])
+    return total, steps

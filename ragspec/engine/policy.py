@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from ragspec.engine.drafting import Draft, DraftSource
-from ragspec.engine.planning import MODEL, Acceptance, CostCurve, plan, source_group
+from ragspec.engine.planning import MODEL, Acceptance, CostCurve, plan, plan_sources, source_group
 
 
 class Policy(Protocol):
@@ -167,9 +167,22 @@ class AdaptivePolicy:
         return int(self._ks[0])
 
     def choose(self, candidate: Draft | None) -> int:
+        """The candidate's tokens worth verifying; 0 also where the draft model (once measured) is
+        expected to do better: ``planning.plan_sources`` decides, the rule ragspec's hybrid inside
+        vLLM uses for a whole batch (``ragspec.backends.vllm.hybrid``)."""
         if candidate is None or not candidate.tokens:
             return 0
-        return self._best_k(source_group(candidate.source), candidate.match_length, len(candidate))
+        group, longest = source_group(candidate.source), min(len(candidate), self.max_draft)
+        if self._model_token_cost is None or not self.costs.has_plain:
+            return self._best_k(group, candidate.match_length, longest)
+        p1, q = self.acceptance.rates(group, candidate.match_length)
+        model_p1, model_q = self.acceptance.rates(MODEL, 0)
+        per_step = self._model_token_cost / self.costs.means[0]
+        ks, from_model = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        plan_sources(np.array([p1]), np.array([q]), np.array([longest]), _ONE_KIND, 1, model_p1, model_q,
+                     np.array([self.max_draft]), self.costs.table(longest + self.max_draft),
+                     per_step * np.arange(self.max_draft + 1), self.margin, ks, from_model)
+        return 0 if from_model[0] else int(ks[0])
 
     def choose_model(self, max_tokens: int) -> int:
         """Draft-model tokens worth drafting: expected yield per cost of drafting plus verifying."""

@@ -125,3 +125,35 @@ class ScriptedBackend:
 @pytest.fixture
 def apps_corpus() -> Path:
     return CORPUS
+
+
+# -- vLLM: what every vLLM test module compares with, computed once per session ---------------------
+
+
+@pytest.fixture(scope="session")
+def served_folder() -> Path:
+    from ragspec.backends.pytorch.loading import model_folder
+
+    return model_folder("default")
+
+
+@pytest.fixture(scope="session")
+def rag_ids(lc_tokenizer) -> list[list[int]]:
+    from types import SimpleNamespace
+
+    from benchmarks.bench import rag_prompts
+    from tests.apps.vllm_common import N_PROMPTS
+
+    return [p.ids for p in rag_prompts(SimpleNamespace(tokenizer=lc_tokenizer), N_PROMPTS)]
+
+
+@pytest.fixture(scope="session")
+def reference(served_folder, rag_ids, tmp_path_factory) -> list[dict]:
+    """vLLM without speculation: greedy answers and their top-2 logprobs, one prompt at a time (its
+    server stopped before any other starts: one vLLM at a time)."""
+    from ragspec.backends.vllm.server import VllmServer
+    from tests.apps.vllm_common import FLAGS, complete
+
+    log = tmp_path_factory.mktemp("vllm") / "plain.log"
+    with VllmServer(served_folder, speculation=None, extra_args=FLAGS, served_name="smol", log=log) as server:
+        return [complete(server.base_url, ids, logprobs=2) for ids in rag_ids]

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -34,7 +33,7 @@ from ragspec.backends.vllm.server import (
     group_members,
     speculative_config,
 )
-from ragspec.backends.pytorch.loading import model_folder
+from tests.apps.vllm_common import FLAGS, MAX_TOKENS, N_PROMPTS, complete, metrics
 from tests.ragspec.backends.vllm.processes import children
 
 
@@ -49,54 +48,10 @@ VLLM_PYTHON = _vllm_python()
 needs_vllm = pytest.mark.skipif(
     VLLM_PYTHON is None, reason="vLLM is not installed here: scripts/install-vllm.sh makes .venv-vllm (scripts/test.sh runs it)"
 )
-N_PROMPTS = 12
-MAX_TOKENS = 48
 DRAFT_TOKENS = 8
 HISTORY_TOKENS = 512
-FLAGS = ["--max-model-len", "2048", "--max-num-seqs", "8", "--seed", "0", "-O0"]
-"""-O0: no torch.compile, so a server starts in about a minute instead of compiling for several."""
 GAP_TOLERANCE = 1e-3
 """A greedy divergence is accepted only where vLLM's own top-2 logprobs were this close."""
-
-
-@pytest.fixture(scope="module")
-def served_folder() -> Path:
-    return model_folder("default")
-
-
-@pytest.fixture(scope="module")
-def rag_ids(lc_tokenizer) -> list[list[int]]:
-    from benchmarks.bench import rag_prompts
-
-    return [p.ids for p in rag_prompts(SimpleNamespace(tokenizer=lc_tokenizer), N_PROMPTS)]
-
-
-def complete(base_url: str, ids: list[int], **params: Any) -> dict[str, Any]:
-    body = {"model": "smol", "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0.0, "return_token_ids": True,
-            **params}
-    response = httpx.post(f"{base_url}/completions", json=body, timeout=300)
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]
-
-
-def metrics(base_url: str) -> dict[str, float]:
-    """vLLM's Prometheus counters and gauges, summed over their labels."""
-    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30).text
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:"):
-            name, value = line.rsplit(" ", 1)
-            name = name.split("{")[0]
-            found[name] = found.get(name, 0.0) + float(value)
-    return found
-
-
-@pytest.fixture(scope="module")
-def reference(served_folder, rag_ids, tmp_path_factory) -> list[dict[str, Any]]:
-    """vLLM without speculation: greedy answers and their top-2 logprobs, one prompt at a time."""
-    log = tmp_path_factory.mktemp("vllm") / "plain.log"
-    with VllmServer(served_folder, speculation=None, extra_args=FLAGS, served_name="smol", log=log) as server:
-        return [complete(server.base_url, ids, logprobs=2) for ids in rag_ids]
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,19 @@ from ragspec.citations import choose_citations
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _keys(name: str, key: str) -> set[tuple[str, str]]:
+    return {(row.get("set", "new"), row["id"]) for row in json.loads((REPO / "benchmarks/data" / name).read_text())[key]}
+
+
 def test_every_label_matches_an_answer_and_every_answer_is_labelled() -> None:
-    labelled = {(row["set"], row["id"]) for row in json.loads((REPO / "benchmarks/data/support_labels.json").read_text())["labels"]}
-    answers = {("new", a["id"]) for a in json.loads((REPO / "benchmarks/data/support_answers.json").read_text())["answers"]}
-    assert answers <= labelled  # every stored new answer is labelled
+    labelled = _keys("support_labels.json", "labels")
+    held_out = _keys("heldout_labels.json", "labels")
+    assert _keys("support_answers.json", "answers") <= labelled  # every stored new answer is labelled
+    assert _keys("heldout_answers.json", "answers") == held_out
+    assert not {i for _, i in held_out} & {i for _, i in labelled}  # an answer is tuned on or held out, not both
     cases = support_eval.cases()
-    assert len(cases) == 51 + len(labelled) >= 100  # a label counts only for an answer with exactly its text
+    assert len(cases) == 51 + len(labelled) + len(held_out) >= 100  # a label counts only for an answer with exactly its text
+    assert {c.part for c in cases} == {"tuned", "held-out"}
 
 
 def test_measure_counts_against_a_brute_force_tally() -> None:
@@ -48,7 +55,7 @@ def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_eval.py"), "--limit", "5", "--json", str(tmp_path / "r.json")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 10 |" in done.stdout
+    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 15 |" in done.stdout and "| after | held-out | 5 |" in done.stdout
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}
 
 

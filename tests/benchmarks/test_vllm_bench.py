@@ -117,3 +117,18 @@ def test_the_readme_command_runs_end_to_end_on_vllm(tmp_path: Path) -> None:
         assert cell["identical"] == cell["requests"] == 1, cell
         assert cell["decode_tokens_per_s"] > 0 and cell["mean_request_tokens_per_s"] > 0
     assert "| vllm_ragspec | rag | 1 |" in done.stdout
+
+
+def test_the_hybrids_tokens_per_step_by_source_and_its_methods_beside_vllms_draft_model(tmp_path: Path) -> None:
+    before = {"steps": 10, "accepted_by_source": {"ngram": 4, "model": 1}}
+    after = {"steps": 30, "accepted_by_source": {"ngram": 24, "model": 11}}
+    assert vllm_bench.per_step_by_source(before, after) == {"ngram": 1.0, "model": 0.5, "steps": 20.0}
+    assert vllm_bench.per_step_by_source(None, after)["ngram"] == 24 / 30
+    assert vllm_bench.per_step_by_source(after, after) is None and vllm_bench.per_step_by_source(before, None) is None
+    table = vllm_bench.methods(4, {}, tmp_path)
+    assert table["vllm_draft_model"] == table["vllm_hybrid"] == {
+        "method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 4}
+    assert vllm_bench.HYBRID_METHODS == {"vllm_hybrid"} and "vllm_hybrid" not in vllm_bench.methods(4, {}, None)
+    cell = summarize("vllm_hybrid", "rag", 1, [Request(0, [1, 2, 3], 0.1, 1.0)], 1.0, 4, 3)
+    cell.by_source = {"ngram": 1.25, "model": 0.5, "steps": 8.0}
+    assert "| 1.25 / 0.50 |" in vllm_bench.format_table([cell])

@@ -177,3 +177,22 @@ def test_facts_count_only_in_the_sentences_the_answer_drew_from():
     assert choose_citations("The last woollen mill closed in 1979.", [passage], question) == ([1], "overlap")
     # "14 November" is in the passage, but not where the answer took its words from.
     assert choose_citations("The last woollen mill closed on 14 November 1979.", [passage], question) == ([], "missing_facts")
+
+
+MUSEUM = (
+    "The museum runs its fulling hammer for visitors on the first Saturday of every month. The hammer weighs two tons. "
+    "It was restored in 1990. Volunteers keep it oiled. The Lantern Walk is held on the Saturday closest to 14 November."
+)
+
+
+def test_an_answer_draws_from_the_sentence_of_the_words_it_adds_to_the_question():
+    question = "On which day is the Lantern Walk held?"
+    mixed = "The Lantern Walk is held on the first Saturday of every month."  # the walk's name, the hammer's day
+    start, end = drawn_sentences(mixed, MUSEUM, question)
+    assert MUSEUM[start:end] == "The museum runs its fulling hammer for visitors on the first Saturday of every month."
+    start, end = drawn_sentences(mixed, MUSEUM)  # without the question every word counts alike: the walk's sentence
+    assert MUSEUM[start:end] == "The Lantern Walk is held on the Saturday closest to 14 November."
+    # Where it takes its new words is not about the question: not supported, though the passage is.
+    assert choose_citations(mixed, [doc(MUSEUM, "m.txt")], question) == ([], "off_topic")
+    right = "The Lantern Walk is held on the Saturday closest to 14 November."
+    assert choose_citations(right, [doc(MUSEUM, "m.txt")], question) == ([1], "copied")

@@ -51,6 +51,36 @@ def test_normalize_numbers(text, want):
     assert normalize_numbers(text) == want
 
 
+DENOMINATORS = {"half": 2, "third": 3, "quarter": 4, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10}
+
+
+@given(st.integers(1, 9), st.sampled_from(sorted(DENOMINATORS)), st.sampled_from(["-", " "]), st.booleans())
+def test_every_fraction_in_words_becomes_digits(count, denominator, joint, capital):
+    name = denominator if count == 1 else ("halves" if denominator == "half" else denominator + "s")
+    text = f"{UNITS[count]}{joint}{name}"
+    assert normalize_numbers(text.capitalize() if capital else text) == f"{count}/{DENOMINATORS[denominator]}"
+    assert normalize_numbers(f"at least a{'n' if denominator == 'eighth' else ''} {denominator} of it") == f"at least 1/{DENOMINATORS[denominator]} of it"
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("A two-thirds majority.", "A 2/3 majority."),
+        ("almost a fifth of the bread", "almost 1/5 of the bread"),
+        ("half past three", "half past 3"),  # no count before it: no fraction
+        ("the fifth day", "the fifth day"),
+    ],
+)
+def test_normalize_fractions(text, want):
+    assert normalize_numbers(text) == want
+
+
+def test_a_fraction_in_digits_is_the_fraction_in_words():
+    assert words("It needs 2/3 of the votes.") == ["it", "needs", "2/3", "of", "the", "votes"]
+    assert missing_facts("A 2/3 majority is needed.", ["A two-thirds majority of those present is needed."]) == []
+    assert missing_facts("A 3/4 majority is needed.", ["A two-thirds majority of those present is needed."]) == ["3/4"]
+
+
 def test_words_keep_times_and_decimals_whole():
     assert words("At 3:30, 4.1875 and Twenty-three.") == ["at", "3:30", "4.1875", "and", "23"]
 

@@ -201,6 +201,34 @@ class BatchDrafter:
         seed) get none: vLLM's rejection sampler draws its random numbers per drafted token, so
         drafts that depend on timing and on other requests would make a seeded sample differ
         from run to run; without drafts it is the sample vLLM gives without speculation."""
+        ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
+        rows = len(ids)
+        curve = self.costs.plannable(rows)
+        drafted, accepted, restarted = self.index.step(
+            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
+            curve, self.policy.margin,
+        )  # fmt: skip
+        if drafted:
+            lists = self.index.drafts[:rows].tolist()
+            drafts = [d[:k] for d, k in zip(lists, self.index.ks[:rows].tolist())]
+        else:
+            drafts = [[] for _ in range(rows)]
+        self.drafted += drafted
+        self.accepted += accepted
+        self.requests_seen += restarted
+        self.steps += 1
+        self._last_ids = ids if all_sampled else None
+        self._last_drafted = drafted
+        self._last_time = self.clock()
+        return drafts
+
+    def _begin_step(
+        self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], num_tokens: Sequence[int] | np.ndarray,
+        seeded_rows: Collection[int],
+    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, bool]:
+        """What every step does before drafting: follow the batch's requests (``_regroup``,
+        ``_admit``), time the step that just ran, and mark the seeded rows. Returns the rows' ids,
+        new tokens, token counts, seeded flags, and whether every row sampled."""
         now = self.clock()
         rows = len(sampled)
         ids = req_ids[:rows]
@@ -223,24 +251,7 @@ class BatchDrafter:
             if len(self._no_seeds) < rows:
                 self._no_seeds = np.zeros(2 * rows, np.int8)
             seeded = self._no_seeds[:rows]
-        curve = self.costs.plannable(rows)
-        drafted, accepted, restarted = self.index.step(
-            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
-            curve, self.policy.margin,
-        )  # fmt: skip
-        if drafted:
-            lists = self.index.drafts[:rows].tolist()
-            drafts = [d[:k] for d, k in zip(lists, self.index.ks[:rows].tolist())]
-        else:
-            drafts = [[] for _ in range(rows)]
-        self.drafted += drafted
-        self.accepted += accepted
-        self.requests_seen += restarted
-        self.steps += 1
-        self._last_ids = ids if all_sampled else None
-        self._last_drafted = drafted
-        self._last_time = self.clock()
-        return drafts
+        return ids, n_new, num_tokens, seeded, all_sampled
 
     def _regroup(self, ids: list[str]) -> None:
         """The batch's requests changed: end the absent ones (their answers go to the history, in
@@ -349,32 +360,37 @@ class RagspecProposer:
         return self.drafter.step(batch.req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, batch.generators)
 
     def _request_cap(self, rid: str) -> int:
-        """The request's longest draft: ``extra_args[REQUEST_MAX_DRAFT]`` of its sampling parameters
-        (0: no speculation), else ``num_speculative_tokens``."""
-        longest = self.drafter.max_draft
-        try:
-            params = self._runner.requests[rid].sampling_params
-            extra = getattr(params, "extra_args", None) if params is not None else None
-        except (AttributeError, KeyError):
-            self._warn_once("state", "this vLLM's model runner keeps no request states with sampling parameters: "
-                            f"per-request speculation settings ({REQUEST_MAX_DRAFT}) are ignored")
-            return longest
-        value = extra.get(REQUEST_MAX_DRAFT) if isinstance(extra, dict) else None
-        if value is None:
-            return longest
-        try:  # vLLM may hand vllm_xargs values over as strings
-            cap = int(str(value))
-        except ValueError:
-            cap = -1
-        if cap < 0:
-            self._warn_once("value", f"ignoring {REQUEST_MAX_DRAFT}={value!r} (an integer >= 0 is expected)")
-            return longest
-        return min(cap, longest)
+        return request_cap(self._runner, rid, self.drafter.max_draft, self._warned)
 
-    def _warn_once(self, what: str, message: str) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
+
+def request_cap(runner: Any, rid: str, longest: int, warned: set[str]) -> int:
+    """Request ``rid``'s longest draft: ``extra_args[REQUEST_MAX_DRAFT]`` of its sampling parameters
+    in vLLM's model ``runner`` (0: no speculation), else ``longest``. Each kind of problem is
+    logged once (``warned`` keeps which)."""
+
+    def warn_once(what: str, message: str) -> None:
+        if what not in warned:
+            warned.add(what)
             logger.warning("ragspec proposer: %s", message)
+
+    try:
+        params = runner.requests[rid].sampling_params
+        extra = getattr(params, "extra_args", None) if params is not None else None
+    except (AttributeError, KeyError):
+        warn_once("state", "this vLLM's model runner keeps no request states with sampling parameters: "
+                  f"per-request speculation settings ({REQUEST_MAX_DRAFT}) are ignored")
+        return longest
+    value = extra.get(REQUEST_MAX_DRAFT) if isinstance(extra, dict) else None
+    if value is None:
+        return longest
+    try:  # vLLM may hand vllm_xargs values over as strings
+        cap = int(str(value))
+    except ValueError:
+        cap = -1
+    if cap < 0:
+        warn_once("value", f"ignoring {REQUEST_MAX_DRAFT}={value!r} (an integer >= 0 is expected)")
+        return longest
+    return min(cap, longest)
 
 
 def _building_runner() -> Any:

@@ -110,9 +110,57 @@ def check_model_folder(folder: Path) -> None:
         raise VllmError(f"{folder} holds no weights (*.safetensors or *.bin)")
 
 
+class DraftModelError(VllmError):
+    """The draft model folder cannot serve as the target's draft; the message says why and what to do."""
+
+
+def check_draft_folder(target: Path, draft: Path) -> None:
+    """Raise ``DraftModelError`` unless ``draft`` loads as a model with ``target``'s tokenizer.
+
+    vLLM loads a draft model late, inside its worker, and a draft of another tokenizer would not
+    fail at all: its drafts would all be rejected. So the folder is checked before vLLM starts:
+    loadable (``check_model_folder``, a tokenizer) and the target's vocabulary, id for id."""
+    try:
+        check_model_folder(draft)
+    except VllmError as e:
+        raise DraftModelError(f"draft model: {e}") from e
+    from transformers import AutoTokenizer
+
+    tokenizers = []
+    for role, folder in (("target", target), ("draft", draft)):
+        try:
+            tokenizers.append(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
+        except (OSError, ValueError) as e:
+            raise DraftModelError(f"the {role} model folder {folder} has no tokenizer that loads ({e}): "
+                                  "a draft model needs the target's tokenizer files beside its weights") from e
+    mine, theirs = tokenizers
+    if len(mine) != len(theirs) or mine.get_vocab() != theirs.get_vocab():
+        raise DraftModelError(
+            f"draft model {draft} ({len(theirs)} tokens) does not share the tokenizer of {target} ({len(mine)} tokens): "
+            "its drafts would all be rejected; use a smaller model of the same family (the same tokenizer, e.g. "
+            "Qwen2.5-0.5B-Instruct for Qwen2.5-7B-Instruct)"
+        )
+
+
 def speculative_config(draft_tokens: int) -> dict[str, Any]:
     """vLLM's ``--speculative-config`` for ragspec's proposer drafting up to ``draft_tokens`` tokens."""
     return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": draft_tokens}
+
+
+HYBRID_WORKER = "ragspec.backends.vllm.hybrid_worker.HybridWorker"
+"""vLLM's ``--worker-cls`` that makes its draft-model proposer ragspec's hybrid."""
+HYBRID_FLAGS = ("--worker-cls", HYBRID_WORKER, "--no-async-scheduling")
+"""vLLM flags of the hybrid, beside ``hybrid_config``'s speculative config (docs/scale-out.md says why
+async scheduling is off: the n-gram side reads each step's tokens on the host)."""
+HYBRID_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+"""The hybrid replaces the V1 model runner's drafter; on a GPU vLLM 0.32 would pick Model Runner V2."""
+
+
+def hybrid_config(draft_model: str | os.PathLike[str], draft_tokens: int) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` for the hybrid (with ``HYBRID_FLAGS`` and ``HYBRID_ENV``), or
+    for vLLM's own ``draft_model`` method alone (without them): ``draft_model``'s folder drafting up to
+    ``draft_tokens`` tokens."""
+    return {"method": "draft_model", "model": str(draft_model), "num_speculative_tokens": draft_tokens}
 
 
 def free_port() -> int:
@@ -141,6 +189,9 @@ class VllmServer:
     port: int | None = None
     served_name: str | None = None
     kv_cache_gib: int = 1
+    hybrid: bool = False
+    """Draft with ragspec's hybrid (``speculation`` is then ``hybrid_config``'s): adds ``HYBRID_FLAGS``
+    and ``HYBRID_ENV``."""
     env: Mapping[str, str] = field(default_factory=dict)
     log: Path | None = None
     startup_timeout_s: float = 900.0
@@ -164,6 +215,8 @@ class VllmServer:
             args += ["--served-model-name", self.served_name]
         if not any(a == "--dtype" or a.startswith("--dtype=") for a in self.extra_args):
             args += ["--dtype", _default_dtype()]
+        if self.hybrid:
+            args += HYBRID_FLAGS
         if self.speculation is not None:
             args += ["--speculative-config", json.dumps(dict(self.speculation))]
             if not any(a.startswith(SPEC_METRICS_FLAG) for a in self.extra_args):  # vLLM refuses it without speculation
@@ -179,6 +232,8 @@ class VllmServer:
         env.setdefault("DO_NOT_TRACK", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("VLLM_HOST_IP", "127.0.0.1")  # its processes talk over loopback, not the machine's address
+        if self.hybrid:
+            env.update(HYBRID_ENV)
         env.update(self.env)
         return env
 
@@ -189,6 +244,10 @@ class VllmServer:
         self.python = self.python or find_python()
         vllm_version(self.python)
         check_model_folder(self.model)
+        if self.speculation is not None and self.speculation.get("method") == "draft_model":
+            check_draft_folder(self.model, Path(self.speculation["model"]))
+        elif self.hybrid:
+            raise VllmError("the hybrid drafts with a draft model: pass speculation=hybrid_config(DRAFT_FOLDER, K)")
         self.port = self.port or free_port()
         if self.log is None:
             self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"ragspec-vllm-{self.port}.log"

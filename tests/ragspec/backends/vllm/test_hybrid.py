@@ -1,0 +1,155 @@
+"""The hybrid's choice rule (``ragspec.engine.planning.plan_sources``) and its draft folders, without vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ragspec.engine.planning import plan, plan_sources
+
+
+def _plan(lengths, p1, q, model_caps, model_p1, model_q, model_step, slope=0.05, margin=0.03):
+    rows = len(lengths)
+    lengths = np.asarray(lengths, np.int64)
+    kinds = np.zeros(rows, np.int64)
+    cost = 1.0 + slope * np.arange(int(lengths.sum() + np.sum(model_caps)) + 1)
+    model_cost = np.array([0.0] + [model_step * j for j in range(1, max(model_caps, default=0) + 1)])
+    ks, from_model = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+    drafted, steps = plan_sources(np.full(rows, p1), np.full(rows, q), lengths, kinds, 1, model_p1, model_q,
+                                  np.asarray(model_caps, np.int64), cost, model_cost, margin, ks, from_model)
+    return drafted, steps, ks.tolist(), from_model.tolist()
+
+
+def test_long_likely_ngram_drafts_win_and_the_batch_pays_no_model_step() -> None:
+    drafted, steps, ks, from_model = _plan([8, 8], 0.9, 0.95, [8, 8], 0.6, 0.7, model_step=0.05)
+    assert steps == 0 and from_model == [0, 0] and ks == [8, 8] and drafted == 16
+
+
+def test_the_model_fills_rows_without_a_match_and_only_as_many_steps_as_it_pays() -> None:
+    drafted, steps, ks, from_model = _plan([8, 0], 0.9, 0.95, [8, 8], 0.8, 0.8, model_step=0.02)
+    assert ks[0] == 8 and from_model == [0, 1] and 0 < ks[1] == steps <= 8 and drafted == 8 + steps
+
+
+def test_a_costly_or_poor_model_is_not_run_and_a_poor_batch_drafts_nothing() -> None:
+    _, steps, ks, from_model = _plan([6, 0], 0.9, 0.9, [8, 8], 0.8, 0.8, model_step=2.0)
+    assert steps == 0 and from_model == [0, 0] and ks == [6, 0]
+    assert _plan([0, 0], 0.9, 0.9, [8, 8], 0.02, 0.1, model_step=0.01)[:2] == (0, 0)
+
+
+def test_without_a_model_it_is_plan() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rows = int(rng.integers(1, 9))
+        lengths = rng.integers(0, 9, rows)
+        p1, q = float(rng.uniform(0.05, 0.95)), float(rng.uniform(0.05, 0.95))
+        cost = 1.0 + rng.uniform(0.0, 0.3) * np.arange(int(lengths.sum()) + 1)
+        want = np.zeros(rows, np.int64)
+        plan(np.full(rows, p1), np.full(rows, q), lengths, np.zeros(rows, np.int64), 1, cost, 0.03, rows, want)
+        ks, from_model = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+        drafted, steps = plan_sources(np.full(rows, p1), np.full(rows, q), lengths, np.zeros(rows, np.int64), 1, 0.9, 0.9,
+                                      np.zeros(rows, np.int64), cost, np.zeros(1), 0.03, ks, from_model)
+        assert ks.tolist() == want.tolist() and steps == 0 and drafted == want.sum()
+
+
+# -- the hybrid drafter on fake batches (vLLM's draft model stood in for by a function) -------------
+
+from ragspec.backends.vllm.hybrid import EXPLORE_TOKENS, HybridDrafter  # noqa: E402
+from ragspec.engine.planning import MODEL  # noqa: E402
+from tests.ragspec.backends.vllm.test_proposer import MAX_LEN, PASSAGE, flat_costs  # noqa: E402
+
+
+def _step(drafter: HybridDrafter, rows: dict[str, list[int]], new: dict[str, list[int]], model: dict[str, list[int]],
+          model_s: float = 0.01) -> tuple[dict[str, list[int]], int]:
+    ids = list(rows)
+    token_ids = np.zeros((len(ids), MAX_LEN), np.int32)
+    for i, rid in enumerate(ids):
+        token_ids[i, : len(rows[rid])] = rows[rid]
+    drafter.candidates(ids, [new[r] for r in ids], np.array([len(rows[r]) for r in ids]), token_ids)
+    steps = drafter.plan()
+    drafter.record_model(steps, model_s * (1 + steps))
+    drafts = drafter.compose([model[r][:steps] for r in ids])
+    return dict(zip(ids, drafts)), steps
+
+
+def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_where_nothing_matches() -> None:
+    drafter = HybridDrafter(8, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
+    rows = {"rag": PASSAGE + [7, 8, 101], "open": [40, 41, 42, 43]}
+    new = {"rag": [101], "open": [43]}
+    model = {"rag": [55] * 8, "open": [60, 61, 62, 63, 64, 65, 66, 67]}
+    drafts, steps = _step(drafter, rows, new, model)
+    assert drafts["rag"] == PASSAGE[1:9]  # the passage's continuation, 8 tokens
+    # The model's cost is only a prior so far: the first chance explores it on the row without a match.
+    assert steps == EXPLORE_TOKENS and drafts["open"] == [60, 61]
+    assert drafter.stats()["drafted_by_source"] == {"ngram": 8, "model": 2}
+    # Its two tokens accepted: the next step records them under the model's source.
+    before = drafter.policy.acceptance.counts[0, MODEL, 0]
+    rows["rag"] += PASSAGE[1:9] + [113]
+    rows["open"] += [60, 61, 62]
+    new = {"rag": PASSAGE[1:9] + [113], "open": [60, 61, 62]}
+    drafts, steps = _step(drafter, rows, new, model)
+    assert drafter.policy.acceptance.counts[0, MODEL, 0] > before * drafter.policy.decay
+    assert drafter.accepted == 8 + 2 and drafter.stats()["accepted_by_source"] == {"ngram": 8, "model": 2}
+
+
+def test_a_model_that_is_rejected_is_no_longer_run() -> None:
+    drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
+    drafter.policy.explore_every = 1000
+    drafter._since_model = 1000
+    rows, new = {"open": [40, 41, 42, 43]}, {"open": [43]}
+    ran = []
+    for n in range(12):
+        drafts, steps = _step(drafter, rows, new, {"open": [99, 98, 97, 96]})
+        ran.append(steps)
+        token = 200 + n  # the target never says what the model drafted
+        rows["open"].append(token)
+        new["open"] = [token]
+    assert ran[0] > 0 and ran[-4:] == [0, 0, 0, 0]
+
+
+def test_seeded_rows_and_rows_that_asked_for_no_speculation_get_nothing() -> None:
+    drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0,
+                            request_cap=lambda rid: 0 if rid == "off" else 4)
+    ids = ["seeded", "off"]
+    token_ids = np.zeros((2, MAX_LEN), np.int32)
+    token_ids[:, :16] = PASSAGE + [1, 2, 3, 101]
+    drafter.candidates(ids, [[101], [101]], np.array([16, 16]), token_ids, seeded_rows={0})
+    assert drafter.plan() == 0 and drafter.compose([]) == [[], []]
+
+
+def test_the_own_engines_policy_leaves_a_weak_copy_for_a_good_cheap_draft_model_by_the_same_rule() -> None:
+    from ragspec.engine.drafting import Draft, DraftSource
+    from ragspec.engine.policy import AdaptivePolicy
+
+    policy = AdaptivePolicy(max_draft=8)
+    policy.calibrate({0: 0.1, 8: 0.12, 16: 0.14})
+    strong = Draft(tuple(range(8)), DraftSource.PASSAGE, match_length=8)
+    weak = Draft((1, 2), DraftSource.OUTPUT, match_length=1)
+    assert policy.choose(strong) == 8 and policy.choose(weak) > 0  # no draft model measured: copies only
+    for _ in range(40):  # a draft model measured: cheap, and most of its tokens kept
+        policy.record(Draft((5, 6, 7, 8), DraftSource.MODEL), 3, 0.12, 0.004)
+        policy.record(weak, 0, 0.11, 0.0)
+        policy.record(strong, 8, 0.14, 0.0)
+    assert policy.choose(strong) == 8  # a long passage copy that is always right still wins
+    assert policy.choose(weak) == 0 and policy.choose_model(8) > 0  # the model's turn
+
+
+def test_the_draft_model_stops_catching_up_when_idle_and_new_requests_start_it_again() -> None:
+    from ragspec.backends.vllm.hybrid import MODEL_IDLE_STEPS
+
+    drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
+    drafter._since_model = 0  # no exploring; and its steps cost 5 plain steps each: never run
+    rows, new = {"a": PASSAGE + [7, 101]}, {"a": [101]}
+    ran = []
+    for _ in range(MODEL_IDLE_STEPS + 3):
+        drafts, steps = _step(drafter, rows, new, {"a": [9, 9, 9, 9]}, model_s=1.0)
+        assert steps == 0
+        ran.append(drafter.catch_up)
+        rows["a"] = rows["a"] + drafts["a"] + [1]
+        new["a"] = drafts["a"] + [1]
+    assert ran.index(False) == MODEL_IDLE_STEPS - 1 and not any(ran[MODEL_IDLE_STEPS - 1 :])
+    assert drafter.model_caps[0] == 0  # "a"'s draft-model cache has holes now: never the model's drafts
+    rows["b"], new["b"] = [40, 41, 42], [42]
+    _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
+    assert drafter.catch_up and drafter.model_live == {"b"}
