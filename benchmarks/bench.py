@@ -8,11 +8,10 @@ of methods rotates), so drift in machine speed hits all of them alike. Methods, 
 - llama.cpp (GGUF models, with ``ragspec[llamacpp]``): llama-cpp-python's ``Llama`` greedy (its
   high-level ``generate``, as a user runs it) and ``Llama`` with its ``LlamaPromptLookupDecoding``
   (10 tokens); ragspec plain and n-gram on the llama.cpp back end; the oracle on it. Every
-  llama.cpp method runs with the same settings (threads, batch sizes, flash attention), which
-  are llama-cpp-python's default thread counts on a 2-core machine (one-token steps on half the
-  cores, batches on all of them). One more row, ``llama_greedy_all_cores``, runs one-token steps
-  on every physical core too, as Ollama and llama.cpp's own CLI do by default: faster plain
-  decoding, but its attention then sums in another order, so it is not the exactness reference.
+  llama.cpp method runs with the same settings (threads, batch sizes, flash attention): the back
+  end's defaults, every physical core for one-token steps and for batches, as Ollama and
+  llama.cpp's own CLI run. One more row, ``llama_greedy_one_thread``, runs one-token steps on one
+  thread (ragspec's default before issue 38, where speculative output is bit-identical to plain).
 
 Reported per method, first what a user waits for: the time to the whole answer and its ratio to
 the back end's own greedy decoding, the time to first token (TTFT) and its ratio to greedy's on
@@ -275,7 +274,7 @@ def llama_method(llm: object, eos: frozenset[int]) -> Callable[[Prompt, int], Ru
 
 def llama_instances(lm: TargetModel, n_ctx: int) -> dict[str, object]:
     """llama-cpp-python ``Llama`` instances on ``lm``'s file, with the back end's settings:
-    greedy, greedy with every physical core on one-token steps, and prompt lookup."""
+    greedy, greedy with one-token steps on one thread, and prompt lookup."""
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -284,13 +283,12 @@ def llama_instances(lm: TargetModel, n_ctx: int) -> dict[str, object]:
               n_ubatch=s.n_ubatch, flash_attn=s.flash_attn, verbose=False)
     path = str(lm.path)  # type: ignore[union-attr]
     return {
-        "llama_greedy": llama_cpp.Llama(path, n_threads=s.n_threads, **kw),
-        # What a user who sets threads to the core count gets (Ollama's and llama.cpp's CLI default):
-        # faster one-token steps, whose attention then adds its parts in another order (not a reference).
-        "llama_greedy_all_cores": llama_cpp.Llama(path, n_threads=s.threads_batch, **kw),
+        "llama_greedy": llama_cpp.Llama(path, n_threads=s.threads, **kw),
+        # Slower one-token steps whose attention rounds as a verify batch's does (the earlier default).
+        "llama_greedy_one_thread": llama_cpp.Llama(path, n_threads=1, **kw),
         # logits_all=True as well: with a draft model Llama keeps every position's logits, but sizes its
         # score array from this argument, and overflows it after n_batch positions without it (0.3.36).
-        "llama_prompt_lookup": llama_cpp.Llama(path, n_threads=s.n_threads, logits_all=True,
+        "llama_prompt_lookup": llama_cpp.Llama(path, n_threads=s.threads, logits_all=True,
                                                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw),
     }
 
@@ -603,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="method families to run, comma-separated: torch, llamacpp (default: both; llama.cpp "
                              "needs a GGUF model and ragspec[llamacpp])")
     parser.add_argument("--llamacpp-threads", type=int, default=None,
-                        help="llama.cpp threads for prompts and verification (default: the physical cores)")
+                        help="llama.cpp threads for steps, prompts and verification (default: the physical cores)")
     parser.add_argument("--llamacpp-ubatch", type=int, default=512, help="llama.cpp micro-batch size (default: 512)")
     parser.add_argument("--out", default="bench-out", help="directory for report.json and speedup.png")
     args = parser.parse_args(argv)
@@ -613,8 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from ragspec.backends.llamacpp import LlamaCppSettings
 
-        settings = LlamaCppSettings(n_threads_batch=args.llamacpp_threads, n_ubatch=args.llamacpp_ubatch,
-                                    n_batch=max(512, args.llamacpp_ubatch))
+        settings = LlamaCppSettings(n_threads=args.llamacpp_threads, n_threads_batch=args.llamacpp_threads,
+                                    n_ubatch=args.llamacpp_ubatch, n_batch=max(512, args.llamacpp_ubatch))
     except ValueError as e:
         parser.error(str(e))
     for name in ("questions", "open_ended", "max_new_tokens", "oracle_k", "structured", "repetition_stop"):

@@ -12,8 +12,8 @@ interleaved round by round on the same prompt:
 - the verify cost r(k) (a forward over 1 + k positions, in one-token steps) for k = 4 and 8.
 
 Back ends: ragspec's PyTorch forward on the fp32 weights (the lean Llama forward), and ragspec's
-llama.cpp back end on each GGUF file, with one-token steps on 1 thread (its default, which keeps
-speculation exact) and on every physical core (the fastest plain decoding).
+llama.cpp back end on each GGUF file, with one-token steps on 1 thread (bit-identical speculation)
+and on every physical core (the back end's default since issue 38, the fastest plain decoding).
 
 ``--single-core`` runs everything on one thread and times it in CPU seconds of the process
 (``time.process_time``) instead of wall time: a proxy that stays meaningful on a machine other
@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragspec.backends import Backend, make_backend  # noqa: E402
-from ragspec.backends.gguf_export import quantize, write_llama_gguf  # noqa: E402
+from ragspec.backends.gguf_export import cached_quantizations, write_llama_gguf  # noqa: E402
 from ragspec.backends.llamacpp import LlamaCppSettings, load_llamacpp, physical_cores  # noqa: E402
 from ragspec.backends import load_model  # noqa: E402
 from ragspec.backends.models import default_gguf_path  # noqa: E402
@@ -63,22 +63,11 @@ def random_llama(layers: int, seed: int = 0) -> LoadedModel:
 
 
 def gguf_files(lm: LoadedModel, layers: int, kinds: tuple[str, ...]) -> dict[str, Path]:
-    """The model as GGUF files, written and quantized once into the cache."""
-    folder = cache_root() / "bench" / f"random-llama-{layers}L-seed0"
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {kind: folder / f"model-{kind}.gguf" for kind in kinds}
-    missing = [kind for kind, path in files.items() if not path.is_file()]
-    if missing:
-        f16 = folder / "model-F16.gguf"
-        print(f"writing {f16} ...", flush=True)
-        write_llama_gguf(lm.model, f16, tokenizer_from=default_gguf_path(), f16=True, name=lm.name)
-        for kind in missing:
-            print(f"quantizing to {kind} ...", flush=True)
-            tmp = files[kind].with_suffix(".tmp")
-            quantize(f16, tmp, kind)
-            tmp.rename(files[kind])
-        f16.unlink()  # 2 bytes a weight: only the quantized files are kept
-    return files
+    """The model as GGUF files, written and quantized once into the cache (the F16 source is not kept)."""
+    return cached_quantizations(
+        cache_root() / "bench" / f"random-llama-{layers}L-seed0", "model", kinds,
+        lambda path: write_llama_gguf(lm.model, path, tokenizer_from=default_gguf_path(), f16=True, name=lm.name),
+    )
 
 
 def time_backend(backend: Backend, prompt: list[int], decode: int, clock: Callable[[], float]) -> dict[str, float]:

@@ -11,14 +11,14 @@ as ``convert_hf_to_gguf.py`` for plain Llama models) and quantizes through llama
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import LlamaForCausalLM
 
-QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q6_K": 18}
+QUANT_TYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_S": 14, "Q4_K_M": 15, "Q6_K": 18, "IQ4_NL": 25}
 """``llama_ftype`` values of the quantizations ``quantize`` accepts."""
 
 
@@ -133,3 +133,29 @@ def quantize(source: str | Path, target: str | Path, kind: str, threads: int = 0
     if status != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source} to {kind} (status {status})")
     return Path(target)
+
+
+def cached_quantizations(folder: Path, stem: str, kinds: Sequence[str], write_source: Callable[[Path], None],
+                         keep_source: bool = False) -> dict[str, Path]:
+    """``<folder>/<stem>.<kind>.gguf`` for each of ``kinds``, quantized once from a source GGUF file that
+    ``write_source(path)`` writes (F16 or F32) when one is missing; each file appears whole (renamed
+    into place). The source is deleted afterwards unless ``keep_source``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {kind: folder / f"{stem}.{kind}.gguf" for kind in kinds}
+    missing = [kind for kind, path in files.items() if not path.is_file()]
+    if not missing:
+        return files
+    source = folder / f"{stem}.source.gguf"
+    if not source.is_file():
+        print(f"writing {source} ...", flush=True)
+        tmp = source.with_suffix(".tmp")
+        write_source(tmp)
+        tmp.rename(source)
+    for kind in missing:
+        print(f"quantizing to {kind} ...", flush=True)
+        tmp = files[kind].with_suffix(".tmp")
+        quantize(source, tmp, kind)
+        tmp.rename(files[kind])
+    if not keep_source:
+        source.unlink()
+    return files

@@ -22,7 +22,9 @@ and streaming are shared with the PyTorch back end); loading checks that its voc
 llama.cpp's, and the tests check that both tokenize the bundled prompts to the same ids.
 
 Lossless relative to this back end: greedy output is token-identical to llama.cpp's own plain
-greedy decoding of the same file (up to argmax ties that batched evaluation can flip), sampled
+greedy decoding of the same file with the same settings, threads included (with one thread bit
+for bit; with several, up to a divergence where the plain step's two best logits are closer than
+llama.cpp's one-token attention and a verify batch's round apart, ``LlamaCppSettings``), sampled
 output has its distribution. It is not identical to the PyTorch back end's output: that runs
 de-quantized fp32 weights, this runs the quantized ones.
 """
@@ -80,6 +82,10 @@ def physical_cores() -> int:
     return max(len(cores), 1)
 
 
+_ROW_BY_ROW = frozenset({"Q4_1"})
+"""Weight types whose verify batches llama.cpp multiplies row by row on x86 (no repacked or tinyBLAS
+kernel): measured r(8) 2.5-3.8 plain steps on the default model (docs/backends.md)."""
+
 _TILE_ROWS = 64
 """ggml's flash-attention tile (``GGML_FA_TILE_Q``): batches of this many rows or more take the tiled kernel."""
 
@@ -88,26 +94,29 @@ _TILE_ROWS = 64
 class LlamaCppSettings:
     """How llama.cpp runs a GGUF file: threads, batch sizes, attention kernel, context window.
 
-    The defaults keep speculative decoding exact (docs/backends.md, "Exactness"). llama.cpp's
-    CPU attention rounds differently depending on how a position is evaluated, and its quantized
-    products turn such rounding into logit differences of ~0.05 (not ties), so a drafted token
-    verified in a batch must see bit-identical arithmetic to a one-token step:
+    Exactness is defined against plain greedy decoding with the same settings (docs/backends.md,
+    "Exactness"). llama.cpp's CPU attention rounds differently depending on how a position is
+    evaluated, and its quantized products turn such rounding into logit differences far above
+    ties, so the defaults make a drafted token verified in a batch see a one-token step's arithmetic:
 
     - ``flash_attn=True``: batches of fewer than 64 rows then compute each row exactly as a
-      one-token step does (without flash attention the matrix products differ between one row
-      and several);
-    - ``n_threads=1`` for one-token steps: with more threads llama.cpp splits the attention of a
-      single token over the cached positions (from 512 of them) and adds the parts in another order;
+      one-token step on one thread does (without flash attention the matrix products differ
+      between one row and several);
     - verification batches stay under 64 rows (the back end splits longer ones) and prompts are
       evaluated in batches of at least 64 rows (the tiled kernel), also when a cached prefix is
-      reused, so an answer does not depend on what the cache held before.
-
-    Other values work and are faster in places, but outputs may then differ from plain decoding
-    beyond argmax ties.
+      reused, so an answer does not depend on what the cache held before;
+    - ``n_threads``: all physical cores, as Ollama and llama.cpp's CLI run. With more than one
+      thread llama.cpp splits a single token's attention over the cached positions (from about 256
+      of them in the pinned release), which a verify batch does not: measured on the default model,
+      a step's logits then move by up to ~1 against the batch's. Speculative greedy output then
+      equals plain greedy output of the same settings except where the plain step's two best
+      logits are that close (the tests' gap rule); ``n_threads=1`` makes it bit-identical, with
+      slower steps.
     """
 
-    n_threads: int = 1
-    """Threads of one-token steps (1 keeps speculative output identical to plain decoding)."""
+    n_threads: int | None = None
+    """Threads of one-token steps; ``None``: the physical cores this process may use (1: bit-identical
+    speculative and plain output, slower steps)."""
     n_threads_batch: int | None = None
     """Threads of multi-token batches (prompts, verification); ``None``: the physical cores this process may use."""
     n_batch: int = 512
@@ -122,7 +131,7 @@ class LlamaCppSettings:
     def __post_init__(self) -> None:
         for name in ("n_threads", "n_threads_batch", "n_ctx", "n_batch", "n_ubatch"):
             value = getattr(self, name)
-            if value is None and name in ("n_threads_batch", "n_ctx"):
+            if value is None and name in ("n_threads", "n_threads_batch", "n_ctx"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -130,6 +139,10 @@ class LlamaCppSettings:
             raise ValueError(f"n_ubatch ({self.n_ubatch}) must be at most n_batch ({self.n_batch})")
         if not isinstance(self.flash_attn, bool):
             raise ValueError(f"flash_attn must be True or False, got {self.flash_attn!r}")
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or physical_cores()
 
     @property
     def threads_batch(self) -> int:
@@ -296,7 +309,12 @@ def load_llamacpp(path: str | Path, name: str | None = None, settings: LlamaCppS
     except BaseException:
         lib.llama_model_free(handle)
         raise
-    return LlamaCppModel(path, name or path.stem, tokenizer, settings, lib, handle)
+    lm = LlamaCppModel(path, name or path.stem, tokenizer, settings, lib, handle)
+    if lm.quantization in _ROW_BY_ROW:
+        logger.info("%s is %s, which llama.cpp multiplies row by row in a verify batch (8 drafted tokens cost ~3 "
+                    "plain steps): drafting gains less than with a type it tiles (benchmarks/llama_quant.py "
+                    "compares them)", path.name, lm.quantization)
+    return lm
 
 
 # -- a context: KV cache and forward ------------------------------------------------------------
@@ -389,7 +407,7 @@ class LlamaCppBackend:
         attention = "on" if s.flash_attn else "off"
         self.description = (
             f"llama.cpp (llama-cpp-python {getattr(lib, '__version__', '?')}, {lm.quantization}, "
-            f"{s.n_threads}/{s.threads_batch} threads, n_batch {s.n_batch}, n_ubatch {s.n_ubatch}, flash attention {attention})"
+            f"{s.threads}/{s.threads_batch} threads, n_batch {s.n_batch}, n_ubatch {s.n_ubatch}, flash attention {attention})"
         )
 
     # -- contexts -----------------------------------------------------------------------------
@@ -402,7 +420,7 @@ class LlamaCppBackend:
         params.n_batch = s.n_batch
         params.n_ubatch = s.n_ubatch
         params.n_seq_max = 1
-        params.n_threads = s.n_threads
+        params.n_threads = s.threads
         params.n_threads_batch = s.threads_batch
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.no_perf = True
@@ -435,9 +453,9 @@ class LlamaCppBackend:
 
         They differ where llama.cpp multiplies this file's weight type with another kernel for
         batches than for one row (seen here for K-quants such as Q4_K_M; Q4_0, Q4_1 and Q8_0 agree),
-        or with settings that change one-token attention (``flash_attn=False``, ``n_threads > 1``
-        from 512 cached positions, which a short probe cannot reach, so those are flagged as such).
-        Speculation then still works, but its greedy output can differ from plain decoding.
+        or with ``flash_attn=False``. Speculation then still works, but its greedy output can differ
+        from plain decoding. The probe stays under 256 positions, where several threads do not change
+        a step's attention (``LlamaCppSettings`` says what they change beyond).
         """
         s = self._settings
         ids = [(7919 * i) % max(self.vocab_size - 16, 1) + 8 for i in range(_TILE_ROWS + 12)]
@@ -453,8 +471,6 @@ class LlamaCppBackend:
                            f"(logits up to {float((steps - batched).abs().max()):.2g} apart)")
         if not s.flash_attn:
             reasons.append("flash_attn=False")
-        if s.n_threads > 1:
-            reasons.append(f"n_threads={s.n_threads} (one-token attention is split over threads from 512 positions)")
         self._active = None
         if reasons:
             logger.warning("speculative greedy output of %s on llama.cpp can differ from plain decoding beyond "

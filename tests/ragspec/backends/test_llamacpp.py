@@ -6,6 +6,7 @@ the integration tests run the default model's GGUF file against llama-cpp-python
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 from collections import Counter
@@ -38,6 +39,10 @@ from tests.ragspec.engine.test_sampling import ALPHA, PROMPT, RUNS, FixedDrafter
 needs_llamacpp = pytest.mark.skipif(not llamacpp_module.available(), reason="llama-cpp-python is not installed")
 
 TIE = 1e-4
+THREADED_GAP = 2.0
+"""Top-2 gap under which speculative greedy may leave plain greedy with several threads: a one-token
+step's split attention moves each logit by up to ~1 against a verify batch's (measured on the default
+model from 256 cached positions), so two logits' order can flip where they are up to twice that apart."""
 EOS = 256
 VOCAB = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "<|endoftext|>", "Ġt"]  # bytes, EOS, one merge
 
@@ -129,8 +134,9 @@ def test_export_and_forward_match_transformers(tiny_f32: tuple[LlamaCppModel, Ll
 @pytest.mark.parametrize("split", [1, 5, 40, 63, 64, 100])
 def test_logits_do_not_depend_on_how_positions_are_batched(tiny: tuple[LlamaCppModel, LlamaForCausalLM], split: int) -> None:
     """A prompt evaluated in two parts (a reused prefix) gives the logits of one evaluation, bit for
-    bit, and a verify batch gives those of one-token steps: what makes speculation exact here."""
-    lm, _ = tiny
+    bit, and a verify batch gives those of one-token steps on one thread: what makes speculation bit-exact
+    there (with several threads a step's attention is split from ~256 cached positions, LlamaCppSettings)."""
+    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=1))
     rng = random.Random(split)
     prompt = [rng.randrange(EOS) for _ in range(300)]
     backend = make_backend(lm)
@@ -148,7 +154,8 @@ def test_logits_do_not_depend_on_how_positions_are_batched(tiny: tuple[LlamaCppM
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", [None, 300])  # None: grown from 1024 positions; 300: fixed
 def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel, LlamaForCausalLM], context: int | None) -> None:
-    lm_sized = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_ctx=context))
+    # One thread: rollback is checked bit for bit (several threads split a step's attention, LlamaCppSettings).
+    lm_sized = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_ctx=context, n_threads=1))
     gen = SpeculativeGenerator(lm_sized, policy=FixedPolicy(k=4))
     prompt = [random.Random(1).randrange(EOS) for _ in range(250 if context else 1020)]
     truth = plain_greedy(lm_sized, prompt, 12)
@@ -233,8 +240,8 @@ def test_several_prompts_are_kept_and_each_hit_equals_plain_greedy(
     tiny: tuple[LlamaCppModel, LlamaForCausalLM], system_len: int
 ) -> None:
     """Two conversations interleaved: each turn extends its own earlier prompt, whose state the context
-    no longer holds (copied back from the prefix cache), or still holds (cropped only)."""
-    lm, _ = tiny
+    no longer holds (copied back from the prefix cache), or still holds (cropped only). One thread: bit for bit."""
+    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=1))
     rng = random.Random(system_len)
     system = [rng.randrange(EOS) for _ in range(system_len)]
     a1, b1 = system + [rng.randrange(EOS) for _ in range(17)], system + [rng.randrange(EOS) for _ in range(5)]
@@ -409,12 +416,43 @@ def test_exactness_probe_flags_files_and_settings_that_break_it(
     quantized, f32 = load_llamacpp(tiny[0].path), load_llamacpp(tiny_f32[0].path)  # not probed yet
     for lm in (quantized, f32):
         make_backend(lm)
-    assert quantized.exact is True
+    assert quantized.exact is True and quantized.settings.threads == llamacpp_module.physical_cores()
     # F32 weights: batches go through a blocked GEMM, one row through a dot product.
     assert f32.exact is False and "another kernel" in caplog.text
-    threaded = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=2))
-    make_backend(threaded)
-    assert threaded.exact is False and "n_threads=2" in caplog.text
+    unfused = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(flash_attn=False))
+    make_backend(unfused)
+    assert unfused.exact is False and "flash_attn=False" in caplog.text
+
+
+@needs_llamacpp
+@pytest.mark.timeout(120)
+def test_quantizations_are_written_once(tmp_path: Path, tiny_cache: Path) -> None:
+    from ragspec.backends.gguf_export import cached_quantizations, write_llama_gguf
+
+    writes: list[Path] = []
+
+    def write(path: Path) -> None:
+        writes.append(path)
+        write_llama_gguf(tiny_llama(5), path, byte_vocab=VOCAB, merges=["Ġ t"], eos_token_id=EOS, f16=False)
+
+    files = cached_quantizations(tmp_path, "tiny", ["Q4_0", "Q8_0"], write)
+    assert [p.name for p in files.values()] == ["tiny.Q4_0.gguf", "tiny.Q8_0.gguf"] and len(writes) == 1
+    assert load_llamacpp(files["Q4_0"]).quantization.startswith("Q4_0")
+    assert not (tmp_path / "tiny.source.gguf").exists()  # not kept by default
+    assert cached_quantizations(tmp_path, "tiny", ["Q8_0"], write) == {"Q8_0": files["Q8_0"]} and len(writes) == 1
+
+
+@needs_llamacpp
+@pytest.mark.timeout(120)
+def test_a_file_whose_verify_runs_row_by_row_is_noted(
+    tiny: tuple[LlamaCppModel, LlamaForCausalLM], tiny_f32: tuple[LlamaCppModel, LlamaForCausalLM],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger=llamacpp_module.__name__):
+        load_llamacpp(tiny_f32[0].path)
+        assert "row by row" not in caplog.text
+        load_llamacpp(tiny[0].path)  # Q4_1
+    assert "is Q4_1, which llama.cpp multiplies row by row" in caplog.text
 
 
 @pytest.mark.parametrize("bad", [dict(n_threads=0), dict(n_threads_batch=-1), dict(n_batch=64, n_ubatch=128),
@@ -454,13 +492,33 @@ def default_lm() -> LlamaCppModel:
     return lm
 
 
-def rag_prompts(lm: LlamaCppModel, n: int) -> list[tuple[str, list[str]]]:
+UNSEEN = [
+    ("When did the ferry line start running at night?",
+     ["The Harrow Point ferry began as a daytime service in 1962, carrying mail and a few cars across the sound.",
+      "Night crossings were added in 1978, after the paper mill on the far shore started a second shift; the "
+      "last boat now leaves the pier at 23:40.",
+      "A new hybrid vessel, the Sound Runner, replaced the old diesel ferry in 2019."]),
+    ("Why did the orchard switch to drip irrigation?",
+     ["Kessler Orchard grows apples and pears on 40 hectares of sandy soil.",
+      "After two dry summers cut the harvest by a third, the owners replaced the sprinklers with drip lines in "
+      "2015, because drip irrigation puts water at the roots and loses far less of it to evaporation.",
+      "The orchard sells most of its fruit at the regional market every Saturday."]),
+    ("What does the library lend besides books?",
+     ["The Eastfield public library opened its new building in 2021.",
+      "Besides books, members can borrow tools, board games, sewing machines and a telescope, for up to two weeks.",
+      "Opening hours are 9:00 to 19:00 on weekdays and 10:00 to 16:00 on Saturdays."]),
+]
+"""Unseen-style document questions written for these tests (not in the bundled set)."""
+
+
+def rag_prompts(lm: LlamaCppModel, n: int, unseen: bool = False) -> list[tuple[str, list[str]]]:
     from ragspec.prompts import qa_messages
 
     from tests.ragspec.engine.test_default_model import document_prompts
 
+    questions = document_prompts(n) + (UNSEEN if unseen else [])
     return [(lm.tokenizer.apply_chat_template(qa_messages(q, passages), tokenize=False, add_generation_prompt=True), passages)
-            for q, passages in document_prompts(n)]
+            for q, passages in questions]
 
 
 @needs_llamacpp
@@ -489,14 +547,17 @@ def test_tokenizer_ids_equal_llamacpp_tokenization(default_lm: LlamaCppModel) ->
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default_lm: LlamaCppModel) -> None:
+    """At the default settings (one-token steps on every physical core), against llama.cpp's own greedy
+    with the same settings; bit for bit on one thread, up to the gap rule on several."""
     import llama_cpp
 
     s = default_lm.settings
-    llm = llama_cpp.Llama(str(default_lm.path), n_ctx=2048, n_threads=s.n_threads, n_threads_batch=s.threads_batch,
+    llm = llama_cpp.Llama(str(default_lm.path), n_ctx=2048, n_threads=s.threads, n_threads_batch=s.threads_batch,
                           n_batch=s.n_batch, n_ubatch=s.n_ubatch, flash_attn=s.flash_attn, verbose=False)
     gen = SpeculativeGenerator(default_lm)
+    gap = TIE if s.threads == 1 else THREADED_GAP
     identical, accepted = 0, 0
-    prompts = rag_prompts(default_lm, 8)
+    prompts = rag_prompts(default_lm, 4, unseen=True)
     for text, passages in prompts:
         ids = gen.encode(text, special_tokens=True)
         llm.reset()  # a fresh prompt evaluation: no prefix kept from the previous question
@@ -512,7 +573,7 @@ def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default
         if spec.token_ids == reference:
             identical += 1
             continue
-        # Only a numerical tie of the target at the first divergence is tolerated.
+        # Only a near-tie of the target at the first divergence is tolerated (rounding of split attention).
         i = next((j for j, (a, b) in enumerate(zip(reference, spec.token_ids)) if a != b), len(spec.token_ids))
         backend = make_backend(default_lm)
         cache = backend.new_cache(len(ids) + i + 1)
@@ -520,8 +581,11 @@ def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default
         for t in reference[:i]:
             logits = backend.forward([t], cache)
         top2 = logits[0].topk(2).values
-        assert float(top2[0] - top2[1]) < TIE, f"diverges from llama.cpp's greedy at token {i} without a tie"
-    assert identical >= len(prompts) - 1, f"identical to llama.cpp's greedy: {identical}/{len(prompts)}"
+        assert float(top2[0] - top2[1]) < gap, f"diverges from llama.cpp's greedy at token {i} without a near-tie"
+    # With several threads most answers meet a near-tie within 48 tokens (4 of 9 identical on 2 cores);
+    # what makes the test is the gap check above at every divergence.
+    wanted = len(prompts) - 1 if s.threads == 1 else len(prompts) // 4
+    assert identical >= wanted, f"identical to llama.cpp's greedy: {identical}/{len(prompts)}"
     assert accepted > 0, "drafting never helped: the passages were not used as references"
 
 
