@@ -601,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="method families to run, comma-separated: torch, llamacpp (default: both; llama.cpp "
                              "needs a GGUF model and ragspec[llamacpp])")
     parser.add_argument("--llamacpp-threads", type=int, default=None,
-                        help="llama.cpp threads for steps, prompts and verification (default: the physical cores)")
+                        help="llama.cpp threads for ragspec's steps, prompts and verification (default: ragspec's "
+                             "defaults, one-token steps on one thread for exactness, the rest on the physical cores)")
     parser.add_argument("--llamacpp-ubatch", type=int, default=512, help="llama.cpp micro-batch size (default: 512)")
     parser.add_argument("--out", default="bench-out", help="directory for report.json and speedup.png")
     args = parser.parse_args(argv)
@@ -611,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from ragspec.backends.llamacpp import LlamaCppSettings
 
-        settings = LlamaCppSettings(n_threads=args.llamacpp_threads, n_threads_batch=args.llamacpp_threads,
+        settings = LlamaCppSettings(n_threads=args.llamacpp_threads or 1, n_threads_batch=args.llamacpp_threads,
                                     n_ubatch=args.llamacpp_ubatch, n_batch=max(512, args.llamacpp_ubatch))
     except ValueError as e:
         parser.error(str(e))

@@ -105,18 +105,18 @@ class LlamaCppSettings:
     - verification batches stay under 64 rows (the back end splits longer ones) and prompts are
       evaluated in batches of at least 64 rows (the tiled kernel), also when a cached prefix is
       reused, so an answer does not depend on what the cache held before;
-    - ``n_threads``: all physical cores, as Ollama and llama.cpp's CLI run. With more than one
-      thread llama.cpp splits a single token's attention over the cached positions (from about 256
-      of them in the pinned release), which a verify batch does not: measured on the default model,
-      a step's logits then move by up to ~1 against the batch's. Speculative greedy output then
-      equals plain greedy output of the same settings except where the plain step's two best
-      logits are that close (the tests' gap rule); ``n_threads=1`` makes it bit-identical, with
-      slower steps.
+    - ``n_threads=1`` for one-token steps (the default): with more threads (``None``: every physical
+      core, as Ollama and llama.cpp's CLI run) llama.cpp splits a single token's attention over the
+      cached positions (from about 256 of them in the pinned release), which a verify batch does not:
+      measured on the default model, a step's logits then move by up to ~1 against the batch's, and
+      speculative greedy output left plain greedy output of the same settings in 5 of 9 document
+      answers on 2 cores (each time at a top-2 gap under 2). That is not a rounding tie, so the
+      exact setting stays the default and the exactness probe flags the others.
     """
 
-    n_threads: int | None = None
-    """Threads of one-token steps; ``None``: the physical cores this process may use (1: bit-identical
-    speculative and plain output, slower steps)."""
+    n_threads: int | None = 1
+    """Threads of one-token steps (1: speculative output bit-identical to plain decoding); ``None``: the
+    physical cores this process may use (faster steps, outputs that may differ, see above)."""
     n_threads_batch: int | None = None
     """Threads of multi-token batches (prompts, verification); ``None``: the physical cores this process may use."""
     n_batch: int = 512
@@ -453,9 +453,10 @@ class LlamaCppBackend:
 
         They differ where llama.cpp multiplies this file's weight type with another kernel for
         batches than for one row (seen here for K-quants such as Q4_K_M; Q4_0, Q4_1 and Q8_0 agree),
-        or with ``flash_attn=False``. Speculation then still works, but its greedy output can differ
-        from plain decoding. The probe stays under 256 positions, where several threads do not change
-        a step's attention (``LlamaCppSettings`` says what they change beyond).
+        or with ``flash_attn=False``, or with several threads for one-token steps (flagged as such: the
+        probe stays under 256 positions, where they do not change a step's attention yet,
+        ``LlamaCppSettings``). Speculation then still works, but its greedy output can differ from
+        plain decoding.
         """
         s = self._settings
         ids = [(7919 * i) % max(self.vocab_size - 16, 1) + 8 for i in range(_TILE_ROWS + 12)]
@@ -471,6 +472,9 @@ class LlamaCppBackend:
                            f"(logits up to {float((steps - batched).abs().max()):.2g} apart)")
         if not s.flash_attn:
             reasons.append("flash_attn=False")
+        if s.threads > 1:
+            reasons.append(f"{s.threads} threads for one-token steps (llama.cpp splits one token's attention over "
+                           "threads from ~256 cached positions; a verify batch does not)")
         self._active = None
         if reasons:
             logger.warning("speculative greedy output of %s on llama.cpp can differ from plain decoding beyond "

@@ -416,12 +416,16 @@ def test_exactness_probe_flags_files_and_settings_that_break_it(
     quantized, f32 = load_llamacpp(tiny[0].path), load_llamacpp(tiny_f32[0].path)  # not probed yet
     for lm in (quantized, f32):
         make_backend(lm)
-    assert quantized.exact is True and quantized.settings.threads == llamacpp_module.physical_cores()
+    assert quantized.exact is True and quantized.settings.threads == 1
     # F32 weights: batches go through a blocked GEMM, one row through a dot product.
     assert f32.exact is False and "another kernel" in caplog.text
     unfused = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(flash_attn=False))
     make_backend(unfused)
     assert unfused.exact is False and "flash_attn=False" in caplog.text
+    if llamacpp_module.physical_cores() > 1:  # every core for one-token steps: split attention, flagged
+        threaded = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=None))
+        make_backend(threaded)
+        assert threaded.exact is False and "threads for one-token steps" in caplog.text
 
 
 @needs_llamacpp
