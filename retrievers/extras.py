@@ -26,6 +26,8 @@ EXTRA_MODULES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "llamacpp": ("llama_cpp",),
     "ocr": ("pytesseract", "PIL"),
     "postgres": ("psycopg", "psycopg_pool", "pgvector"),
+    # The planning and batch drafting kernels, compiled (ragspec/engine/jit.py; plain Python without it).
+    "compiled": ("numba",),
 })
 """The top-level modules each extra installs that ragspec imports (what a `require` checks)."""
 

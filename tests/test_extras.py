@@ -238,3 +238,34 @@ def test_each_extra_lists_modules_of_its_own_distributions() -> None:
                 assert extra == "llamacpp", f"{module} ({extra}) is not installed in the test venv"
                 continue
             assert {canonicalize_name(d) for d in owners[module]} & declared, (extra, module, owners[module])
+
+
+PLANS = """
+    import numpy as np
+    from ragspec.engine import planning
+
+    out["compiled"] = hasattr(planning.plan, "py_func")
+    rng = np.random.default_rng(7)
+    plans = []
+    for _ in range(40):
+        rows = int(rng.integers(1, 9))
+        p1, q = rng.uniform(0.05, 0.95, rows), rng.uniform(0.05, 0.95, rows)
+        kinds = np.arange(rows)  # one kind per row: every row its own rates
+        lengths = rng.integers(0, 9, rows)
+        means = np.sort(rng.uniform(1.0, 3.0, 17)); means[0] = 1.0
+        weights = (rng.uniform(size=17) < 0.5).astype(float); weights[0] = 1.0
+        cost = np.empty(int(lengths.sum()) + 1)
+        planning.relative_table(means, weights, True, 0.1, cost)
+        ks = np.zeros(rows, np.int64)
+        drafted = planning.plan(p1, q, lengths, kinds, rows, cost, 0.05, rows, ks)
+        plans.append([int(drafted), ks.tolist(), cost.round(9).tolist()])
+    out["plans"] = plans
+"""
+
+
+def test_without_compiled_planning_runs_in_python_and_plans_alike() -> None:
+    """Without numba (the ``compiled`` extra) the planning kernels run as Python and choose the same drafts."""
+    python = run_without(("compiled",), PLANS)
+    compiled = run_without((), PLANS)
+    assert python["compiled"] is False and compiled["compiled"] is True
+    assert python["plans"] == compiled["plans"] and any(drafted for drafted, _, _ in python["plans"])

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
+from ragspec.engine.jit import njit
 
 from ragspec.engine.ngram import AnswerHistory
 from ragspec.engine.planning import (

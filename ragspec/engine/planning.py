@@ -26,8 +26,9 @@ the best allocation takes the ``D`` largest gains over all rows (they shrink alo
 each row gets a prefix), and the step's expected tokens per unit of cost is ``(rows + those
 gains) / c(D)``; ``plan`` takes the ``D`` with the highest rate, and drafts nothing unless it beats
 the plain step by ``margin``. For one row this is the ``k`` that maximises expected yield over
-``r(k)``, the classic choice. It is compiled with numba (see ``ragspec.engine.ngram_batch``, why
-numba) so that planning a batch of 256 requests costs microseconds.
+``r(k)``, the classic choice. It is compiled with numba where the ``compiled`` extra is installed
+(``ragspec.engine.jit``; ``ragspec.engine.ngram_batch`` says why numba) so that planning a batch of
+256 requests costs microseconds; without it the same functions run in Python.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit
+from ragspec.engine.jit import njit
 
 if TYPE_CHECKING:
     from ragspec.engine.drafting import DraftSource
