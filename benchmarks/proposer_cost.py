@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ragspec.backends.vllm.proposer import BatchDrafter, StepCosts  # noqa: E402
+from ragspec.engine.policy import AdaptivePolicy  # noqa: E402
 
 CORPUS = ROOT / "retrievers" / "data" / "corpus"
 ROWS = (1, 8, 32, 128, 256)
@@ -166,8 +167,14 @@ preemptions do not land in one proposer's column (its caches are still shared)."
 
 def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray], clock: str = "wall") -> dict[str, Any]:
     batch = Batch(rows, Workload(docs, seed=rows))
+    # Margin 0 and the acceptance statistics held at the policy's prior: with flat costs every expected
+    # gain then pays, so every row with a match drafts, as vLLM's n-gram does (the simulated rows keep no
+    # draft, so learned statistics would soon stop all drafting and the planning's work with it).
     ragspec = BatchDrafter(DRAFT_TOKENS, max_model_len=MAX_MODEL_LEN, costs=flat_costs(rows), clock=lambda: 0.0,
+                           policy=AdaptivePolicy(max_draft=DRAFT_TOKENS, margin=0.0),
                            max_rows=rows)  # as RagspecProposer allocates for vLLM's max_num_seqs
+    counts = ragspec.policy.acceptance.counts
+    prior = counts.copy()
     ngram, kernel = vllm_ngram(rows)
     from numba import set_num_threads
     times = {"ragspec": [], "vllm_propose": [], "vllm_kernel": []}
@@ -180,6 +187,7 @@ def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray], clock: s
         for name in order:
             t0 = now()
             if name == "ragspec":
+                counts[...] = prior
                 out = ragspec.step(batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids)
             elif name == "vllm_propose":
                 out = ngram.propose(DRAFT_TOKENS, batch.sampled, batch.num_tokens, batch.token_ids)
