@@ -41,7 +41,7 @@ from ragspec.backends import load_model  # noqa: E402
 from ragspec.backends.gguf_export import QUANT_TYPES, cached_quantizations, write_llama_gguf  # noqa: E402
 from ragspec.backends.llamacpp import PINNED_VERSION, LlamaCppSettings, load_llamacpp  # noqa: E402
 from ragspec.backends.models import default_gguf_path  # noqa: E402
-from ragspec.engine.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from retrievers.cache import cache_root  # noqa: E402
 
 KINDS = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_S", "IQ4_NL")
@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=8, help="bundled document questions (default: 8)")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="answer length for agreement (default: 48)")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved timings per r(k) (default: 7)")
-    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: the physical cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="llama.cpp threads for steps and batches (default: ragspec's, one-token steps on one "
+                             "thread for exactness, batches on the physical cores)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
@@ -135,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     files = gguf_files(kinds)
     reference = SpeculativeGenerator("default")  # fp32 PyTorch: the answers each type is compared with
     prompts = [(p.ids, reference.generate(p.ids, max_new_tokens=args.max_new_tokens, speculation=False).token_ids)
-               for p in rag_prompts(reference.lm, args.questions)]  # bench.py's RAG prompts (hybrid retrieval)
-    settings = LlamaCppSettings(n_threads=args.threads, n_threads_batch=args.threads)
+               for p in rag_prompts(reference.target, args.questions)]  # bench.py's RAG prompts (hybrid retrieval)
+    settings = LlamaCppSettings(n_threads=args.threads or 1, n_threads_batch=args.threads)
     results = []
     for kind in kinds:
         print(f"measuring {kind} ...", flush=True)
