@@ -35,8 +35,8 @@ def declared() -> list[Requirement]:
 
 def test_all_is_every_extra_that_installs_from_wheels_and_the_tests_install_all() -> None:
     extras = PROJECT["optional-dependencies"]
-    assert [Requirement(line) for line in extras["all"]] == [Requirement("ragspec[retrieval,formats,server,ocr,postgres]")]
-    assert set(extras) - {"all", "test"} == {"retrieval", "formats", "server", "ocr", "postgres", "llamacpp"}
+    assert [Requirement(line) for line in extras["all"]] == [Requirement("ragspec[retrieval,formats,server,ocr,postgres,compiled]")]
+    assert set(extras) - {"all", "test"} == {"retrieval", "formats", "server", "ocr", "postgres", "compiled", "llamacpp"}
     assert "ragspec[all]" in extras["test"]
     assert '-e "$ROOT[all,test]"' in (ROOT / "scripts" / "bootstrap.sh").read_text()
 
