@@ -100,11 +100,16 @@ class StepCosts:
         self._since_plain: dict[int, int] = {}
 
     def curve(self, rows: int) -> CostCurve:
+        """This batch size's curve, its prior scaled to the one-row step (class docstring)."""
+        curve = self._cells(rows)
+        if rows > 1:
+            self._scale_prior(curve)
+        return curve
+
+    def _cells(self, rows: int) -> CostCurve:
         curve = self.curves.get(rows)
         if curve is None:
             curve = self.curves[rows] = CostCurve(self.prior_slope, self.smoothing, monotone=True)
-        if rows > 1:
-            self._scale_prior(curve)
         return curve
 
     def _scale_prior(self, curve: CostCurve) -> None:
@@ -114,7 +119,7 @@ class StepCosts:
             curve.prior_slope = self.prior_slope * min(1.0, float(one.means[0] / curve.means[0]))
 
     def record(self, rows: int, drafted: int, seconds: float) -> None:
-        self.curve(rows).record(drafted, seconds)
+        self._cells(rows).record(drafted, seconds)  # timings need no prior: no scaling on every step
         self._since_plain[rows] = 0 if drafted == 0 else self._since_plain.get(rows, 0) + 1
 
     def measured(self, rows: int) -> bool:
