@@ -22,9 +22,10 @@ and streaming are shared with the PyTorch back end); loading checks that its voc
 llama.cpp's, and the tests check that both tokenize the bundled prompts to the same ids.
 
 Lossless relative to this back end: greedy output is token-identical to llama.cpp's own plain
-greedy decoding of the same file with the same settings, threads included (with one thread bit
-for bit; with several, up to a divergence where the plain step's two best logits are closer than
-llama.cpp's one-token attention and a verify batch's round apart, ``LlamaCppSettings``), sampled
+greedy decoding of the same file with the same settings, threads included (bit for bit at the
+defaults, on every core; with f16 keys and values on several threads only up to a divergence where
+the plain step's two best logits are closer than llama.cpp's split one-token attention and a verify
+batch's round apart, ``LlamaCppSettings``), sampled
 output has its distribution. It is not identical to the PyTorch back end's output: that runs
 de-quantized fp32 weights, this runs the quantized ones.
 """
@@ -86,6 +87,19 @@ _ROW_BY_ROW = frozenset({"Q4_1"})
 """Weight types whose verify batches llama.cpp multiplies row by row on x86 (no repacked or tinyBLAS
 kernel): measured r(8) 2.5-3.8 plain steps on the default model (docs/backends.md)."""
 
+_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+"""The KV cache types llama.cpp takes (``enum ggml_type`` in ggml.h; llama-cpp-python has no constant for bf16)."""
+
+
+def kv_type_id(name: str) -> int:
+    """llama.cpp's id of a KV cache type name (for llama-cpp-python's ``Llama(type_k=..., type_v=...)``)."""
+    return _KV_TYPES[name]
+
+
+_SPLIT_KV_TYPES = frozenset({"f32", "f16"})
+"""Cache types for which llama.cpp's CPU flash attention splits a one-token step over the cached positions
+(keys and values both f16; f32 ones are cast to f16 for flash attention first)."""
+
 _TILE_ROWS = 64
 """ggml's flash-attention tile (``GGML_FA_TILE_Q``): batches of this many rows or more take the tiled kernel."""
 
@@ -100,23 +114,24 @@ class LlamaCppSettings:
     ties, so the defaults make a drafted token verified in a batch see a one-token step's arithmetic:
 
     - ``flash_attn=True``: batches of fewer than 64 rows then compute each row exactly as a
-      one-token step on one thread does (without flash attention the matrix products differ
+      one-token step does (without flash attention the matrix products differ
       between one row and several);
     - verification batches stay under 64 rows (the back end splits longer ones) and prompts are
-      evaluated in batches of at least 64 rows (the tiled kernel), also when a cached prefix is
-      reused, so an answer does not depend on what the cache held before;
-    - ``n_threads=1`` for one-token steps (the default): with more threads (``None``: every physical
-      core, as Ollama and llama.cpp's CLI run) llama.cpp splits a single token's attention over the
-      cached positions (from about 256 of them in the pinned release), which a verify batch does not:
-      measured on the default model, a step's logits then move by up to ~1 against the batch's, and
-      speculative greedy output left plain greedy output of the same settings in 5 of 9 document
-      answers on 2 cores (each time at a top-2 gap under 2). That is not a rounding tie, so the
-      exact setting stays the default and the exactness probe flags the others.
+      evaluated in batches of at least 64 rows (the tiled kernel, where keys and values are both f16), also
+      when a cached prefix is reused, so an answer does not depend on what the cache held before;
+    - values cached as bf16 (``type_v="bf16"``, keys f16): llama.cpp's CPU flash attention splits a
+      one-token step over the cached positions, one part per thread, when keys and values are both f16
+      (from 512 positions of the context's view, about 256 cached ones), and merges the parts, while a
+      verify batch computes each row over all positions; with f16 values each part also accumulates in
+      f16, so the two differ by up to ~1 logit after the quantized products (measured on the default
+      model). With bf16 values (or any other than f16/f32) that split is never taken: every row, of a
+      step or of a batch, is computed over all positions with an f32 accumulator, on any number of
+      threads. So one-token steps run on every physical core (``n_threads=None``), bit-identical to a
+      verify batch. The exactness probe flags settings that split (``split_steps``).
     """
 
-    n_threads: int | None = 1
-    """Threads of one-token steps (1: speculative output bit-identical to plain decoding); ``None``: the
-    physical cores this process may use (faster steps, outputs that may differ, see above)."""
+    n_threads: int | None = None
+    """Threads of one-token steps; ``None``: the physical cores this process may use."""
     n_threads_batch: int | None = None
     """Threads of multi-token batches (prompts, verification); ``None``: the physical cores this process may use."""
     n_batch: int = 512
@@ -127,6 +142,11 @@ class LlamaCppSettings:
     """Flash attention (``True`` keeps speculative output identical to plain decoding)."""
     n_ctx: int | None = None
     """Context window in tokens; ``None``: the model's training context, allocated as requests need it."""
+    type_k: str = "f16"
+    """Type of the cached keys (``f16``, ``bf16``, ``f32``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``iq4_nl``)."""
+    type_v: str = "bf16"
+    """Type of the cached values (the same names; quantized ones need flash attention). With f16 or f32
+    keys and values, several threads make one-token steps round otherwise than verify batches (see above)."""
 
     def __post_init__(self) -> None:
         for name in ("n_threads", "n_threads_batch", "n_ctx", "n_batch", "n_ubatch"):
@@ -139,6 +159,17 @@ class LlamaCppSettings:
             raise ValueError(f"n_ubatch ({self.n_ubatch}) must be at most n_batch ({self.n_batch})")
         if not isinstance(self.flash_attn, bool):
             raise ValueError(f"flash_attn must be True or False, got {self.flash_attn!r}")
+        for name in ("type_k", "type_v"):
+            if getattr(self, name) not in _KV_TYPES:
+                raise ValueError(f"{name} must be one of {', '.join(_KV_TYPES)}, got {getattr(self, name)!r}")
+        if self.type_v not in ("f32", "f16", "bf16") and not self.flash_attn:
+            raise ValueError(f"type_v={self.type_v!r} needs flash_attn=True (llama.cpp stores such values only for it)")
+
+    @property
+    def split_steps(self) -> bool:
+        """Whether llama.cpp splits a one-token step's attention over threads (beyond ~256 cached positions),
+        so that a verify batch rounds otherwise: several threads, flash attention, f16/f32 keys and values."""
+        return self.threads > 1 and self.flash_attn and {self.type_k, self.type_v} <= _SPLIT_KV_TYPES
 
     @property
     def threads(self) -> int:
@@ -407,7 +438,8 @@ class LlamaCppBackend:
         attention = "on" if s.flash_attn else "off"
         self.description = (
             f"llama.cpp (llama-cpp-python {getattr(lib, '__version__', '?')}, {lm.quantization}, "
-            f"{s.threads}/{s.threads_batch} threads, n_batch {s.n_batch}, n_ubatch {s.n_ubatch}, flash attention {attention})"
+            f"{s.threads}/{s.threads_batch} threads, n_batch {s.n_batch}, n_ubatch {s.n_ubatch}, flash attention {attention}, "
+            f"KV {s.type_k}/{s.type_v})"
         )
 
     # -- contexts -----------------------------------------------------------------------------
@@ -423,6 +455,8 @@ class LlamaCppBackend:
         params.n_threads = s.threads
         params.n_threads_batch = s.threads_batch
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.type_k = kv_type_id(s.type_k)
+        params.type_v = kv_type_id(s.type_v)
         params.no_perf = True
         with _captured_log() as log:
             ctx = lib.llama_init_from_model(self.lm.handle, params)
@@ -453,9 +487,9 @@ class LlamaCppBackend:
 
         They differ where llama.cpp multiplies this file's weight type with another kernel for
         batches than for one row (seen here for K-quants such as Q4_K_M; Q4_0, Q4_1 and Q8_0 agree),
-        or with ``flash_attn=False``, or with several threads for one-token steps (flagged as such: the
-        probe stays under 256 positions, where they do not change a step's attention yet,
-        ``LlamaCppSettings``). Speculation then still works, but its greedy output can differ from
+        or with ``flash_attn=False``, or with several threads for one-token steps over f16 keys and values
+        (flagged as such: the probe stays under 256 positions, where they do not change a step's attention
+        yet, ``LlamaCppSettings.split_steps``). Speculation then still works, but its greedy output can differ from
         plain decoding.
         """
         s = self._settings
@@ -472,9 +506,10 @@ class LlamaCppBackend:
                            f"(logits up to {float((steps - batched).abs().max()):.2g} apart)")
         if not s.flash_attn:
             reasons.append("flash_attn=False")
-        if s.threads > 1:
-            reasons.append(f"{s.threads} threads for one-token steps (llama.cpp splits one token's attention over "
-                           "threads from ~256 cached positions; a verify batch does not)")
+        if s.split_steps:
+            reasons.append(f"{s.threads} threads for one-token steps with {s.type_k} keys and {s.type_v} values "
+                           "(llama.cpp then splits one token's attention over threads from ~256 cached positions, "
+                           "a verify batch does not; type_v='bf16' avoids it)")
         self._active = None
         if reasons:
             logger.warning("speculative greedy output of %s on llama.cpp can differ from plain decoding beyond "

@@ -40,9 +40,10 @@ needs_llamacpp = pytest.mark.skipif(not llamacpp_module.available(), reason="lla
 
 TIE = 1e-4
 THREADED_GAP = 2.0
-"""Top-2 gap under which speculative greedy may leave plain greedy with several threads: a one-token
-step's split attention moves each logit by up to ~1 against a verify batch's (measured on the default
-model from 256 cached positions), so two logits' order can flip where they are up to twice that apart."""
+"""Top-2 gap under which speculative greedy may leave plain greedy with f16 keys and values on several
+threads: a one-token step's split attention moves each logit by up to ~1 against a verify batch's
+(measured on the default model from 256 cached positions), so two logits' order can flip where they are
+up to twice that apart. Not the default (``LlamaCppSettings.split_steps``)."""
 EOS = 256
 VOCAB = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "<|endoftext|>", "Ġt"]  # bytes, EOS, one merge
 
@@ -134,16 +135,16 @@ def test_export_and_forward_match_transformers(tiny_f32: tuple[LlamaCppModel, Ll
 @pytest.mark.parametrize("split", [1, 5, 40, 63, 64, 100])
 def test_logits_do_not_depend_on_how_positions_are_batched(tiny: tuple[LlamaCppModel, LlamaForCausalLM], split: int) -> None:
     """A prompt evaluated in two parts (a reused prefix) gives the logits of one evaluation, bit for
-    bit, and a verify batch gives those of one-token steps on one thread: what makes speculation bit-exact
-    there (with several threads a step's attention is split from ~256 cached positions, LlamaCppSettings)."""
-    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=1))
+    bit, and a verify batch gives those of one-token steps on two threads beyond 512 positions: what
+    makes speculation bit-exact at the default settings (bf16 values: no split attention, LlamaCppSettings)."""
+    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=2, n_threads_batch=2))
     rng = random.Random(split)
-    prompt = [rng.randrange(EOS) for _ in range(300)]
+    prompt = [rng.randrange(EOS) for _ in range(560)]
     backend = make_backend(lm)
-    cache = backend.new_cache(512)
+    cache = backend.new_cache(1024)
     whole = backend.forward(prompt, cache, last_only=True).clone()
     steps = torch.stack([backend.forward([t], cache)[0].clone() for t in prompt[:20]])
-    cache = backend.new_cache(512)
+    cache = backend.new_cache(1024)
     backend.forward(prompt[: len(prompt) - split], cache, last_only=True)
     assert torch.equal(backend.forward(prompt[len(prompt) - split :], cache, last_only=True), whole)
     assert cache.get_seq_length() == len(prompt)
@@ -152,10 +153,29 @@ def test_logits_do_not_depend_on_how_positions_are_batched(tiny: tuple[LlamaCppM
 
 @needs_llamacpp
 @pytest.mark.timeout(120)
+def test_f16_values_on_several_threads_split_a_steps_attention(tiny: tuple[LlamaCppModel, LlamaForCausalLM]) -> None:
+    """Why values are bf16 by default: with f16 keys and values, two threads make a one-token step's
+    attention differ from a verify batch's beyond ~256 cached positions, and equal below."""
+    prompt = [random.Random(7).randrange(EOS) for _ in range(310)]
+    apart = {}
+    for type_v in ("f16", "bf16"):
+        backend = make_backend(load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=2, type_v=type_v)))
+        for cut in (200, 300):
+            cache = backend.new_cache(512)
+            backend.forward(prompt[:cut], cache, last_only=True)
+            steps = torch.cat([backend.forward([t], cache).clone() for t in prompt[cut : cut + 8]])
+            cache.crop(-8)
+            apart[type_v, cut] = float((backend.forward(prompt[cut : cut + 8], cache) - steps).abs().max())
+    assert apart["f16", 200] == apart["bf16", 200] == apart["bf16", 300] == 0.0
+    assert apart["f16", 300] > 1e-3
+
+
+@needs_llamacpp
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", [None, 300])  # None: grown from 1024 positions; 300: fixed
 def test_rollback_leaves_cache_equal_to_plain_decoding(tiny: tuple[LlamaCppModel, LlamaForCausalLM], context: int | None) -> None:
-    # One thread: rollback is checked bit for bit (several threads split a step's attention, LlamaCppSettings).
-    lm_sized = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_ctx=context, n_threads=1))
+    # Two threads: rollback is checked bit for bit at the default cache types (no split attention).
+    lm_sized = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_ctx=context, n_threads=2))
     gen = SpeculativeGenerator(lm_sized, policy=FixedPolicy(k=4))
     prompt = [random.Random(1).randrange(EOS) for _ in range(250 if context else 1020)]
     truth = plain_greedy(lm_sized, prompt, 12)
@@ -241,7 +261,7 @@ def test_several_prompts_are_kept_and_each_hit_equals_plain_greedy(
 ) -> None:
     """Two conversations interleaved: each turn extends its own earlier prompt, whose state the context
     no longer holds (copied back from the prefix cache), or still holds (cropped only). One thread: bit for bit."""
-    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=1))
+    lm = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=2))
     rng = random.Random(system_len)
     system = [rng.randrange(EOS) for _ in range(system_len)]
     a1, b1 = system + [rng.randrange(EOS) for _ in range(17)], system + [rng.randrange(EOS) for _ in range(5)]
@@ -416,16 +436,16 @@ def test_exactness_probe_flags_files_and_settings_that_break_it(
     quantized, f32 = load_llamacpp(tiny[0].path), load_llamacpp(tiny_f32[0].path)  # not probed yet
     for lm in (quantized, f32):
         make_backend(lm)
-    assert quantized.exact is True and quantized.settings.threads == 1
+    assert quantized.exact is True and quantized.settings.threads == llamacpp_module.physical_cores()
     # F32 weights: batches go through a blocked GEMM, one row through a dot product.
     assert f32.exact is False and "another kernel" in caplog.text
     unfused = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(flash_attn=False))
     make_backend(unfused)
     assert unfused.exact is False and "flash_attn=False" in caplog.text
-    if llamacpp_module.physical_cores() > 1:  # every core for one-token steps: split attention, flagged
-        threaded = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=None))
-        make_backend(threaded)
-        assert threaded.exact is False and "threads for one-token steps" in caplog.text
+    split = load_llamacpp(tiny[0].path, settings=LlamaCppSettings(n_threads=2, type_v="f16"))
+    make_backend(split)  # several threads over f16 keys and values: split attention, flagged
+    assert split.exact is False and "threads for one-token steps with f16 keys and f16 values" in caplog.text
+    assert LlamaCppSettings(n_threads=2).split_steps is False and LlamaCppSettings(n_threads=1, type_v="f16").split_steps is False
 
 
 @needs_llamacpp
@@ -460,7 +480,8 @@ def test_a_file_whose_verify_runs_row_by_row_is_noted(
 
 
 @pytest.mark.parametrize("bad", [dict(n_threads=0), dict(n_threads_batch=-1), dict(n_batch=64, n_ubatch=128),
-                                 dict(flash_attn=None), dict(n_ctx=True)])
+                                 dict(flash_attn=None), dict(n_ctx=True), dict(type_k="fp8"), dict(type_v="F16"),
+                                 dict(type_v="q8_0", flash_attn=False)])
 def test_settings_are_validated_when_built(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         LlamaCppSettings(**bad)  # type: ignore[arg-type]
@@ -551,17 +572,18 @@ def test_tokenizer_ids_equal_llamacpp_tokenization(default_lm: LlamaCppModel) ->
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default_lm: LlamaCppModel) -> None:
-    """At the default settings (one-token steps on every physical core), against llama.cpp's own greedy
-    with the same settings; bit for bit on one thread, up to the gap rule on several."""
+    """At the default settings (one-token steps on every physical core, bf16 values), against llama.cpp's
+    own greedy with the same settings: bit for bit (the gap rule only where settings split a step's attention)."""
     import llama_cpp
 
     s = default_lm.settings
     llm = llama_cpp.Llama(str(default_lm.path), n_ctx=2048, n_threads=s.threads, n_threads_batch=s.threads_batch,
-                          n_batch=s.n_batch, n_ubatch=s.n_ubatch, flash_attn=s.flash_attn, verbose=False)
+                          n_batch=s.n_batch, n_ubatch=s.n_ubatch, flash_attn=s.flash_attn, verbose=False,
+                          type_k=llamacpp_module.kv_type_id(s.type_k), type_v=llamacpp_module.kv_type_id(s.type_v))
     # Every match of 2+ tokens drafted and verified (the adaptive policy may find drafting not worth its
     # cost on this file, and then nothing would be verified): exactness under real verify batches.
     gen = SpeculativeGenerator(default_lm, policy=FixedPolicy(k=4, min_match=2))
-    gap = TIE if s.threads == 1 else THREADED_GAP
+    gap = THREADED_GAP if s.split_steps else TIE
     identical, accepted = 0, 0
     prompts = rag_prompts(default_lm, 4, unseen=True)
     for text, passages in prompts:
@@ -588,9 +610,9 @@ def test_speculative_greedy_equals_llamacpp_greedy_on_document_questions(default
             logits = backend.forward([t], cache)
         top2 = logits[0].topk(2).values
         assert float(top2[0] - top2[1]) < gap, f"diverges from llama.cpp's greedy at token {i} without a near-tie"
-    # With several threads most answers meet a near-tie within 48 tokens (4 of 9 identical on 2 cores);
-    # what makes the test is the gap check above at every divergence.
-    wanted = len(prompts) - 1 if s.threads == 1 else len(prompts) // 4
+    # With split attention most answers meet a near-tie within 48 tokens (4 of 9 identical on 2 cores);
+    # what makes the test then is the gap check above at every divergence.
+    wanted = len(prompts) // 4 if s.split_steps else len(prompts) - 1
     assert identical >= wanted, f"identical to llama.cpp's greedy: {identical}/{len(prompts)}"
     assert accepted > 0, "drafting never helped: the passages were not used as references"
 
