@@ -8,10 +8,11 @@ of methods rotates), so drift in machine speed hits all of them alike. Methods, 
 - llama.cpp (GGUF models, with ``ragspec[llamacpp]``): llama-cpp-python's ``Llama`` greedy (its
   high-level ``generate``, as a user runs it) and ``Llama`` with its ``LlamaPromptLookupDecoding``
   (10 tokens); ragspec plain and n-gram on the llama.cpp back end; the oracle on it. Every
-  llama.cpp method runs with the same settings (threads, batch sizes, flash attention): the back
-  end's defaults, every physical core for one-token steps and for batches, as Ollama and
-  llama.cpp's own CLI run. One more row, ``llama_greedy_one_thread``, runs one-token steps on one
-  thread (ragspec's default before issue 38, where speculative output is bit-identical to plain).
+  llama.cpp method runs with the same settings (threads, batch sizes, flash attention, KV cache
+  types): the back end's defaults, every physical core for one-token steps and for batches, as
+  Ollama and llama.cpp's own CLI run, values cached as bf16 (what keeps a step bit-identical to a
+  verify batch on several threads). One more row, ``llama_greedy_f16_kv``, is llama.cpp greedy
+  with its own default f16 cache (what Ollama runs; its outputs may differ from the others').
 
 Reported per method, first what a user waits for: the time to the whole answer and its ratio to
 the back end's own greedy decoding, the time to first token (TTFT) and its ratio to greedy's on
@@ -274,22 +275,25 @@ def llama_method(llm: object, eos: frozenset[int]) -> Callable[[Prompt, int], Ru
 
 def llama_instances(lm: TargetModel, n_ctx: int) -> dict[str, object]:
     """llama-cpp-python ``Llama`` instances on ``lm``'s file, with the back end's settings:
-    greedy, greedy with one-token steps on one thread, and prompt lookup."""
+    greedy, greedy with llama.cpp's default f16 keys and values, and prompt lookup."""
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    from ragspec.backends.llamacpp import kv_type_id
+
     s = lm.settings  # type: ignore[union-attr]
-    kw = dict(n_ctx=n_ctx, n_threads_batch=s.threads_batch, n_batch=s.n_batch,
+    kw = dict(n_ctx=n_ctx, n_threads=s.threads, n_threads_batch=s.threads_batch, n_batch=s.n_batch,
               n_ubatch=s.n_ubatch, flash_attn=s.flash_attn, verbose=False)
+    cache = dict(type_k=kv_type_id(s.type_k), type_v=kv_type_id(s.type_v))
     path = str(lm.path)  # type: ignore[union-attr]
     return {
-        "llama_greedy": llama_cpp.Llama(path, n_threads=s.threads, **kw),
-        # Slower one-token steps whose attention rounds as a verify batch's does (the earlier default).
-        "llama_greedy_one_thread": llama_cpp.Llama(path, n_threads=1, **kw),
+        "llama_greedy": llama_cpp.Llama(path, **kw, **cache),
+        # llama.cpp's (and Ollama's) default cache: f16 keys and values, whose one-token steps split attention.
+        "llama_greedy_f16_kv": llama_cpp.Llama(path, **kw, type_k=kv_type_id("f16"), type_v=kv_type_id("f16")),
         # logits_all=True as well: with a draft model Llama keeps every position's logits, but sizes its
         # score array from this argument, and overflows it after n_batch positions without it (0.3.36).
-        "llama_prompt_lookup": llama_cpp.Llama(path, n_threads=s.threads, logits_all=True,
-                                               draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **kw),
+        "llama_prompt_lookup": llama_cpp.Llama(path, logits_all=True, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
+                                               **kw, **cache),
     }
 
 
@@ -601,8 +605,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="method families to run, comma-separated: torch, llamacpp (default: both; llama.cpp "
                              "needs a GGUF model and ragspec[llamacpp])")
     parser.add_argument("--llamacpp-threads", type=int, default=None,
-                        help="llama.cpp threads for ragspec's steps, prompts and verification (default: ragspec's "
-                             "defaults, one-token steps on one thread for exactness, the rest on the physical cores)")
+                        help="llama.cpp threads for every method's steps, prompts and verification (default: the "
+                             "physical cores, ragspec's default)")
     parser.add_argument("--llamacpp-ubatch", type=int, default=512, help="llama.cpp micro-batch size (default: 512)")
     parser.add_argument("--out", default="bench-out", help="directory for report.json and speedup.png")
     args = parser.parse_args(argv)
@@ -612,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from ragspec.backends.llamacpp import LlamaCppSettings
 
-        settings = LlamaCppSettings(n_threads=args.llamacpp_threads or 1, n_threads_batch=args.llamacpp_threads,
+        settings = LlamaCppSettings(n_threads=args.llamacpp_threads, n_threads_batch=args.llamacpp_threads,
                                     n_ubatch=args.llamacpp_ubatch, n_batch=max(512, args.llamacpp_ubatch))
     except ValueError as e:
         parser.error(str(e))

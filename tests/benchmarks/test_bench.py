@@ -103,13 +103,12 @@ def test_llamacpp_methods_run_side_by_side_on_the_default_model() -> None:
         pytest.skip("llama-cpp-python is not installed")
     from benchmarks.bench import run_benchmark
 
-    # One thread for steps: every method's output is then bit for bit llama.cpp's greedy (with several,
-    # speculative output may leave it at a near-tie, docs/backends.md "Exactness").
+    # The defaults (every core, bf16 values): every method's output is bit for bit llama.cpp's greedy
+    # at the same settings (docs/backends.md "Exactness").
     report = run_benchmark(model="default", backends=("llamacpp",), questions=1, open_ended=0,
-                           max_new_tokens=12, structured=0, progress=lambda _: None,
-                           llamacpp=llamacpp.LlamaCppSettings(n_threads=1))
+                           max_new_tokens=12, structured=0, progress=lambda _: None)
     rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
-    assert set(rows) == {"llama_greedy", "llama_greedy_one_thread", "llama_prompt_lookup", "ragspec_llamacpp_plain",
+    assert set(rows) == {"llama_greedy", "llama_greedy_f16_kv", "llama_prompt_lookup", "ragspec_llamacpp_plain",
                          "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"}
     for method in ("llama_prompt_lookup", "ragspec_llamacpp_plain", "ragspec_llamacpp_ngram", "oracle_llamacpp_k8"):
         assert rows[method]["identical"] == 1, method  # equal to llama.cpp's own greedy output
