@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="answer length for agreement (default: 48)")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved timings per r(k) (default: 7)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="llama.cpp threads for steps and batches (default: ragspec's, one-token steps on one "
-                             "thread for exactness, batches on the physical cores)")
+                        help="llama.cpp threads for steps and batches (default: ragspec's, the physical cores)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = SpeculativeGenerator("default")  # fp32 PyTorch: the answers each type is compared with
     prompts = [(p.ids, reference.generate(p.ids, max_new_tokens=args.max_new_tokens, speculation=False).token_ids)
                for p in rag_prompts(reference.target, args.questions)]  # bench.py's RAG prompts (hybrid retrieval)
-    settings = LlamaCppSettings(n_threads=args.threads or 1, n_threads_batch=args.threads)
+    settings = LlamaCppSettings(n_threads=args.threads, n_threads_batch=args.threads)
     results = []
     for kind in kinds:
         print(f"measuring {kind} ...", flush=True)
