@@ -210,11 +210,7 @@ class BatchDrafter:
             self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
             curve, self.policy.margin,
         )  # fmt: skip
-        if drafted:
-            lists = self.index.drafts[:rows].tolist()
-            drafts = [d[:k] for d, k in zip(lists, self.index.ks[:rows].tolist())]
-        else:
-            drafts = [[] for _ in range(rows)]
+        drafts = draft_lists(self.index.drafts[:rows], self.index.ks[:rows]) if drafted else [[] for _ in ids]
         self.drafted += drafted
         self.accepted += accepted
         self.requests_seen += restarted
@@ -242,7 +238,7 @@ class BatchDrafter:
             self._regroup(ids)
         if self._pending:
             self._admit(n_new, num_tokens)
-        all_sampled = all(sampled)
+        all_sampled = bool(n_new.all())
         if all_sampled and ids == self._last_ids and self._last_time is not None and now > self._last_time:
             # The step just verified what the last call planned: time it by its size and drafts.
             self.costs.record(rows, self._last_drafted, now - self._last_time)
@@ -259,10 +255,11 @@ class BatchDrafter:
         """The batch's requests changed: end the absent ones (their answers go to the history, in
         the order they began) and map every row to its request's state."""
         present = set(ids)
-        ended = [rid for rid in self.index.slot_of if rid not in present]
+        ended = self.index.ended(present)
         if ended:
             self.index.end(ended)
-        self.undrafted &= present
+        if self.undrafted:
+            self.undrafted &= present
         self._slots = np.fromiter(map(self.index.slot_of.get, ids, repeat(-1, len(ids))), np.int64, len(ids))
         if self.undrafted:
             self._slots[[r for r, rid in enumerate(ids) if rid in self.undrafted]] = -2
@@ -363,6 +360,20 @@ class RagspecProposer:
 
     def _request_cap(self, rid: str) -> int:
         return request_cap(self._runner, rid, self.drafter.max_draft, self._warned)
+
+
+def draft_lists(drafts: np.ndarray, ks: np.ndarray) -> list[list[int]]:
+    """Row ``r``'s first ``ks[r]`` tokens of ``drafts``, as vLLM takes drafts: a list of ints per row.
+
+    vLLM 0.32's model runner hands a proposer's ``list[list[int]]`` to the scheduler as it is (its
+    other form, a tensor, gives every row the same length), so the lists are made in one C call
+    for the longest length, and only the rows that draft fewer tokens are cut in Python."""
+    longest = int(ks.max())
+    lists: list[list[int]] = drafts[:, :longest].tolist()
+    short = np.flatnonzero(ks < longest)
+    for r, k in zip(short.tolist(), ks[short].tolist()):
+        del lists[r][k:]
+    return lists
 
 
 def request_cap(runner: Any, rid: str, longest: int, warned: set[str]) -> int:

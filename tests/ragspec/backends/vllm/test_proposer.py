@@ -9,7 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ragspec.backends.vllm.proposer import REQUEST_MAX_DRAFT, STATS_ENV, BatchDrafter, RagspecProposer, StepCosts
+from ragspec.backends.vllm.proposer import (
+    REQUEST_MAX_DRAFT,
+    STATS_ENV,
+    BatchDrafter,
+    RagspecProposer,
+    StepCosts,
+    draft_lists,
+)
 from ragspec.engine.ngram_batch import HISTORY, SOURCES
 from ragspec.engine.planning import plan
 from ragspec.engine.policy import AdaptivePolicy
@@ -384,3 +391,30 @@ def test_requests_cap_or_turn_off_their_own_drafts_through_extra_args(caplog) ->
     with caplog.at_level("WARNING"):
         assert all(old.drafter.propose([[102]] * 2, np.array([15, 15]), token_ids[:2]))
     assert len([r for r in caplog.records if "per-request speculation" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_draft_lists_are_each_rows_first_k_tokens_as_separate_lists(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows, width = int(rng.integers(1, 40)), int(rng.integers(1, 10))
+    drafts = rng.integers(0, 50_000, (rows, width)).astype(np.int32)
+    ks = rng.integers(0, width + 1, rows) if seed % 3 else np.full(rows, width)
+    ks[0] = max(ks[0], 1)  # drafted somewhere (step() builds empty lists itself otherwise)
+    lists = draft_lists(drafts, ks)
+    assert lists == [drafts[r, : ks[r]].tolist() for r in range(rows)]
+    assert all(type(t) is int for row in lists for t in row)
+    assert len({id(row) for row in lists}) == rows  # vLLM's scheduler may change one row's list in place
+
+
+def test_several_requests_ending_in_one_step_enter_the_history_in_the_order_they_began() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=64, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    for rid, first in (("a", 50), ("b", 60), ("c", 70)):
+        batch.add(rid, [1, 2, 3], first)
+    batch.call(drafter)
+    batch.call(drafter, order=["c", "a", "b"])  # the runner moved its rows
+    for rid in ("a", "b", "c"):
+        del batch.rows[rid], batch.new[rid]
+    batch.add("d", [9], 8)
+    batch.call(drafter)
+    assert list(drafter.history._answers) == [[50], [60], [70]]
