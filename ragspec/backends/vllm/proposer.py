@@ -186,6 +186,7 @@ class BatchDrafter:
         self._last_ids: list[str] | None = None
         self._last_drafted = 0  # drafted tokens the last planned step carries
         self._last_time: float | None = None
+        self._stats_path = os.environ.get(STATS_ENV)  # read once: requests begin and end at most steps
 
     @property
     def history(self) -> AnswerHistory:
@@ -307,10 +308,10 @@ class BatchDrafter:
         }
 
     def write_stats(self) -> None:
-        path = os.environ.get(STATS_ENV)
-        if not path:
+        """``stats`` into the file ``RAGSPEC_PROPOSER_STATS`` named when this drafter was built, if any."""
+        if not self._stats_path:
             return
-        target = Path(path)
+        target = Path(self._stats_path)
         tmp = target.with_name(f".{target.name}.{os.getpid()}")
         tmp.write_text(json.dumps(self.stats()))
         tmp.replace(target)
