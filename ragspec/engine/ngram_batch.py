@@ -434,8 +434,9 @@ class BatchIndex:
         row, meta, tokens = self.requests, self.automata.meta, self.automata.tokens
         self._ended += [tokens[s, row[s, PROMPT_LEN] : meta[s, 0]].tolist() for s in slots]
         self._free += slots
-        versions = row[slots, VERSION]
-        np.subtract.at(self.version_refs, versions[versions >= 0], 1)
+        for version in row[slots, VERSION].tolist():
+            if version >= 0:
+                self.version_refs[version] -= 1
         self._enter_history()
 
     def _enter_history(self) -> None:
