@@ -30,8 +30,9 @@ ragspec's step costs are given as flat in the drafted tokens, so it plans drafts
 that has a match (the most work planning can do). The ratio columns are ragspec over vLLM, of the
 medians, whole step against whole step and kernel against kernel.
 
-It reports ms per step and µs per request for each, and the proposer's share of a step for
-``GPU_STEP_MS``. Run it with the Python of vLLM's venv and ragspec's source on the path::
+It reports ms per step (median and mean) for each, and each proposer's share of a step whose
+GPU part is ``gpu_step_ms(rows)``: an 8B model's decode step on one H100 estimated from its memory
+traffic (not a measurement; docs/scale-out.md gives the arithmetic and its sources). Run it with the Python of vLLM's venv and ragspec's source on the path::
 
     PYTHONPATH=$PWD .venv-vllm/bin/python benchmarks/proposer_cost.py [--rows 1 8 32 128 256] [--steps 200] [--json out.json] [--clock thread]
 
@@ -61,9 +62,21 @@ from ragspec.engine.policy import AdaptivePolicy  # noqa: E402
 
 CORPUS = ROOT / "retrievers" / "data" / "corpus"
 ROWS = (1, 8, 32, 128, 256)
-GPU_STEP_MS = {1: 10.0, 8: 11.0, 32: 14.0, 128: 22.0, 256: 40.0}
-"""An assumed decode step of an 8B model on one H100 by batch size: the 10-40 ms range issue 31 gives
-for batch 1 to 256, spread over the sizes (not a measurement; docs/scale-out.md says so)."""
+# A decode step of Llama-3.1-8B in bf16 on one H100 SXM, from its memory traffic (docs/scale-out.md,
+# "What custom_class costs on a GPU"): the weights and every row's keys and values are read once per
+# step, at 75% of the 3.35 TB/s peak of NVIDIA's H100 SXM datasheet (a measured A100 decode reached
+# 77% of its own); the compute of a plain step stays below that at every size here.
+GPU_WEIGHT_BYTES = 8.03e9 * 2  # parameters in bf16
+GPU_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # keys and values, 32 layers, 8 KV heads of 128, bf16
+GPU_CONTEXT_TOKENS = 1000  # a ~700-token RAG prompt and its answer
+GPU_BYTES_PER_S = 0.75 * 3.35e12
+
+
+def gpu_step_ms(rows: int) -> float:
+    """The plain decode step assumed for ``rows`` requests on the GPU (not a measurement)."""
+    return 1e3 * (GPU_WEIGHT_BYTES + rows * GPU_CONTEXT_TOKENS * GPU_KV_BYTES_PER_TOKEN) / GPU_BYTES_PER_S
+
+
 DRAFT_TOKENS = 8
 PROMPT_TOKENS = 700
 MAX_MODEL_LEN = 2048
@@ -239,11 +252,9 @@ def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray], clock: s
         result[f"{part}_ratio"] = result[f"ragspec_{part}_median_ms"] / result[f"vllm_{part}_median_ms"]
     result["ragspec_drafted_per_step"] = drafted["ragspec"] / steps
     result["vllm_drafted_per_step"] = drafted["vllm"] / steps
-    gpu = GPU_STEP_MS.get(rows)
-    if gpu is not None:
-        result["gpu_step_ms"] = gpu
-        for name in ("ragspec", "vllm"):
-            result[f"{name}_share"] = result[f"{name}_step_ms"] / (gpu + result[f"{name}_step_ms"])
+    gpu = result["gpu_step_ms"] = gpu_step_ms(rows)
+    for name in ("ragspec", "vllm"):
+        result[f"{name}_share"] = result[f"{name}_step_ms"] / (gpu + result[f"{name}_step_ms"])
     return result
 
 
@@ -276,8 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for rows in args.rows:
         r = measure(rows, args.steps, args.warmup, docs, args.clock)
         report["results"].append(r)
-        share = (f"{r['gpu_step_ms']:>6.0f} {100 * r['ragspec_share']:>12.2f}% {100 * r['vllm_share']:>9.2f}%"
-                 if "gpu_step_ms" in r else "")
+        share = f"{r['gpu_step_ms']:>6.1f} {100 * r['ragspec_share']:>12.2f}% {100 * r['vllm_share']:>9.2f}%"
         cells = " | ".join(f"{r[n + '_median_ms']:>8.4f} ({r[n + '_ms']:.4f})" for n in names)
         print(f"{rows:>5} | {cells} | {r['step_ratio']:>9.2f}x {r['kernel_ratio']:>11.2f}x | {share}", flush=True)
     if args.json is not None:
