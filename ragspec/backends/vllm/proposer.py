@@ -367,8 +367,15 @@ def draft_lists(drafts: np.ndarray, ks: np.ndarray) -> list[list[int]]:
     """Row ``r``'s first ``ks[r]`` tokens of ``drafts``, as vLLM takes drafts: a list of ints per row.
 
     vLLM 0.32's model runner hands a proposer's ``list[list[int]]`` to the scheduler as it is (its
-    other form, a tensor, gives every row the same length), so the lists are made in one C call
-    for the longest length, and only the rows that draft fewer tokens are cut in Python."""
+    other form, a tensor, gives every row the same length). Where most rows draft, the lists are
+    made in one C call for the longest length and only the rows that draft fewer are cut; where
+    few do, the others get empty lists and only the drafting rows are converted."""
+    rows = np.flatnonzero(ks)
+    if 2 * len(rows) < len(ks):
+        out: list[list[int]] = [[] for _ in range(len(ks))]
+        for r, k in zip(rows.tolist(), ks[rows].tolist()):
+            out[r] = drafts[r, :k].tolist()
+        return out
     longest = int(ks.max())
     lists: list[list[int]] = drafts[:, :longest].tolist()
     short = np.flatnonzero(ks < longest)
