@@ -38,7 +38,7 @@ compiled on first use and cached on disk (``cache=True``), so a process pays the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 from ragspec.engine.jit import njit
@@ -419,12 +419,10 @@ class BatchIndex:
             self.version_refs[version] += 1
         return slot
 
-    def ended(self, present: set[str]) -> list[str]:
-        """The indexed requests not in ``present``, in the order they began (``end`` takes them so)."""
-        gone = self.slot_of.keys() - present
-        if len(gone) < 2:
-            return list(gone)
-        return sorted(gone, key=lambda rid: int(self.requests[self.slot_of[rid], SEQ]))
+    def in_order(self, rids: Collection[str]) -> list[str]:
+        """Those of ``rids`` that have a row, in the order they began (``end`` takes them so)."""
+        slot_of, seq = self.slot_of, self.requests[:, SEQ]
+        return sorted((rid for rid in rids if rid in slot_of), key=lambda rid: int(seq[slot_of[rid]]))
 
     def end(self, rids: Sequence[str]) -> None:
         """Free the rows of these requests; their answers go to the history, in this order."""

@@ -45,7 +45,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
-from itertools import repeat
+from operator import ne
 from pathlib import Path
 from typing import Any
 
@@ -254,17 +254,27 @@ class BatchDrafter:
 
     def _regroup(self, ids: list[str]) -> None:
         """The batch's requests changed: end the absent ones (their answers go to the history, in
-        the order they began) and map every row to its request's state."""
-        present = set(ids)
-        ended = self.index.ended(present)
+        the order they began) and map every row to its request's state. Only the rows whose
+        request differs from the last step's are looked at in Python (vLLM's runner moves a few
+        rows when requests end or begin); finding them is one C-level comparison of the id lists."""
+        old = self._ids
+        common = min(len(ids), len(old))
+        changed = np.flatnonzero(np.fromiter(map(ne, ids, old), bool, common)).tolist()
+        rows = changed + list(range(common, len(ids)))
+        gone = {old[r] for r in changed + list(range(common, len(old)))}
+        gone -= {ids[r] for r in rows}
+        ended = self.index.in_order(gone)
         if ended:
             self.index.end(ended)
-        if self.undrafted:
-            self.undrafted &= present
-        self._slots = np.fromiter(map(self.index.slot_of.get, ids, repeat(-1, len(ids))), np.int64, len(ids))
-        if self.undrafted:
-            self._slots[[r for r, rid in enumerate(ids) if rid in self.undrafted]] = -2
-        self._pending = bool((self._slots == -1).any())
+        self.undrafted -= gone
+        slots = np.empty(len(ids), np.int64)
+        slots[:common] = self._slots[:common]
+        slot_of, undrafted = self.index.slot_of, self.undrafted
+        for r in rows:
+            rid = ids[r]
+            slots[r] = -2 if rid in undrafted else slot_of.get(rid, -1)
+        self._slots = slots
+        self._pending = bool((slots == -1).any())
         self._ids = ids
         if ended:
             self.write_stats()

@@ -181,9 +181,9 @@ def test_ended_requests_come_in_the_order_they_began_and_a_restart_keeps_its_pla
     for rid in ("c", "a", "d", "b"):
         index.begin(rid, 3, 4)
     index.begin("c", 5, 4)  # restarted (preempted): still the first to have begun
-    assert index.ended({"a", "b", "c", "d"}) == []
-    assert index.ended({"d"}) == ["c", "a", "b"]
-    assert index.ended({"a", "b", "c"}) == ["d"]
+    assert index.in_order([]) == []
+    assert index.in_order(["b", "a", "c", "never"]) == ["c", "a", "b"]
+    assert index.in_order({"d"}) == ["d"]
     index.end(["c", "a"])
     index.begin("e", 2, 4)
-    assert index.ended(set()) == ["d", "b", "e"]
+    assert index.in_order(["e", "b", "d", "c"]) == ["d", "b", "e"]
