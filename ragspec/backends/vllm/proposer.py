@@ -143,7 +143,9 @@ class BatchDrafter:
     sampled this step (none while its prompt is still being prefilled), its token count and its
     token ids; it returns each row's draft for the next step. The work is one call of
     ``ragspec.engine.ngram_batch``'s compiled kernel for the whole batch (index, match, plan); what
-    stays in Python per step is constant, plus a length per row and the draft lists vLLM takes.
+    stays in Python per step is constant, plus C-level passes over the rows (the sampled lists'
+    lengths, comparing the id list with the last step's, the draft lists vLLM takes) and work per
+    request that begins or ends (its row, its answer into the history).
     ``request_cap(rid)`` is a request's own longest draft (0: it asked for no speculation; it is
     then not indexed at all), read once when the request first shows a sampled token. ``costs``
     (timed here by default) and ``clock`` are injectable for tests; ``max_rows`` is the batch size to
