@@ -27,7 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from ragspec.backends import load_model  # noqa: E402
 from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.engine.tenancy import cache_scope  # noqa: E402
-from ragspec.prompts import qa_prompt_ids  # noqa: E402
+from ragspec.prompts import qa_prefix_ids, qa_prompt_ids  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,8 @@ def main() -> None:
     asked = {q["id"]: q["question"] for name in ("retrievers/data/questions.json", "benchmarks/data/unanswerable.json")
              for q in json.loads((REPO / name).read_text())["questions"]}  # fmt: skip
     model = load_model("default", dtype=args.dtype, backend="torch")
-    warm, cold = SpeculativeGenerator(model), SpeculativeGenerator(model, prefix_cache=False)
+    warm = SpeculativeGenerator(model, public_prefix=qa_prefix_ids(model.tokenizer))  # as ragspec.registry's
+    cold = SpeculativeGenerator(model, prefix_cache=False)
     prompts = [qa_prompt_ids(warm.tokenizer, asked[a["id"]], [p["text"] for p in a["passages"]])
                for a in stored[: args.questions]]  # fmt: skip
     with cache_scope("warm-up"):  # computes the public prefix once, as the process's first question does

@@ -232,7 +232,7 @@ def test_the_question_answering_template_is_computed_once_for_every_scope() -> N
     first, second = (qa_prompt_ids(lm.tokenizer, q, ["The oven runs at 260 degrees.", "Vans leave at 6:15."])
                      for q in ("How hot is the oven?", "When do vans leave?"))  # fmt: skip
     assert first[: len(public)] == second[: len(public)] == public
-    gen = SpeculativeGenerator(lm)
+    gen = SpeculativeGenerator(lm, public_prefix=public)
     cold = SpeculativeGenerator(lm, prefix_cache=False)
     with cache_scope("alice"):
         assert gen.generate(first, max_new_tokens=4).stats.cached_prompt_tokens == 0
