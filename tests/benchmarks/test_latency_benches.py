@@ -30,9 +30,9 @@ def test_dtype_quality_counts_labelled_answers_per_setting(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_public_prefix_bench_reuses_the_fixed_part_of_every_first_question() -> None:
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "public_prefix_bench.py"), "--questions", "2"],
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=580)  # fmt: skip
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=880)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "2 first questions of new scopes (float32): 150 of " in done.stdout, done.stdout
