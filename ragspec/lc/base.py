@@ -51,8 +51,9 @@ from retrievers.extras import require
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
+    from ragspec.chat_request import ChatRequest
     from ragspec.decoding.generator import SpeculativeGenerator
-    from ragspec.engine.results import GenerationResult, GenerationStats, TextGenerator
+    from ragspec.engine.results import GenerationResult, TextGenerator
     from ragspec.remote import RemoteModel
 
 Reference = Union[str, Document, Sequence[int]]
@@ -313,22 +314,15 @@ class RagSpecParams(BaseModel):
             raise ValueError(f"references must be a str, a Document or a list of them (or of token id lists), got {refs!r}")
         return CallOptions(call.model, call.config, tuple(to_reference(r) for r in refs))
 
-    def events(
-        self,
-        options: CallOptions,
-        build_prompt: Callable[[TextGenerator], str | list[int]],
-        on_start: Callable[[GenerationStats], None] | None = None,
-    ) -> Iterator[str | GenerationResult]:
+    def events(self, model: str, build: Callable[[TextGenerator], ChatRequest]) -> Iterator[str | GenerationResult]:
         """Text deltas of one generation, then its ``GenerationResult``.
 
-        ``build_prompt`` turns the loaded generator into the prompt (text, or token ids that the
-        model takes as they are). ``on_start`` receives the generation's live stats before the
-        first delta. Closing this iterator early ends the generation.
+        ``build`` turns the loaded generator (of ``model``) into the request: a
+        ``ragspec.chat_request.ChatRequest`` (the prompt as text or token ids, the config, the
+        references). Closing this iterator early ends the generation.
         """
-        generator = self.load(options.model)
-        with generator.stream(build_prompt(generator), options.config, references=options.references) as stream:
-            if on_start is not None:
-                on_start(stream.stats)
+        generator = self.load(model)
+        with build(generator).stream(generator) as stream:
             yield from stream
         assert stream.result is not None
         yield stream.result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +13,10 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from pydantic import ConfigDict
 
-from ragspec.engine import tool_calls
 from ragspec.bridge import iterate_in_thread
+from ragspec.chat_request import ChatRequest, ToolUse, chat_prompt
 from ragspec.lc.base import LangChainModel, RagSpecParams, response_metadata, usage
-from ragspec.lc.messages import messages_prompt_ids
+from ragspec.lc.messages import to_chat
 from ragspec.lc.tools import answer_message, bound_tools, openai_tools, piece_message, structured_output, to_tool
 from ragspec.engine.tool_calls import CallStream, ToolError
 
@@ -54,8 +53,8 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model
         gets them (with ``tools``, their listing in the system turn too)."""
-        prompt = tool_calls.system_prompt([to_tool(t) for t in tools]) if tools else ""
-        return len(messages_prompt_ids(self.load().tokenizer, messages, prompt))
+        listed = ToolUse(tuple(to_tool(t) for t in tools)) if tools else None
+        return len(chat_prompt(self.load().tokenizer, to_chat(messages), listed))
 
     # -- tools and structured output (ragspec.lc.tools) -----------------------------------------------
     def bind_tools(
@@ -105,14 +104,13 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         """The generation's events (checked before anything runs) and whether tools are bound."""
         tools = bound_tools(kwargs)
         options = self.call_options(stop, kwargs)
-        prompt = ""
+        config = options.config
         if tools is not None:
-            if options.config.constraint is not None:
+            if config.constraint is not None:
                 raise ValueError("a call cannot have both tools and a response_format; bind one of them")
-            constraint = tool_calls.tool_call_constraint(*tools)
-            options = dataclasses.replace(options, config=options.config.merged(constraint=constraint))
-            prompt = tool_calls.system_prompt(*tools[:2])
-        events = self.events(options, lambda g: messages_prompt_ids(g.tokenizer, messages, prompt))
+            config = config.merged(constraint=tools.constraint())
+        turns = to_chat(messages)
+        events = self.events(options.model, lambda g: ChatRequest(chat_prompt(g.tokenizer, turns, tools), config, options.references))
         return events, tools is not None
 
     @staticmethod
