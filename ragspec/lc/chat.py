@@ -100,8 +100,9 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
     # -- events -> chunks ----------------------------------------------------------------------
     def _events(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[Iterator[str | GenerationResult], bool]:
-        """The generation's events (checked before anything runs) and whether tools are bound."""
+    ) -> tuple[Iterator[str | GenerationResult], CallStream | None]:
+        """The generation's events (checked before anything runs) and, when tools are bound, the
+        ``CallStream`` that reads the calls in its text."""
         tools = bound_tools(kwargs)
         options = self.call_options(stop, kwargs)
         config = options.config
@@ -111,7 +112,7 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
             config = config.merged(constraint=tools.constraint())
         turns = to_chat(messages)
         events = self.events(options.model, lambda g: ChatRequest(chat_prompt(g.tokenizer, turns, tools), config, options.references))
-        return events, tools is not None
+        return events, CallStream() if tools is not None else None
 
     @staticmethod
     def _chunks(event: str | GenerationResult, calls: CallStream | None) -> list[ChatGenerationChunk]:
@@ -127,9 +128,9 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         )]
 
     @staticmethod
-    def _result(event: GenerationResult, tools: bool) -> ChatResult:
+    def _result(event: GenerationResult, calls: CallStream | None) -> ChatResult:
         fields = {"usage_metadata": usage(event), "response_metadata": response_metadata(event)}
-        message = answer_message(event.text, **fields) if tools else AIMessage(content=event.text, **fields)
+        message = answer_message(event.text, **fields) if calls is not None else AIMessage(content=event.text, **fields)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # -- LangChain hooks -----------------------------------------------------------------------
@@ -140,14 +141,13 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         for event in events:
             if run_manager is not None:  # the same chunks as streaming gives (the last one carries no text)
                 for chunk in self._chunks(event, calls)[: None if isinstance(event, str) else -1]:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             if not isinstance(event, str):
-                return self._result(event, tools)
+                return self._result(event, calls)
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     async def _agenerate(
@@ -157,14 +157,13 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         async for event in iterate_in_thread(lambda: events):
             if run_manager is not None:
                 for chunk in self._chunks(event, calls)[: None if isinstance(event, str) else -1]:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             if not isinstance(event, str):
-                return self._result(event, tools)
+                return self._result(event, calls)
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     def _stream(
@@ -174,8 +173,7 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         for event in events:
             for chunk in self._chunks(event, calls):
                 if run_manager is not None:
@@ -189,8 +187,7 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         async for event in iterate_in_thread(lambda: events):
             for chunk in self._chunks(event, calls):
                 if run_manager is not None:
