@@ -239,7 +239,8 @@ class TextGenerator(Protocol):
     answer together), the defaults of every call (``config``), ``encode``, ``stream`` and
     ``generate``.
 
-    Both generators subclass it and inherit ``generate``, which is ``stream`` run to its end.
+    Both generators subclass it and inherit ``stream`` (which merges the options and calls their
+    ``_start``) and ``generate``, which is ``stream`` run to its end.
     """
 
     config: GenerationConfig
@@ -267,8 +268,30 @@ class TextGenerator(Protocol):
         references: Sequence[str | Sequence[int]] = (),
         **options: Any,
     ) -> GenerationStream:
-        """Text deltas of the completion of ``prompt`` as they come (see ``GenerationStream``)."""
+        """Like ``generate`` but yields text deltas as they come; see ``GenerationStream``.
+
+        Arguments are checked here, before any work starts; the work starts on the first ``next``
+        (``SpeculativeGenerator`` takes the model then, ``RemoteGenerator`` sends the request).
+        """
+        return self._start(prompt, (config if config is not None else self.config).merged(options), references)
+
+    def _start(
+        self, prompt: str | Sequence[int], config: GenerationConfig, references: Sequence[str | Sequence[int]]
+    ) -> GenerationStream:
+        """``stream`` once its options are merged into ``config``: each generator's own."""
         ...
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's token ids, checked: not empty, and shorter than the context window."""
+        prompt_ids = self.encode(prompt, special_tokens=True)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens but {self.model_name} takes at most "
+                f"{self.context_length} (prompt and answer together): shorten it or pass fewer passages"
+            )
+        return prompt_ids
 
     def generate(
         self,
