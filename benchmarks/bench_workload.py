@@ -1,10 +1,13 @@
 """What both benchmarks (``benchmarks.bench``, ``benchmarks.bench_structured``) run on: the bundled questions,
-the bundled corpus behind a hybrid retriever, and a timer for transformers' first new token."""
+the bundled corpus behind a hybrid retriever, a timer for transformers' first new token, and the timing
+every run records (``TimedRun``) with the decode speed computed from it."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +16,25 @@ from transformers.generation.streamers import BaseStreamer
 
 if TYPE_CHECKING:
     from retrievers import HybridRetriever
+
+@dataclass
+class TimedRun:
+    """One generation's timing; each benchmark's ``Run`` adds its own counts."""
+
+    new_tokens: int
+    wall_s: float
+    ttft_s: float
+    """Seconds to the first new token (the prefill, mostly)."""
+    forwards: int | None = None
+    """Target forwards, where the method counts them."""
+
+
+def decode_tokens_per_s(runs: Sequence[TimedRun]) -> float:
+    """Tokens after the first over the time after the first token, pooled over ``runs``."""
+    tokens = sum(max(r.new_tokens - 1, 0) for r in runs)
+    seconds = sum(r.wall_s - r.ttft_s for r in runs)
+    return tokens / seconds if seconds > 0 else 0.0
+
 
 DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 """The bundled questions (``questions.json``) and corpus (``corpus/``)."""

@@ -54,23 +54,12 @@ LOCAL_MODEL_HAS_NO = ("timeout", "max_retries", "api_key")
 
 
 class Capabilities:
-    """What ChatRagSpec supports, for both suites."""
+    """What ChatRagSpec supports, for both suites (the suites' properties, overridden by plain values)."""
 
-    @property
-    def has_tool_calling(self) -> bool:
-        return True
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
+    has_tool_calling = True
+    has_tool_choice = True
+    has_structured_output = True
+    supports_json_mode = True
 
 
 class TestChatRagSpecUnit(Capabilities, ChatModelUnitTests):
