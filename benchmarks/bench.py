@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: ``python benchmarks/bench.py``
 
-from benchmarks.bench_workload import FirstTokenTimer, TimedRun, bundled_questions, bundled_retriever, decode_tokens_per_s  # noqa: E402
+from benchmarks.bench_workload import FirstTokenTimer, TimedRun, decode_tokens_per_s, retrieved_questions  # noqa: E402
 from ragspec.backends import TargetModel, load_model  # noqa: E402
 from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
 from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
@@ -100,6 +100,7 @@ class Prompt:
 class Run(TimedRun):
     drafted: int = 0
     accepted: int = 0
+    """Of the drafted tokens, those the target accepted."""
     draft_s: float = 0.0
     """Seconds spent drafting."""
     peak_rss_mb: float = 0.0
@@ -145,11 +146,8 @@ def rag_prompts(lm: TargetModel, n: int, k: int = 3) -> list[Prompt]:
     """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
     from ragspec.prompts import qa_prompt_ids
 
-    questions = bundled_questions(n)
-    retriever = bundled_retriever(k)
     prompts = []
-    for q in questions:
-        passages = retriever.invoke(q["question"])
+    for q, passages in retrieved_questions(n, k):
         ids = qa_prompt_ids(lm.tokenizer, q["question"], passages)  # the pipeline's own prompt
         prompts.append(Prompt(ids, [p.page_content for p in passages], q["kind"]))
     return prompts

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from benchmarks.bench_workload import FirstTokenTimer, TimedRun, bundled_questions, bundled_retriever, decode_tokens_per_s
+from benchmarks.bench_workload import FirstTokenTimer, TimedRun, decode_tokens_per_s, retrieved_questions
 from ragspec.engine.constraints import Constraint, engine_tokenizer
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
@@ -68,6 +68,7 @@ class Run(TimedRun):
     """Tokens the grammar allowed alone (drafted for free)."""
     mask_s: float = 0.0
     masks: int = 0
+    """Grammar masks computed (``mask_s`` the seconds they took)."""
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
 
@@ -89,11 +90,8 @@ def extraction_items(lm: LoadedModel, n: int, k: int = 3) -> list[Item]:
     """The first ``n`` bundled questions, each with its top ``k`` passages, as chat prompts."""
     from ragspec.prompts import format_passages
 
-    questions = bundled_questions(n)
-    retriever = bundled_retriever(k)
     items = []
-    for q in questions:
-        passages = retriever.invoke(q["question"])
+    for q, passages in retrieved_questions(n, k):
         chat = [
             {"role": "system", "content": INSTRUCTION},
             {"role": "user", "content": f"{format_passages(passages)}\n\nQuestion: {q['question']}"},

@@ -15,6 +15,8 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 if TYPE_CHECKING:
+    from langchain_core.documents import Document
+
     from retrievers import HybridRetriever
 
 @dataclass
@@ -54,6 +56,12 @@ def bundled_retriever(k: int) -> HybridRetriever:
     store = FaissVectorStore(default_embeddings())
     store.add_documents(chunks)
     return HybridRetriever(vectorstore=store, documents=chunks, k=k)
+
+
+def retrieved_questions(n: int, k: int) -> list[tuple[dict[str, Any], list[Document]]]:
+    """The first ``n`` bundled questions, each with its top ``k`` passages from the bundled corpus (hybrid)."""
+    retriever = bundled_retriever(k)
+    return [(q, retriever.invoke(q["question"])) for q in bundled_questions(n)]
 
 
 class FirstTokenTimer(BaseStreamer):

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Generator as StepGenerator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from ragspec.engine.config import GenerationConfig
@@ -184,7 +184,23 @@ class GenerationResult:
     """Name of the model that produced it."""
 
 
-class GenerationStream:
+_Closing = TypeVar("_Closing", bound="Closing")
+
+
+class Closing:
+    """Something that holds a generator (or a connection) until ``close()``; leaving a ``with`` block closes it."""
+
+    def __enter__(self: _Closing) -> _Closing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class GenerationStream(Closing):
     """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted.
 
     One delta per accepted token (a forward that accepts five tokens gives five), so a consumer
@@ -213,12 +229,6 @@ class GenerationStream:
         result = yield from self._steps
         if self.result is None:  # iterating an exhausted stream again yields nothing and keeps the result
             self.result = result
-
-    def __enter__(self) -> GenerationStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop generating (e.g. the client went away); releases the generator (or the connection) for other calls."""
