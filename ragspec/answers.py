@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from langchain_core.documents import Document
 
 from ragspec.bridge import iterate_in_thread
+from ragspec.engine.results import Closing
 from ragspec.prompts import Turn
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ class Answer:
         return Turn(self.question, self.text, tuple(self.passages[self.earlier_passages :]))
 
 
-class AnswerStream:
+class AnswerStream(Closing):
     """Iterate for the answer's text deltas; ``answer`` (with citations) is set once it is exhausted.
 
     ``passages`` are known before the first delta, so sources can be shown up front; ``stats``
@@ -174,12 +175,6 @@ class AnswerStream:
                     yield event
         finally:
             self.close()  # stopping early ends the generation and frees the model
-
-    def __enter__(self) -> AnswerStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop generating; frees the model for the next request."""

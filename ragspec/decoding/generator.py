@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator as StepGenerator
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -34,7 +34,6 @@ from ragspec.engine.results import (
     GenerationResult,
     GenerationStats,
     GenerationStream,
-    PromptTooLongError,
     TextGenerator,
 )
 from ragspec.engine.sampling import Acceptor, MaskedAcceptor, make_acceptor
@@ -140,31 +139,15 @@ class SpeculativeGenerator(TextGenerator):
         self.lock.busy_timeout_s = seconds
 
     # -- public API ---------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        *,
-        references: Sequence[str | Sequence[int]] = (),
-        **options: Any,
+    def _start(
+        self, prompt: str | Sequence[int], config: GenerationConfig, references: Sequence[str | Sequence[int]]
     ) -> GenerationStream:
-        """Like ``generate`` but yields text deltas as they are accepted; see ``GenerationStream``.
-
-        Arguments are checked here, before any work starts. The generator is taken on the first
-        delta: a request from another thread waits up to ``busy_timeout_s`` for it, and one from a
-        thread that still has an open stream of this generator fails at once (``GeneratorBusyError``).
-        """
-        config = (config if config is not None else self.config).merged(options)
+        """The stream of one request. The generator is taken on the first delta: a request from another
+        thread waits up to ``busy_timeout_s`` for it, and one from a thread that still has an open stream
+        of this generator fails at once (``GeneratorBusyError``)."""
         acceptor, grammar = self._acceptor(config)
         assembler = StopTextAssembler(self.tokenizer, config.stop, config.repetition_stop)
-        prompt_ids = self.encode(prompt, special_tokens=True)
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if len(prompt_ids) >= self.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt_ids)} tokens but {self.model_name} takes at most "
-                f"{self.context_length} (prompt and answer together): shorten it or pass fewer passages"
-            )
+        prompt_ids = self._prompt_ids(prompt)
         if isinstance(references, (str, bytes)):
             raise TypeError("references must be a list of passages (texts or token-id lists), got one string: wrap it in a list")
         ref_ids = [self.encode(r, special_tokens=False, what=f"reference {i}") for i, r in enumerate(references)]

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +11,8 @@ from langchain_core.documents import Document
 from benchmarks import support_eval
 from benchmarks.support_eval import Case, measure
 from ragspec.citations import choose_citations
+from tests.benchmarks.scripts import REPO, run_script
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _keys(name: str, key: str) -> set[tuple[str, str]]:
@@ -51,9 +48,7 @@ def test_measure_counts_against_a_brute_force_tally() -> None:
 
 @pytest.mark.timeout(120)
 def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_eval.py"), "--limit", "5", "--json", str(tmp_path / "r.json")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)  # fmt: skip
+    done = run_script("support_eval.py", "--limit", "5", "--json", str(tmp_path / "r.json"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 15 |" in done.stdout and "| after | held-out | 5 |" in done.stdout
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}
@@ -63,9 +58,8 @@ def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_support_answers_runs_on_the_default_model(tmp_path: Path) -> None:
     out = tmp_path / "answers.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_answers.py"), "--out", str(out), "--ids", "nq-13",
-                           "--max-tokens", "8"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=880)  # fmt: skip
+    done = run_script("support_answers.py", "--out", str(out), "--ids", "nq-13", "--max-tokens", "8", cwd=tmp_path,
+                      timeout=880, HF_HUB_OFFLINE="1")
     assert done.returncode == 0, done.stderr
     [row] = json.loads(out.read_text())["answers"]
     assert row["id"] == "nq-13" and row["question"].startswith("Which version of tidepool") and len(row["passages"]) == 3
