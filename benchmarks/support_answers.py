@@ -27,12 +27,14 @@ from ragspec.pipeline import DocumentQA  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
+QUESTION_FILES = ("support_questions.json", "heldout_questions.json", "fresh_questions.json")
+"""The questions written for issue 37, in the order they were written (``fresh_questions.json`` last: the third round's held-out part)."""
 
 
 def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
     """Conversations as ``(id, [(turn id, question), ...])`` (a single question is a one-turn conversation):
     all of them, or those of ``ids`` in that order."""
-    mine = [json.loads((DATA / name).read_text()) for name in ("support_questions.json", "heldout_questions.json")]
+    mine = [json.loads((DATA / name).read_text()) for name in QUESTION_FILES]
     theirs = json.loads((DATA / "conversations.json").read_text())["conversations"]
     convs = [(q["id"], [(q["id"], q["question"])]) for m in mine for q in m["questions"]]
     for conv in [c for m in mine for c in m["conversations"]] + theirs:
