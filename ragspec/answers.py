@@ -40,6 +40,12 @@ def unsupported_note(rule: str, missing: Sequence[str] = ()) -> str:
         reason = "the passages it matches are not about the question"
     elif rule == "restates":
         reason = "it only repeats the question"
+    elif rule == "no_number":
+        reason = "the question asks for a number and it states none"
+    elif rule == "negation":
+        reason = "the passages it draws on do not say what it denies"
+    elif rule == "repeats":
+        reason = "it goes round in circles"
     else:
         reason = "no passage holds its words"
     return f"I don't know: no passage backs this answer ({reason}), so it may be a guess."
