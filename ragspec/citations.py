@@ -180,7 +180,7 @@ def choose_citations(
         ("copied", copied_numbers(text, passages)),
         ("overlap", overlap_numbers(text, passages)),
         ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
-        ("facts", fact_numbers(text, passages, question) if question else []),
+        ("facts", fact_numbers(text, passages, question) if question and check_facts else []),
     )
     drawn_from = sorted({n for _, numbers in evidence for n in numbers})
     lacking = False
