@@ -18,8 +18,14 @@ questions (``fresh_questions.json``) in ``fresh_answers.json``.
 - ``conversation`` (the default): as ``DocumentQA.conversation()`` lays a follow-up out, after every earlier
   turn with its passages, retrieved with the ``combine`` query;
 - ``last``: only the last earlier turn kept (its question, answer and passages), the same retrieval;
+- ``questions``: the recent earlier questions and the follow-up asked together as a first turn (the
+  ``combine`` query, "When did the great flood hit Marrowford? How many people died in it?"): retrieved
+  for it, no earlier answer in the prompt (the small model repeats its earlier answers, right or wrong);
 - ``standalone``: the model rewrites the follow-up into a standalone question (``follow_up="rewrite"``'s
   query), which is then asked as a first turn: retrieved for it, no earlier turn in the prompt.
+
+``--follow-ups-only`` leaves the first turns out (they are asked as in ``conversation`` whatever the layout,
+so its file has them) where the layout does not need their answers (``questions``).
 
 An ``--out`` file that exists is resumed: turns already in it are kept, not asked again (a conversation
 whose turns are all there is skipped; one cut short is asked again from its start).
@@ -67,19 +73,27 @@ def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, st
     return [(i, by_id[i]) for i in ids]
 
 
-LAYOUTS = ("conversation", "last", "standalone")
+LAYOUTS = ("conversation", "last", "questions", "standalone")
 
 
-def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str) -> Iterator[tuple[str, Answer]]:
-    """``(question asked, answer)`` for each turn of a conversation, laid out as ``layout`` says (module docstring)."""
+def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_ups_only: bool = False) -> Iterator[tuple[int, str, Answer]]:
+    """``(turn index, question asked, answer)`` for each turn of a conversation, laid out as ``layout`` says
+    (module docstring); without the first turn when ``follow_ups_only`` and the layout needs no earlier answer."""
     history: list[Turn] = []
-    for question in (q for _, q in turns):
-        asked = question
-        if layout == "standalone" and history:
-            asked, _ = follow_up_query("rewrite", question, history, qa.llm.load(), qa.system_prompt)
-        answer = qa.ask(asked, history=history[-1:] if layout == "last" else [] if layout == "standalone" else history)
+    for index, question in enumerate(q for _, q in turns):
+        asked, shown = question, history
+        if layout == "last":
+            shown = history[-1:]
+        elif layout == "questions" and history:
+            asked, shown = follow_up_query("combine", question, history, qa.llm.load(), qa.system_prompt)[0], []
+        elif layout == "standalone" and history:
+            asked, shown = follow_up_query("rewrite", question, history, qa.llm.load(), qa.system_prompt)[0], []
+        if index == 0 and follow_ups_only and layout == "questions":
+            history.append(Turn(question, "", ()))
+            continue
+        answer = qa.ask(asked, history=shown)
         history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
-        yield asked, answer
+        yield index, asked, answer
 
 
 def report(paths: list[Path]) -> str:
@@ -98,6 +112,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--ids", default=None, help="only these conversations or single questions, comma-separated, in order")
     parser.add_argument("--layout", choices=LAYOUTS, default="conversation", help="how a follow-up is asked")
+    parser.add_argument("--follow-ups-only", action="store_true", help="leave the first turns out (layout 'questions')")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
     args = parser.parse_args()
     if args.report is not None:
@@ -109,10 +124,11 @@ def main() -> None:
                                unsupported="flag")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
     for conv_id, turns in workload(args.ids.split(",") if args.ids else None):
-        if {t for t, _ in turns} <= {r["id"] for r in done}:
+        if {t for t, _ in turns[1 if args.follow_ups_only else 0 :]} <= {r["id"] for r in done}:
             continue
         done = [r for r in done if r["conversation"] != conv_id]
-        for index, ((turn_id, question), (asked, answer)) in enumerate(zip(turns, ask_turns(qa, turns, args.layout))):
+        for index, asked, answer in ask_turns(qa, turns, args.layout, args.follow_ups_only):
+            turn_id, question = turns[index]
             done.append({"id": turn_id, "conversation": conv_id, "turn": index + 1, "question": question,
                          **({"asked": asked} if asked != question else {}),
                          "text": answer.model_text, "finish": answer.finish_reason,
