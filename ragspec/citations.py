@@ -193,7 +193,8 @@ def choose_citations(
             if not check_facts:
                 return kept, rule
             if backed := _backing(text, passages, question, kept, drawn_from):
-                if facts.negations(text) and not any(facts.negations(_drawn(text, passages[n - 1].page_content, question)) for n in backed):
+                drawn = [_drawn(text, passages[n - 1].page_content, question) for n in backed]
+                if facts.negations(text) and not any(map(facts.negations, drawn)):
                     return [], "negation"
                 return backed, rule
             lacking = True

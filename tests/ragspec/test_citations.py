@@ -239,3 +239,12 @@ def test_an_answer_going_round_in_circles_is_not_supported():
     text = "The bakery has two shops, and the bakery has two shops and a delivery round."
     assert repeats(text) and not repeats("The bakery has two shops and a delivery round.")
     assert choose_citations(text, BAKERY, "What does the bakery have?") == ([], "repeats")
+
+
+def test_every_rule_without_citations_has_its_own_reason_in_the_note():
+    from ragspec.answers import unsupported_note
+
+    rules = ["restates", "no_number", "repeats", "missing_facts", "negation", "off_topic", "unsupported"]
+    notes = [unsupported_note(rule) for rule in rules]
+    assert len(set(notes)) == len(rules) and all(n.startswith("I don't know: no passage backs this answer (") for n in notes)
+    assert "2 oven" in unsupported_note("missing_facts", ["2 oven"])  # the facts it states win over the rule
