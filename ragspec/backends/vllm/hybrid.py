@@ -93,7 +93,9 @@ class HybridDrafter(BatchDrafter):
         ``index.drafts``); rows that may draft get ``caps`` > 0, and ``model_caps`` > 0 where the
         draft model's cache is whole."""
         last_ids, last_time = self._last_ids, self._last_time
+        began = self.requests_seen + self.undrafted_seen
         ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
+        admitted = self.requests_seen + self.undrafted_seen > began  # a prompt ended: its catch-up is a prefill
         if all_sampled and ids == last_ids and last_time is not None:  # ``_begin_step`` timed the last step
             self.timed_steps[self._last_source] += 1
         rows = len(ids)
@@ -114,7 +116,7 @@ class HybridDrafter(BatchDrafter):
             model_caps[[r for r, rid in enumerate(ids) if rid in self._holes]] = 0
         self.caps, self.model_caps = caps, model_caps
         self._rows = rows
-        self._decode_only = all_sampled and not self._pending
+        self._decode_only = all_sampled and not self._pending and not admitted and not restarted
         self._last_ids = ids if all_sampled else None
 
     def _count_accepted(self, n_new: np.ndarray) -> bool:
@@ -175,20 +177,21 @@ class HybridDrafter(BatchDrafter):
         """Whether the draft model runs this step at all (``catch_up``). Its first forward over the
         step's tokens keeps its KV cache whole, and costs a draft forward; a step whose rows take
         no model draft pays it only to keep the model usable: for ``MODEL_IDLE_STEPS`` steps after
-        its drafts last earned tokens (some were kept), or while an exploration is due (new requests enter its
-        cache, to be tried on; it waits ``MODEL_IDLE_STEPS`` steps for such a row at most, then
-        the next one is ``policy.explore_every`` steps away). Otherwise the model does not run, and
+        its drafts last earned tokens (some were kept), or while an exploration is due (new
+        requests enter its cache, to be tried on; with the model running it waits
+        ``MODEL_IDLE_STEPS`` steps at most for such a row to draft nothing, then the next try is
+        ``policy.explore_every`` steps away). Otherwise the model does not run, and
         every request in the batch loses it for good (``_holes``: its cache misses this step's
         tokens); later requests start whole. A step with rows whose caches are all holed never
         runs it (it could draft for none of them)."""
         whole = any(rid not in self._holes for rid in self._ids)
         due = self._since_model >= self.policy.explore_every
-        if due and steps == 0:
-            self._waited += 1
-            if self._waited > MODEL_IDLE_STEPS:  # no row to try it on came: try again later
-                self._since_model, self._waited, due = 0, 0, False
-        else:
+        if steps:
             self._waited = 0
+        elif due and whole:  # the model runs for a row to try it on
+            self._waited += 1
+            if self._waited > MODEL_IDLE_STEPS:  # none came that drafts nothing: try again later
+                self._since_model, self._waited, due = 0, 0, False
         self.catch_up = steps > 0 or (whole and (self._idle < MODEL_IDLE_STEPS or due))
         if not self.catch_up:
             self._holes.update(self._ids)  # the step's tokens never reach the model's cache

@@ -84,6 +84,7 @@ def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_w
     # The model's cost is only a prior so far: the first chance explores it on the row without a match.
     assert steps == EXPLORE_TOKENS and drafts["open"] == [60, 61]
     assert drafter.stats()["drafted_by_source"] == {"ngram": 8, "model": 2}
+    assert not drafter.model_seconds.measured()  # the prompts' catch-up: a prefill, not a model step
     # Its two tokens accepted: the next step records them under the model's source.
     before = drafter.policy.acceptance.counts[0, MODEL, 0]
     rows["rag"] += PASSAGE[1:9] + [113]
@@ -161,6 +162,14 @@ def test_the_draft_model_stops_catching_up_when_idle_and_the_ngram_drafts_go_on(
     _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
     assert not drafter.catch_up
     assert drafter.stats()["idle_model_forwards"] == MODEL_IDLE_STEPS - 1
+    # An exploration due waits, the model off, until a request begins, and tries the model on it.
+    drafter._since_model = drafter.policy.explore_every
+    for _ in range(2 * MODEL_IDLE_STEPS):
+        _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
+        assert not drafter.catch_up
+    rows["c"], new["c"] = [50, 51, 52], [52]
+    _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4, "c": [9] * 4})
+    assert drafter.catch_up and drafter.from_model.tolist() == [0, 0, 1]
 
 
 # -- a RAG answer with a draft model whose every token is rejected -------------------------------
