@@ -40,8 +40,10 @@ from ragspec.engine.planning import MAX_BUCKET, MODEL, OUTPUT, REFERENCE, CostCu
 EXPLORE_TOKENS = 2
 """Draft-model tokens a row tries when the model is explored (two: its first and later acceptance)."""
 MODEL_IDLE_STEPS = 8
-"""Steps the draft model keeps catching up after its drafts last earned tokens, and the longest an
-exploration waits for a row to try it on (``_decide_catch_up``)."""
+"""Steps the draft model keeps catching up after its drafts last earned tokens (``_decide_catch_up``)."""
+EXPLORE_WAIT_STEPS = 2
+"""Steps an exploration due waits, the model running, for a new request to draft nothing (then it
+is tried on it); after that the next try is ``policy.explore_every`` steps away."""
 MODEL_PRIOR_SLOPE = 0.5
 """Prior cost of one draft-model forward in plain steps of the batch, until timed."""
 
@@ -178,9 +180,7 @@ class HybridDrafter(BatchDrafter):
         step's tokens keeps its KV cache whole, and costs a draft forward; a step whose rows take
         no model draft pays it only to keep the model usable: for ``MODEL_IDLE_STEPS`` steps after
         its drafts last earned tokens (some were kept), or while an exploration is due (new
-        requests enter its cache, to be tried on; with the model running it waits
-        ``MODEL_IDLE_STEPS`` steps at most for such a row to draft nothing, then the next try is
-        ``policy.explore_every`` steps away). Otherwise the model does not run, and
+        requests enter its cache, to be tried on; ``EXPLORE_WAIT_STEPS``). Otherwise the model does not run, and
         every request in the batch loses it for good (``_holes``: its cache misses this step's
         tokens); later requests start whole. A step with rows whose caches are all holed never
         runs it (it could draft for none of them)."""
@@ -190,7 +190,7 @@ class HybridDrafter(BatchDrafter):
             self._waited = 0
         elif due and whole:  # the model runs for a row to try it on
             self._waited += 1
-            if self._waited > MODEL_IDLE_STEPS:  # none came that drafts nothing: try again later
+            if self._waited > EXPLORE_WAIT_STEPS:  # none came that drafts nothing: try again later
                 self._since_model, self._waited, due = 0, 0, False
         self.catch_up = steps > 0 or (whole and (self._idle < MODEL_IDLE_STEPS or due))
         if not self.catch_up:
