@@ -53,7 +53,9 @@ class SpeculativeGenerator(TextGenerator):
     them (a system prompt, the earlier turns of a conversation, the same first passages) only
     computes the rest, which shortens the time to first token. A hit gives what a cold prefill gives.
     Prefixes are reused only within the request's cache scope (``ragspec.engine.tenancy``: one web
-    session, one ``/v1`` client), and the state kept across requests for drafting (the n-gram
+    session, one ``/v1`` client), except ``public_prefix``: ids that hold no user's words (the
+    question-answering prompt's fixed part, ``ragspec.prompts.qa_prefix_ids``, which the shared
+    generators of ``ragspec.registry`` get), computed once for every scope; and the state kept across requests for drafting (the n-gram
     drafter's earlier answers, cleared through its ``forget()``, and the draft model's cache) belongs
     to one scope at a time: a request of another scope starts without it.
 
@@ -77,6 +79,7 @@ class SpeculativeGenerator(TextGenerator):
         max_draft: int = 16,
         prefix_cache: bool = True,
         prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
+        public_prefix: Sequence[int] = (),
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         backend: str = "auto",
@@ -108,8 +111,8 @@ class SpeculativeGenerator(TextGenerator):
         """This generator's forward and KV cache (the model's weights are shared); what the generator
         knows of its model comes from here."""
         self.prefix_cache = prefix_cache
-        self.prefixes = PrefixCache(prefix_cache_bytes)
-        """Saved prompt prefixes (empty unless ``prefix_cache``)."""
+        self.prefixes = PrefixCache(prefix_cache_bytes, public=public_prefix)
+        """Saved prompt prefixes (empty unless ``prefix_cache``); ``public_prefix`` is every scope's."""
         self._drafting_scope = SHARED
         """The cache scope whose requests the drafters' cross-request state came from."""
         if self.policy.needs_calibration:
