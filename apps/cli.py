@@ -14,9 +14,9 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ragspec.engine.config import DEFAULT_MAX_TOKENS
 
@@ -37,14 +37,29 @@ class CLIError(Exception):
     """A runtime error reported as one line, exit code 1."""
 
 
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return n
+_N = TypeVar("_N", int, float)
+
+
+def _number(convert: Callable[[str], _N], valid: Callable[[_N], bool], kind: str, bound: str) -> Callable[[str], _N]:
+    """An argparse ``type``: the value converted ("expected {kind}" if it does not convert) and
+    checked ("expected {bound}" if it is out of range)."""
+
+    def parse(value: str) -> _N:
+        try:
+            x = convert(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {value!r}") from None
+        if not valid(x):
+            raise argparse.ArgumentTypeError(f"expected {bound}, got {value!r}")
+        return x
+
+    return parse
+
+
+_positive = _number(int, lambda n: n >= 1, "a positive integer", "a positive integer")
+_non_negative = _number(int, lambda n: n >= 0, "an integer >= 0", "an integer >= 0")
+_mebibytes = _number(float, lambda x: 0 < x < float("inf") and x * 2**20 >= 1, "a size in MiB", "a positive size in MiB")
+_seconds = _number(float, lambda x: x > 0, "a number of seconds", "a positive number of seconds")
 
 
 def _port(value: str) -> int:
@@ -52,36 +67,6 @@ def _port(value: str) -> int:
     if n > 65535:
         raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value!r}")
     return n
-
-
-def _non_negative(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
-    return n
-
-
-def _mebibytes(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size in MiB, got {value!r}") from None
-    if not x > 0 or x * 2**20 < 1 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive size in MiB, got {value!r}")
-    return x
-
-
-def _seconds(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return x
 
 
 def _generator_options(p: argparse.ArgumentParser) -> None:

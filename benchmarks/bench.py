@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: ``python benchmarks/bench.py``
 
-from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever  # noqa: E402
+from benchmarks.bench_workload import FirstTokenTimer, TimedRun, decode_tokens_per_s, retrieved_questions  # noqa: E402
 from ragspec.backends import TargetModel, load_model  # noqa: E402
 from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
 from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
@@ -98,14 +98,12 @@ class Prompt:
 
 
 @dataclass
-class Run:
-    new_tokens: int
-    wall_s: float
-    ttft_s: float
-    forwards: int | None = None
+class Run(TimedRun):
     drafted: int = 0
     accepted: int = 0
+    """Of the drafted tokens, those the target accepted."""
     draft_s: float = 0.0
+    """Seconds spent drafting."""
     peak_rss_mb: float = 0.0
     token_ids: list[int] = field(default_factory=list)
 
@@ -149,11 +147,8 @@ def rag_prompts(lm: TargetModel, n: int, k: int = 3) -> list[Prompt]:
     """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
     from ragspec.prompts import qa_prompt_ids
 
-    questions = bundled_questions(n)
-    retriever = bundled_retriever(k)
     prompts = []
-    for q in questions:
-        passages = retriever.invoke(q["question"])
+    for q, passages in retrieved_questions(n, k):
         ids = qa_prompt_ids(lm.tokenizer, q["question"], passages)  # the pipeline's own prompt
         prompts.append(Prompt(ids, [p.page_content for p in passages], q["kind"]))
     return prompts
@@ -444,7 +439,7 @@ def run_benchmark(
                 run.peak_rss_mb = rss.peak
                 runs[m].append(run)
             progress(f"[{name} {i + 1}/{len(prompts)}] " + "  ".join(
-                f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
+                f"{m}={decode_tokens_per_s(runs[m][-1:]):.1f}" for m in methods))
         report["workloads"][name] = [asdict(s) for s in summarize(runs)]  # type: ignore[index]
         report["endings"][name] = endings  # type: ignore[index]
     # r(k) of each back end, timed after the first RAG prompt (the workload's context length).
@@ -462,14 +457,8 @@ def run_benchmark(
     return report
 
 
-def _tps(runs: Sequence[Run]) -> float:
-    tokens = sum(max(r.new_tokens - 1, 0) for r in runs)
-    seconds = sum(r.wall_s - r.ttft_s for r in runs)
-    return tokens / seconds if seconds > 0 else 0.0
-
-
 def summarize(runs: dict[str, list[Run]]) -> list[MethodSummary]:
-    base = {fam: _tps(runs[m]) for fam, m in GREEDY.items() if m in runs}
+    base = {fam: decode_tokens_per_s(runs[m]) for fam, m in GREEDY.items() if m in runs}
     reference = {fam: [r.token_ids for r in runs[m]] for fam, m in GREEDY.items() if m in runs}
     greedy_runs = {fam: runs[m] for fam, m in GREEDY.items() if m in runs}
     out = []
@@ -480,7 +469,7 @@ def summarize(runs: dict[str, list[Run]]) -> list[MethodSummary]:
         forwards = sum(r.forwards or 0 for r in rs)
         drafted = sum(r.drafted for r in rs)
         steps = sum(max((r.forwards or 1) - 1, 1) for r in rs)
-        tps = _tps(rs)
+        tps = decode_tokens_per_s(rs)
         ref = reference.get(family(method))
         wall = sum(r.wall_s for r in rs)
         out.append(MethodSummary(

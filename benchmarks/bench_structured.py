@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from benchmarks.bench_workload import FirstTokenTimer, bundled_questions, bundled_retriever
+from benchmarks.bench_workload import FirstTokenTimer, TimedRun, decode_tokens_per_s, retrieved_questions
 from ragspec.engine.constraints import Constraint, engine_tokenizer
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.loading import LoadedModel
@@ -63,14 +63,12 @@ class Item:
 
 
 @dataclass
-class Run:
-    new_tokens: int
-    wall_s: float
-    ttft_s: float
-    forwards: int | None = None
+class Run(TimedRun):
     forced: int = 0
+    """Tokens the grammar allowed alone (drafted for free)."""
     mask_s: float = 0.0
     masks: int = 0
+    """Grammar masks computed (``mask_s`` the seconds they took)."""
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
 
@@ -92,11 +90,8 @@ def extraction_items(lm: LoadedModel, n: int, k: int = 3) -> list[Item]:
     """The first ``n`` bundled questions, each with its top ``k`` passages, as chat prompts."""
     from ragspec.prompts import format_passages
 
-    questions = bundled_questions(n)
-    retriever = bundled_retriever(k)
     items = []
-    for q in questions:
-        passages = retriever.invoke(q["question"])
+    for q, passages in retrieved_questions(n, k):
         chat = [
             {"role": "system", "content": INSTRUCTION},
             {"role": "user", "content": f"{format_passages(passages)}\n\nQuestion: {q['question']}"},
@@ -187,14 +182,8 @@ def run_structured(
         order = list(methods)[i % len(methods) :] + list(methods)[: i % len(methods)]
         for m in order:
             runs[m].append(methods[m](item, max_new_tokens))
-        progress(f"[structured {i + 1}/{len(items)}] " + "  ".join(f"{m}={_tps(runs[m][-1:]):.1f}" for m in methods))
+        progress(f"[structured {i + 1}/{len(items)}] " + "  ".join(f"{m}={decode_tokens_per_s(runs[m][-1:]):.1f}" for m in methods))
     return [asdict(s) for s in summarize(runs)]
-
-
-def _tps(runs: Sequence[Run]) -> float:
-    tokens = sum(max(r.new_tokens - 1, 0) for r in runs)
-    seconds = sum(r.wall_s - r.ttft_s for r in runs)
-    return tokens / seconds if seconds > 0 else 0.0
 
 
 def _parses(text: str) -> bool:
@@ -206,7 +195,7 @@ def _parses(text: str) -> bool:
 
 
 def summarize(runs: dict[str, list[Run]]) -> list[Summary]:
-    base = _tps(runs["constrained_plain"])
+    base = decode_tokens_per_s(runs["constrained_plain"])
     reference = [r.token_ids for r in runs["constrained_plain"]]
     out = []
     for method, rs in runs.items():
@@ -215,8 +204,8 @@ def summarize(runs: dict[str, list[Run]]) -> list[Summary]:
         masks = sum(r.masks for r in rs)
         out.append(Summary(
             method=method,
-            decode_tokens_per_s=round(_tps(rs), 2),
-            ratio_vs_constrained_plain=round(_tps(rs) / base, 3) if base else 0.0,
+            decode_tokens_per_s=round(decode_tokens_per_s(rs), 2),
+            ratio_vs_constrained_plain=round(decode_tokens_per_s(rs) / base, 3) if base else 0.0,
             tokens_per_forward=round(tokens / forwards, 2) if forwards else None,
             forced_share=round(sum(r.forced for r in rs) / tokens, 3) if forwards and masks and tokens else None,
             mask_us_per_token=round(1e6 * sum(r.mask_s for r in rs) / masks, 1) if masks else None,

@@ -1,10 +1,13 @@
 """What both benchmarks (``benchmarks.bench``, ``benchmarks.bench_structured``) run on: the bundled questions,
-the bundled corpus behind a hybrid retriever, and a timer for transformers' first new token."""
+the bundled corpus behind a hybrid retriever, a timer for transformers' first new token, and the timing
+every run records (``TimedRun``) with the decode speed computed from it."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +15,28 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 if TYPE_CHECKING:
+    from langchain_core.documents import Document
+
     from retrievers import HybridRetriever
+
+@dataclass
+class TimedRun:
+    """One generation's timing; each benchmark's ``Run`` adds its own counts."""
+
+    new_tokens: int
+    wall_s: float
+    ttft_s: float
+    """Seconds to the first new token (the prefill, mostly)."""
+    forwards: int | None = None
+    """Target forwards, where the method counts them."""
+
+
+def decode_tokens_per_s(runs: Sequence[TimedRun]) -> float:
+    """Tokens after the first over the time after the first token, pooled over ``runs``."""
+    tokens = sum(max(r.new_tokens - 1, 0) for r in runs)
+    seconds = sum(r.wall_s - r.ttft_s for r in runs)
+    return tokens / seconds if seconds > 0 else 0.0
+
 
 DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 """The bundled questions (``questions.json``) and corpus (``corpus/``)."""
@@ -32,6 +56,12 @@ def bundled_retriever(k: int) -> HybridRetriever:
     store = FaissVectorStore(default_embeddings())
     store.add_documents(chunks)
     return HybridRetriever(vectorstore=store, documents=chunks, k=k)
+
+
+def retrieved_questions(n: int, k: int) -> list[tuple[dict[str, Any], list[Document]]]:
+    """The first ``n`` bundled questions, each with its top ``k`` passages from the bundled corpus (hybrid)."""
+    retriever = bundled_retriever(k)
+    return [(q, retriever.invoke(q["question"])) for q in bundled_questions(n)]
 
 
 class FirstTokenTimer(BaseStreamer):

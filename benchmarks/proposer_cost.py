@@ -10,16 +10,29 @@ both proposers on the same arrays, interleaved, in one run:
   answer that copies stretches of those passages joined by a few other tokens; one token per step
   (every row samples one token, as when no draft is accepted); a request that has answered is
   replaced by a new one in its row (its prompt is then indexed in that step);
-- ragspec: ``ragspec.backends.vllm.proposer.BatchDrafter.step``, the whole per-step work of
-  ``RagspecProposer.propose`` (request bookkeeping, the compiled kernel, planning, the draft lists).
-  Its step costs are given as flat in the drafted tokens, so it plans drafts for every row that
-  has a match (the most work planning can do);
-- vLLM: ``NgramProposer.propose`` (the proposer vLLM's runner calls for ``"method": "ngram"``,
-  ``prompt_lookup_min`` 2, ``prompt_lookup_max`` 4, one thread as vLLM 0.32 uses) and its kernel
-  ``batch_propose_numba`` alone (which the issue's figures timed).
+Both sides are timed twice, nested in the same call, so that like is compared with like:
 
-It reports ms per step and µs per request for each, and the proposer's share of a step for
-``GPU_STEP_MS``. Run it with the Python of vLLM's venv and ragspec's source on the path::
+- **the whole step** (``step`` columns): from the runner's arrays (each row's sampled tokens, token
+  counts, the ``token_ids`` table) to the ``list[list[int]]`` of drafts the runner takes.
+  ragspec: ``BatchDrafter.step``, all that ``RagspecProposer.propose`` does (following the batch's
+  requests by id, indexing new prompts, the compiled kernel, planning, the draft lists). vLLM:
+  ``NgramProposer.propose``, all that vLLM's runner calls for ``"method": "ngram"`` (choosing the
+  rows, the kernel, its draft lists); ``prompt_lookup_min`` 2, ``prompt_lookup_max`` 4, one thread
+  as vLLM 0.32 uses below 8192 tokens in the batch (more threads only from there; and those cores
+  are then taken from the frontend and tokenization).
+- **the compiled kernel** (``kernel`` columns), timed inside those same calls: ragspec's
+  ``BatchIndex.step`` (extend every row's index by its new tokens, match, continue, record
+  acceptance, plan every row's length; results in preallocated arrays) and vLLM's
+  ``batch_propose_numba`` (match the last 2-4 tokens against the whole context of every row,
+  continue; results in preallocated arrays). The issue's first figures timed vLLM's kernel alone.
+
+ragspec's step costs are given as flat in the drafted tokens, so it plans drafts for every row
+that has a match (the most work planning can do). The ratio columns are ragspec over vLLM, of the
+medians, whole step against whole step and kernel against kernel.
+
+It reports ms per step (median and mean) for each, and each proposer's share of a step whose
+GPU part is ``gpu_step_ms(rows)``: an 8B model's decode step on one H100 estimated from its memory
+traffic (not a measurement; docs/scale-out.md gives the arithmetic and its sources). Run it with the Python of vLLM's venv and ragspec's source on the path::
 
     PYTHONPATH=$PWD .venv-vllm/bin/python benchmarks/proposer_cost.py [--rows 1 8 32 128 256] [--steps 200] [--json out.json] [--clock thread]
 
@@ -49,9 +62,21 @@ from ragspec.engine.policy import AdaptivePolicy  # noqa: E402
 
 CORPUS = ROOT / "retrievers" / "data" / "corpus"
 ROWS = (1, 8, 32, 128, 256)
-GPU_STEP_MS = {1: 10.0, 8: 11.0, 32: 14.0, 128: 22.0, 256: 40.0}
-"""An assumed decode step of an 8B model on one H100 by batch size: the 10-40 ms range issue 31 gives
-for batch 1 to 256, spread over the sizes (not a measurement; docs/scale-out.md says so)."""
+# A decode step of Llama-3.1-8B in bf16 on one H100 SXM, from its memory traffic (docs/scale-out.md,
+# "What custom_class costs on a GPU"): the weights and every row's keys and values are read once per
+# step, at 75% of the 3.35 TB/s peak of NVIDIA's H100 SXM datasheet (a measured A100 decode reached
+# 77% of its own); the compute of a plain step stays below that at every size here.
+GPU_WEIGHT_BYTES = 8.03e9 * 2  # parameters in bf16
+GPU_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # keys and values, 32 layers, 8 KV heads of 128, bf16
+GPU_CONTEXT_TOKENS = 1000  # a ~700-token RAG prompt and its answer
+GPU_BYTES_PER_S = 0.75 * 3.35e12
+
+
+def gpu_step_ms(rows: int) -> float:
+    """The plain decode step assumed for ``rows`` requests on the GPU (not a measurement)."""
+    return 1e3 * (GPU_WEIGHT_BYTES + rows * GPU_CONTEXT_TOKENS * GPU_KV_BYTES_PER_TOKEN) / GPU_BYTES_PER_S
+
+
 DRAFT_TOKENS = 8
 PROMPT_TOKENS = 700
 MAX_MODEL_LEN = 2048
@@ -165,53 +190,71 @@ CPU time of this thread, which leaves out the time the OS gave other processes, 
 preemptions do not land in one proposer's column (its caches are still shared)."""
 
 
+class _Timed:
+    """A callable that adds the time of each call to ``elapsed`` (for the kernels, nested in a step)."""
+
+    def __init__(self, function: Any, now: Any) -> None:
+        self.function, self.now, self.elapsed = function, now, 0
+
+    def __call__(self, *args: Any) -> Any:
+        t0 = self.now()
+        try:
+            return self.function(*args)
+        finally:
+            self.elapsed += self.now() - t0
+
+
 def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray], clock: str = "wall") -> dict[str, Any]:
+    import vllm.v1.spec_decode.ngram_proposer as vllm_module
+
     batch = Batch(rows, Workload(docs, seed=rows))
+    now = CLOCKS[clock]
     # Margin 0 and the acceptance statistics held at the policy's prior: with flat costs every expected
     # gain then pays, so every row with a match drafts, as vLLM's n-gram does (the simulated rows keep no
     # draft, so learned statistics would soon stop all drafting and the planning's work with it).
     ragspec = BatchDrafter(DRAFT_TOKENS, max_model_len=MAX_MODEL_LEN, costs=flat_costs(rows), clock=lambda: 0.0,
                            policy=AdaptivePolicy(max_draft=DRAFT_TOKENS, margin=0.0),
                            max_rows=rows)  # as RagspecProposer allocates for vLLM's max_num_seqs
+    ragspec_kernel = _Timed(ragspec.index.step, now)
+    ragspec.index.step = ragspec_kernel  # type: ignore[method-assign]
     counts = ragspec.policy.acceptance.counts
     prior = counts.copy()
     ngram, kernel = vllm_ngram(rows)
-    from numba import set_num_threads
-    times = {"ragspec": [], "vllm_propose": [], "vllm_kernel": []}
+    vllm_kernel = _Timed(kernel, now)
+    times: dict[str, list[float]] = {"ragspec_step": [], "ragspec_kernel": [], "vllm_step": [], "vllm_kernel": []}
     drafted = {"ragspec": 0, "vllm": 0}
-    valid = list(range(rows))
-    now = CLOCKS[clock]
-    for step in range(warmup + steps):
-        batch.advance()
-        order = ("ragspec", "vllm_propose", "vllm_kernel") if step % 2 else ("vllm_kernel", "vllm_propose", "ragspec")
-        for name in order:
-            t0 = now()
-            if name == "ragspec":
-                counts[...] = prior
-                out = ragspec.step(batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids)
-            elif name == "vllm_propose":
-                out = ngram.propose(DRAFT_TOKENS, batch.sampled, batch.num_tokens, batch.token_ids)
-            else:  # one thread, as NgramProposer sets it below its threshold of batch tokens
-                set_num_threads(1)
-                kernel(valid, batch.num_tokens, batch.token_ids, 2, 4, MAX_MODEL_LEN, DRAFT_TOKENS,
-                       ngram.valid_ngram_draft, ngram.valid_ngram_num_drafts)
-            elapsed = now() - t0
-            if step >= warmup:
-                times[name].append(elapsed / 1e6)
-                if name != "vllm_kernel":
-                    drafted["ragspec" if name == "ragspec" else "vllm"] += sum(map(len, out))
+    vllm_module.batch_propose_numba = vllm_kernel  # what NgramProposer.batch_propose calls, timed
+    try:
+        for step in range(warmup + steps):
+            batch.advance()
+            for name in ("ragspec", "vllm") if step % 2 else ("vllm", "ragspec"):
+                timed = ragspec_kernel if name == "ragspec" else vllm_kernel
+                timed.elapsed = 0
+                t0 = now()
+                if name == "ragspec":
+                    counts[...] = prior
+                    out = ragspec.step(batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids)
+                else:
+                    out = ngram.propose(DRAFT_TOKENS, batch.sampled, batch.num_tokens, batch.token_ids)
+                elapsed = now() - t0
+                if step >= warmup:
+                    times[f"{name}_step"].append(elapsed / 1e6)
+                    times[f"{name}_kernel"].append(timed.elapsed / 1e6)
+                    drafted[name] += sum(map(len, out))
+    finally:
+        vllm_module.batch_propose_numba = kernel
     result: dict[str, Any] = {"rows": rows, "steps": steps, "clock": clock}
     for name, ms in times.items():
         result[f"{name}_ms"] = float(np.mean(ms))
         result[f"{name}_median_ms"] = float(np.median(ms))
         result[f"{name}_us_per_request"] = float(np.mean(ms)) * 1000 / rows
+    for part in ("step", "kernel"):
+        result[f"{part}_ratio"] = result[f"ragspec_{part}_median_ms"] / result[f"vllm_{part}_median_ms"]
     result["ragspec_drafted_per_step"] = drafted["ragspec"] / steps
     result["vllm_drafted_per_step"] = drafted["vllm"] / steps
-    gpu = GPU_STEP_MS.get(rows)
-    if gpu is not None:
-        result["gpu_step_ms"] = gpu
-        for name in ("ragspec", "vllm_propose"):
-            result[f"{name}_share"] = result[f"{name}_ms"] / (gpu + result[f"{name}_ms"])
+    gpu = result["gpu_step_ms"] = gpu_step_ms(rows)
+    for name in ("ragspec", "vllm"):
+        result[f"{name}_share"] = result[f"{name}_step_ms"] / (gpu + result[f"{name}_step_ms"])
     return result
 
 
@@ -237,17 +280,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     docs = corpus_tokens(args.tokenizer or default_tokenizer_folder())
     report: dict[str, Any] = {"cpu_features": cpu_features(), "draft_tokens": DRAFT_TOKENS, "results": []}
     print(f"CPU features: {report['cpu_features']}; {DRAFT_TOKENS} draft tokens; ~{PROMPT_TOKENS}-token prompts")
-    print(f"ms per step ({args.clock} clock): mean (median); µs per request from the mean")
-    print(f"{'rows':>5} | {'ragspec ms':>17} {'µs/req':>7} | {'vLLM propose ms':>17} {'µs/req':>7} | "
-          f"{'vLLM kernel ms':>17} {'µs/req':>7} | {'GPU ms':>6} {'ragspec share':>13} {'vLLM share':>10}")
+    print(f"ms per step ({args.clock} clock): median (mean); ratio: ragspec / vLLM of the medians")
+    names = ("ragspec_step", "vllm_step", "ragspec_kernel", "vllm_kernel")
+    print(f"{'rows':>5} | " + " | ".join(f"{n:>18}" for n in names)
+          + f" | {'step ratio':>10} {'kernel ratio':>12} | {'GPU ms':>6} {'ragspec share':>13} {'vLLM share':>10}")
     for rows in args.rows:
         r = measure(rows, args.steps, args.warmup, docs, args.clock)
         report["results"].append(r)
-        share = (f"{r['gpu_step_ms']:>6.0f} {100 * r['ragspec_share']:>12.2f}% {100 * r['vllm_propose_share']:>9.2f}%"
-                 if "gpu_step_ms" in r else "")
-        cells = " | ".join(f"{r[n + '_ms']:>7.4f} ({r[n + '_median_ms']:.4f}) {r[n + '_us_per_request']:>7.2f}"
-                           for n in ("ragspec", "vllm_propose", "vllm_kernel"))
-        print(f"{rows:>5} | {cells} | {share}", flush=True)
+        share = f"{r['gpu_step_ms']:>6.1f} {100 * r['ragspec_share']:>12.2f}% {100 * r['vllm_share']:>9.2f}%"
+        cells = " | ".join(f"{r[n + '_median_ms']:>8.4f} ({r[n + '_ms']:.4f})" for n in names)
+        print(f"{rows:>5} | {cells} | {r['step_ratio']:>9.2f}x {r['kernel_ratio']:>11.2f}x | {share}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))
     return report

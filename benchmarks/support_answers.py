@@ -9,7 +9,26 @@ writes each answer with its question and the passages of its prompt, for labelli
     flock /tmp/ragspec-bench.lock python benchmarks/support_answers.py --out benchmarks/data/support_answers.json
 
 The answers labelled for tuning the rule are in ``support_answers.json``; those made after it was frozen
-(``--ids`` of the rest) in ``heldout_answers.json``.
+(``--ids`` of the rest) in ``heldout_answers.json``; the turns left unanswered then and the third round's
+questions (``fresh_questions.json``) in ``fresh_answers.json``.
+
+``--layout`` measures what lifts follow-ups (``--report FILE`` counts, for the conversations of
+``conversations.json``, the first turns and the follow-ups whose answer holds a gold string):
+
+- ``conversation`` (the default): as ``DocumentQA.conversation()`` lays a follow-up out, after every earlier
+  turn with its passages, retrieved with the ``combine`` query;
+- ``last``: only the last earlier turn kept (its question, answer and passages), the same retrieval;
+- ``questions``: the recent earlier questions and the follow-up asked together as a first turn (the
+  ``combine`` query, "When did the great flood hit Marrowford? How many people died in it?"): retrieved
+  for it, no earlier answer in the prompt (the small model repeats its earlier answers, right or wrong);
+- ``standalone``: the model rewrites the follow-up into a standalone question (``follow_up="rewrite"``'s
+  query), which is then asked as a first turn: retrieved for it, no earlier turn in the prompt.
+
+``--follow-ups-only`` leaves the first turns out (they are asked as in ``conversation`` whatever the layout,
+so its file has them) where the layout does not need their answers (``questions``).
+
+An ``--out`` file that exists is resumed: turns already in it are kept, not asked again (a conversation
+whose turns are all there is skipped; one cut short is asked again from its start).
 """
 
 from __future__ import annotations
@@ -17,22 +36,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from conversation_bench import has_gold  # noqa: E402  (benchmarks/, on the path as the script's folder)
+
+from ragspec.answers import Answer  # noqa: E402
+from ragspec.conversation import follow_up_query  # noqa: E402
 from ragspec.lc import ChatRagSpec  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
+from ragspec.prompts import Turn  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
+QUESTION_FILES = ("support_questions.json", "heldout_questions.json", "fresh_questions.json")
+"""The questions written for issue 37, in the order they were written (``fresh_questions.json`` last: the third round's held-out part)."""
 
 
 def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
     """Conversations as ``(id, [(turn id, question), ...])`` (a single question is a one-turn conversation):
     all of them, or those of ``ids`` in that order."""
-    mine = [json.loads((DATA / name).read_text()) for name in ("support_questions.json", "heldout_questions.json")]
+    mine = [json.loads((DATA / name).read_text()) for name in QUESTION_FILES]
     theirs = json.loads((DATA / "conversations.json").read_text())["conversations"]
     convs = [(q["id"], [(q["id"], q["question"])]) for m in mine for q in m["questions"]]
     for conv in [c for m in mine for c in m["conversations"]] + theirs:
@@ -46,25 +73,69 @@ def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, st
     return [(i, by_id[i]) for i in ids]
 
 
+LAYOUTS = ("conversation", "last", "questions", "standalone")
+
+
+def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_ups_only: bool = False) -> Iterator[tuple[int, str, Answer]]:
+    """``(turn index, question asked, answer)`` for each turn of a conversation, laid out as ``layout`` says
+    (module docstring); without the first turn when ``follow_ups_only`` and the layout needs no earlier answer."""
+    history: list[Turn] = []
+    for index, question in enumerate(q for _, q in turns):
+        asked, shown = question, history
+        if layout == "last":
+            shown = history[-1:]
+        elif layout == "questions" and history:
+            asked, shown = follow_up_query("combine", question, history, qa.llm.load(), qa.system_prompt)[0], []
+        elif layout == "standalone" and history:
+            asked, shown = follow_up_query("rewrite", question, history, qa.llm.load(), qa.system_prompt)[0], []
+        if index == 0 and follow_ups_only and layout == "questions":
+            history.append(Turn(question, "", ()))
+            continue
+        answer = qa.ask(asked, history=shown)
+        history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
+        yield index, asked, answer
+
+
+def report(paths: list[Path]) -> str:
+    """First turns and follow-ups of ``conversations.json``'s conversations in ``paths`` whose answer holds a gold string."""
+    gold = {f"{c['id']}-{i + 1}": t["gold"] for c in json.loads((DATA / "conversations.json").read_text())["conversations"]
+            for i, t in enumerate(c["turns"])}  # fmt: skip
+    rows = [r for path in paths for r in json.loads(path.read_text())["answers"] if r["id"] in gold]
+    right = {kind: [has_gold(r["text"], gold[r["id"]]) for r in rows if (r["turn"] == 1) == (kind == "first turns")]
+             for kind in ("first turns", "follow-ups")}  # fmt: skip
+    return ", ".join(f"{kind} {sum(hits)}/{len(hits)}" for kind, hits in right.items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--ids", default=None, help="only these conversations or single questions, comma-separated, in order")
+    parser.add_argument("--layout", choices=LAYOUTS, default="conversation", help="how a follow-up is asked")
+    parser.add_argument("--follow-ups-only", action="store_true", help="leave the first turns out (layout 'questions')")
+    parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
     args = parser.parse_args()
+    if args.report is not None:
+        print(report(args.report))
+        return
+    if args.out is None:
+        parser.error("--out is required")
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
                                unsupported="flag")  # fmt: skip
-    rows = []
+    done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
     for conv_id, turns in workload(args.ids.split(",") if args.ids else None):
-        conversation = qa.conversation()
-        for index, (turn_id, question) in enumerate(turns):
-            answer = conversation.ask(question)
-            rows.append({"id": turn_id, "conversation": conv_id, "turn": index + 1, "question": question,
+        if {t for t, _ in turns[1 if args.follow_ups_only else 0 :]} <= {r["id"] for r in done}:
+            continue
+        done = [r for r in done if r["conversation"] != conv_id]
+        for index, asked, answer in ask_turns(qa, turns, args.layout, args.follow_ups_only):
+            turn_id, question = turns[index]
+            done.append({"id": turn_id, "conversation": conv_id, "turn": index + 1, "question": question,
+                         **({"asked": asked} if asked != question else {}),
                          "text": answer.model_text, "finish": answer.finish_reason,
                          "passages": [{"source": Path(str(p.metadata.get("source", ""))).name, "text": p.page_content}
                                       for p in answer.passages]})  # fmt: skip
-            print(json.dumps({k: rows[-1][k] for k in ("id", "question", "text")}), flush=True)
-            args.out.write_text(json.dumps({"answers": rows}, indent=1) + "\n")
+            print(json.dumps({k: done[-1][k] for k in ("id", "question", "text")}), flush=True)
+            args.out.write_text(json.dumps({"answers": done}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

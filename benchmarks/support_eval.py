@@ -14,7 +14,11 @@ greedy, ``QA_DEFAULTS``):
 - ``benchmarks/data/heldout_labels.json``: the answers of ``benchmarks/data/heldout_answers.json`` (the
   same script, the rest of those questions and turns and ``benchmarks/data/heldout_questions.json``,
   written over corpus sentences no earlier question asks about), made and labelled after the rules were
-  frozen: the "held-out" part, which measures the rules without having shaped them ("tuned" is the rest).
+  frozen: the "held-out" part, which measures the rules without having shaped them ("tuned" is the rest);
+- ``benchmarks/data/fresh_labels.json``: the answers of ``benchmarks/data/fresh_answers.json`` (the turns
+  the earlier rounds left unanswered), made and labelled after the load-bearing checks (counts with what
+  they count, the number asked for, denials, circles) were frozen: the "fresh" part. Those checks were
+  shaped by the false positives of both earlier parts, so for them only "fresh" is held out.
 
 Each label says whether the answer is right (it says what a passage says and nothing false; "partial"
 and "wrong" are not right) and which passage holds the answer. For the citation rules before and after
@@ -70,7 +74,8 @@ class Case:
     passage: int | None
     """The passage (1-based) that holds the answer, when one does."""
     part: str = "tuned"
-    """"tuned" (the rules were designed against its label) or "held-out" (answered and labelled after they were frozen)."""
+    """"tuned" (the rules were designed against its label), "held-out" (answered and labelled after the fact
+    check was frozen) or "fresh" (answered and labelled after the load-bearing checks were frozen)."""
 
 
 def _stored_cases() -> list[Case]:
@@ -110,6 +115,11 @@ def _held_out_cases() -> list[Case]:
     return _matched(json.loads((DATA / "heldout_labels.json").read_text())["labels"], _new_answers("heldout_answers.json"), "held-out")
 
 
+def _fresh_cases() -> list[Case]:
+    """The answers of fresh_answers.json (made after the load-bearing checks were frozen) with their fresh_labels.json labels."""
+    return _matched(json.loads((DATA / "fresh_labels.json").read_text())["labels"], _new_answers("fresh_answers.json"), "fresh")
+
+
 def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str) -> list[Case]:
     """A case per label whose answer has its text (a new answer exactly, a stored one up to where the stop cut it)."""
     cases = []
@@ -124,7 +134,7 @@ def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str
 
 def cases(limit: int | None = None) -> list[Case]:
     """Every labelled answer (the first ``limit`` of each file's labels)."""
-    return _stored_cases()[:limit] + _labelled_cases()[:limit] + _held_out_cases()[:limit]
+    return _stored_cases()[:limit] + _labelled_cases()[:limit] + _held_out_cases()[:limit] + _fresh_cases()[:limit]
 
 
 _DIGITS = re.compile(r"\d+(?:[.:,]\d+)*")
@@ -164,13 +174,13 @@ def measure(rows: list[Case], check_facts: bool) -> dict[str, str]:
 
 
 def report(rows: list[Case]) -> dict[str, dict[str, dict[str, str]]]:
-    """``{rule set: {group: measures}}``, the groups being "all", each part ("tuned", "held-out") and each
-    group of the cases ("bundled", "new questions", "first turns", "follow-ups"), and each group of the
-    held-out part apart ("held-out follow-ups")."""
+    """``{rule set: {group: measures}}``, the groups being "all", each part ("tuned", "held-out", "fresh") and
+    each group of the cases ("bundled", "new questions", "first turns", "follow-ups"), and each group of the
+    held-out and fresh parts apart ("held-out follow-ups")."""
     parts = {g: [c for c in rows if c.part == g] for g in dict.fromkeys(c.part for c in rows)}
     groups = {g: [c for c in rows if c.group == g] for g in dict.fromkeys(c.group for c in rows)}
-    held = {f"held-out {g}": [c for c in rows if c.part == "held-out" and c.group == g]
-            for g in dict.fromkeys(c.group for c in rows if c.part == "held-out")}  # fmt: skip
+    held = {f"{p} {g}": [c for c in rows if c.part == p and c.group == g]
+            for p in ("held-out", "fresh") for g in dict.fromkeys(c.group for c in rows if c.part == p)}  # fmt: skip
     sets = {"all": rows} | parts | groups | held
     return {name: {g: measure(cases, check) for g, cases in sets.items()} for name, check in RULES.items()}
 

@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(workloads[name]) < count * len(levels):
             p.error(f"--{'questions' if name == 'rag' else 'open-ended'} {count} at {len(levels)} client counts needs "
                     f"{count * len(levels)} {name} prompts; there are {len(workloads[name])}")
+    workloads = {name: every for name, every in workloads.items() if every}  # --open-ended 0: RAG only
     warm_up = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Say hello."}])
     ends = sentence_end_tokens(tokenizer)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from langchain_core.documents import Document
 
 from ragspec.bridge import iterate_in_thread
+from ragspec.engine.results import Closing
 from ragspec.prompts import Turn
 
 if TYPE_CHECKING:
@@ -30,18 +31,23 @@ UNSUPPORTED_MODES = ("abstain", "flag")
 say it either way."""
 
 
+_REASONS = {
+    "missing_facts": "the passages it matches do not hold the numbers or names it states",
+    "off_topic": "the passages it matches are not about the question",
+    "restates": "it only repeats the question",
+    "no_number": "the question asks for a number and it states none",
+    "negation": "the passages it draws on do not say what it denies",
+    "repeats": "it goes round in circles",
+}
+"""Why an answer is unsupported, by its citation rule (``ragspec.citations.choose_citations``)."""
+
+
 def unsupported_note(rule: str, missing: Sequence[str] = ()) -> str:
     """The flag of an answer no passage backs, for people: "I don't know: ..." and why, from its citation rule."""
     if missing:  # what a reader would take from it, and no passage says
         reason = f"no passage holds {', '.join(missing[:4])}, which it states"
-    elif rule == "missing_facts":
-        reason = "the passages it matches do not hold the numbers or names it states"
-    elif rule == "off_topic":
-        reason = "the passages it matches are not about the question"
-    elif rule == "restates":
-        reason = "it only repeats the question"
     else:
-        reason = "no passage holds its words"
+        reason = _REASONS.get(rule, "no passage holds its words")
     return f"I don't know: no passage backs this answer ({reason}), so it may be a guess."
 
 
@@ -143,7 +149,7 @@ class Answer:
         return Turn(self.question, self.text, tuple(self.passages[self.earlier_passages :]))
 
 
-class AnswerStream:
+class AnswerStream(Closing):
     """Iterate for the answer's text deltas; ``answer`` (with citations) is set once it is exhausted.
 
     ``passages`` are known before the first delta, so sources can be shown up front; ``stats``
@@ -174,12 +180,6 @@ class AnswerStream:
                     yield event
         finally:
             self.close()  # stopping early ends the generation and frees the model
-
-    def __enter__(self) -> AnswerStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop generating; frees the model for the next request."""

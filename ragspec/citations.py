@@ -10,10 +10,12 @@
    same over the words the answer adds to the question's (an answer that restates the question,
    "The trial period at Kestrel Lane Bakery Cooperative is six months.", is judged on "cooperative
    six months");
-4. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
+4. otherwise, for an answer that adds only numbers and names to the question ("The answer is: 4."), the
+   passages that hold all of them (``fact_numbers``), judged on topic as the question with the answer;
+5. otherwise none: the answer is marked unsupported (``Answer.supported`` is False), since no
    passage is shown to back it. A passage is never cited just for being retrieved.
 
-A passage chosen by 1-3 is kept only if the answer is about the question: at least half of the
+A passage chosen by 1-4 is kept only if the answer is about the question: at least half of the
 question's content words (not stop words or question words such as "how"), compared without a plural
 or verb ending, occur both in the answer and in that passage. A small model that cannot answer often
 copies a passage that is beside the point ("Where can visitors park?" answered with the archive's
@@ -25,14 +27,21 @@ a passage's words and still state what no passage says. So (``check_facts``, on 
 cited only when
 
 - the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
+- it states a number when the question asks how many, how much or what year (``"no_number"`` otherwise; for
+  a count, not a year or a day of a month: "It gave way on 14 November 1871." counts no days of rain);
+- it does not say the same six words twice (``"repeats"``: a small model going round in circles);
 - the sentences of the passage it drew its words from (``drawn_sentences``: found by the words it adds
   to the question, with one sentence either side) are about the question, as above, not only the
   passage somewhere;
 - the cited passages' sentences it drew from (with one either side), with the question, hold the
   answer's facts (``ragspec.facts``): its numbers, with
   number words as digits ("23" = "Twenty-three", "1000" = "1,000", "2/3" = "two-thirds"), and its names (capitalized words that
-  do not start a sentence). Another passage the rules found the answer drawing on is cited too when it
-  holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``.
+  do not start a sentence), each number with the word that follows it, the thing it counts, within three
+  words of it in one clause ("2 ovens" is not backed by "two shops"; a bare "4." to "How many bakers ...?"
+  counts bakers: ``facts.number_units``). Another passage the rules found the answer drawing on is cited too when it
+  holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``;
+- an answer that denies something ("not", "never", "no", "can't") draws on a sentence that denies something
+  too (``"negation"`` otherwise: "verify checks that the pool is not locked" drawn from "the lock stays behind").
 
 ``benchmarks/support_eval.py`` measures the rules, with and without these checks, against hand labels
 (README, "Answers you can check").
@@ -54,7 +63,10 @@ if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
     from ragspec.qa_models import QARequest
 
-__all__ = ["cite", "cited_answer", "choose_citations", "cited_numbers", "copied_numbers", "on_topic_numbers", "overlap_numbers"]
+__all__ = [
+    "cite", "cited_answer", "choose_citations", "cited_numbers", "copied_numbers", "fact_numbers", "on_topic_numbers",
+    "overlap_numbers", "repeats",
+]
 
 _WORD = re.compile(r"\w+")
 
@@ -77,11 +89,7 @@ def cited_numbers(text: str, n_passages: int) -> list[int]:
     return found
 
 
-_STOP_WORDS = frozenset(
-    "a an and are as at be been but by do does for from had has have he her his i if in is it its "
-    "not of on or she so than that the their them then there they this to was we were what when "
-    "which who will with you your".split()
-)
+_STOP_WORDS = facts.STOP_WORDS
 
 
 def copied_numbers(
@@ -123,21 +131,21 @@ def overlap_numbers(
     return [number for number, n in enumerate(held, start=1) if n == best]
 
 
+def fact_numbers(text: str, passages: Sequence[Document], question: str) -> list[int]:
+    """The passages holding every word ``text`` adds to ``question`` when those are all numbers or names:
+    a bare fact ("The answer is: 4.") copies no run and has too few words for ``overlap_numbers``."""
+    found = facts.answer_facts(text, question)
+    added = set(_words(text)) - _STOP_WORDS - _FILLER - set(_words(question))
+    if not found or added - found.numbers - found.names:
+        return []
+    return [n for n, p in enumerate(passages, start=1) if not facts.unheld(sorted(added), [p.page_content])]
+
+
 _QUESTION_WORDS = _STOP_WORDS | frozenset("how why where whom whose can could should would did many much".split())
 
 
-def _stem(word: str) -> str:
-    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching a question's words."""
-    if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
-        word = word[:-1]
-    for ending in ("ing", "ed"):
-        if word.endswith(ending) and len(word) - len(ending) >= 4:
-            return word[: -len(ending)]
-    return word
-
-
 def _stems(text: str, stop_words: frozenset[str]) -> set[str]:
-    return {_stem(w) for w in _words(text) if w not in stop_words}
+    return {facts.stem(w) for w in _words(text) if w not in stop_words}
 
 
 def on_topic_numbers(text: str, question: str, passages: Sequence[Document], numbers: Sequence[int], min_share: float = 0.5) -> list[int]:
@@ -156,27 +164,38 @@ def choose_citations(
     """Passage numbers to cite and the rule that chose them (see the module docstring): the first rule
     whose passages are on topic (checked when ``question`` is given) and, with ``check_facts``, hold the
     answer's facts in sentences about the question. With no citations the rule says why:
-    ``"restates"`` (the answer adds nothing to the question), ``"missing_facts"`` (on-topic passages
-    were found but none held the facts), ``"off_topic"`` (rules found passages but none on topic),
+    ``"restates"`` (the answer adds nothing to the question), ``"no_number"`` (the question asks for a
+    number, the answer states none), ``"repeats"`` (it says the same words twice), ``"missing_facts"``
+    (on-topic passages were found but none held the facts), ``"negation"`` (it denies what the sentences
+    it drew from do not), ``"off_topic"`` (rules found passages but none on topic),
     ``"unsupported"`` (no rule found any)."""
     if check_facts and question and restates(text, question):
         return [], "restates"
+    if check_facts and question and facts.asks_number(question) and not facts.counts(text, question):
+        return [], "no_number"
+    if check_facts and repeats(text):
+        return [], "repeats"
     evidence = (
         ("cited", cited_numbers(text, len(passages))),
         ("copied", copied_numbers(text, passages)),
         ("overlap", overlap_numbers(text, passages)),
         ("overlap", overlap_numbers(text, passages, ignore=question) if question else []),
+        ("facts", fact_numbers(text, passages, question) if question and check_facts else []),
     )
     drawn_from = sorted({n for _, numbers in evidence for n in numbers})
     lacking = False
     for rule, numbers in evidence:
-        kept = on_topic_numbers(text, question, passages, numbers) if question else list(numbers)
+        about = f"{question} {text}" if rule == "facts" else text  # a bare fact answers the question it was asked
+        kept = on_topic_numbers(about, question, passages, numbers) if question else list(numbers)
         if check_facts and question:
-            kept = [n for n in kept if _drawn_on_topic(text, question, passages[n - 1].page_content)]
+            kept = [n for n in kept if _drawn_on_topic(about, question, passages[n - 1].page_content)]
         if kept:
             if not check_facts:
                 return kept, rule
             if backed := _backing(text, passages, question, kept, drawn_from):
+                drawn = [_drawn(text, passages[n - 1].page_content, question) for n in backed]
+                if facts.negations(text) and not any(map(facts.negations, drawn)):
+                    return [], "negation"
                 return backed, rule
             lacking = True
     if lacking:
@@ -193,6 +212,18 @@ def restates(text: str, question: str) -> bool:
     return not _stems(text, _QUESTION_WORDS | _FILLER) - _stems(question, _QUESTION_WORDS)
 
 
+def repeats(text: str, run: int = 6) -> bool:
+    """Whether ``text`` says the same ``run`` words twice ("The game is called Harbour Lights, and the game is
+    called Harbour Lights"): a small model going round in circles, not stating what a passage says."""
+    words = _words(text)
+    seen: set[tuple[str, ...]] = set()
+    for i in range(len(words) - run + 1):
+        if (piece := tuple(words[i : i + run])) in seen:
+            return True
+        seen.add(piece)
+    return False
+
+
 def _drawn_window(text: str, passage: str, question: str) -> str:
     """The sentences of ``passage`` that ``text`` drew from (``drawn_sentences``), with one sentence either
     side; ``""`` when it drew from none."""
@@ -202,6 +233,12 @@ def _drawn_window(text: str, passage: str, question: str) -> str:
     if end == 0 or not inside:
         return ""
     return passage[spans[max(0, inside[0] - 1)][0] : spans[min(len(spans) - 1, inside[-1] + 1)][1]]
+
+
+def _drawn(text: str, passage: str, question: str) -> str:
+    """The sentences of ``passage`` that ``text`` drew from (``drawn_sentences``), without neighbours."""
+    start, end = drawn_sentences(text, passage, question)
+    return passage[start:end]
 
 
 def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0.5) -> bool:
@@ -229,7 +266,9 @@ def _backing(text: str, passages: Sequence[Document], question: str, kept: list[
         if n not in cited and len(still := facts.unheld(missing, [windows[n]])) < len(missing):
             cited.append(n)
             missing = still
-    return [] if missing else cited
+    if missing or facts.unheld_units(facts.number_units(text, question), [windows[n] for n in cited]):
+        return []
+    return cited
 
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")

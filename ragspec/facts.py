@@ -21,7 +21,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Facts", "answer_facts", "missing_facts", "normalize_numbers", "unheld", "words"]
+__all__ = [
+    "STOP_WORDS", "Facts", "answer_facts", "asks_number", "counts", "missing_facts", "negations", "normalize_numbers",
+    "number_units", "stem", "unheld", "unheld_units", "words",
+]
 
 _UNITS = {
     w: i
@@ -95,6 +98,24 @@ def normalize_numbers(text: str) -> str:
     return _NUMBER_RUN.sub(lambda m: " ".join(str(v) for v in _values(m.group(0))), text)
 
 
+STOP_WORDS = frozenset(
+    "a an and are as at be been but by do does for from had has have he her his i if in is it its "
+    "not of on or she so than that the their them then there they this to was we were what when "
+    "which who will with you your".split()
+)
+"""Words that carry no fact of their own ("the", "is")."""
+
+
+def stem(word: str) -> str:
+    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching words."""
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
+        word = word[:-1]
+    for ending in ("ing", "ed"):
+        if word.endswith(ending) and len(word) - len(ending) >= 4:
+            return word[: -len(ending)]
+    return word
+
+
 _TOKEN = re.compile(r"\d+(?:[.:/]\d+)*|\w+")
 
 
@@ -151,3 +172,78 @@ def unheld(wanted: Sequence[str], passages: Sequence[str]) -> list[str]:
     """Those of ``wanted`` (words as ``words`` writes them) that none of ``passages`` holds, in order."""
     held = {w for p in passages for w in words(p)}
     return [w for w in wanted if w not in held]
+
+
+_NUMBER_UNIT = re.compile(r"(?<![\w.:/])(\d+(?:[.:/]\d+)*)(?![\w:/]|\.\d)(?:[ \t]+([^\W\d][\w'’]*))?")
+_COUNTED = re.compile(r"\bhow\s+(?:many|much)\s+(\w+)", re.IGNORECASE)
+_YEAR = re.compile(r"^1\d{3}$|^20\d{2}$")
+_MONTHS = frozenset(
+    "january february march april may june july august september october november december".split()
+)
+_CLAUSE_END = re.compile(r"[.!?;:](?=\s)|[()\[\]\n|]")
+
+
+def number_units(text: str, question: str = "") -> list[tuple[str, str]]:
+    """``(number, unit)`` for each number of ``text`` that ``question`` does not hold and that a word
+    directly follows, the thing it counts or measures ("2 ovens" -> ``("2", "oven")``, the unit stemmed);
+    not years (a year followed by a word is not a count: "1871 flood") nor days of a month. A number
+    with no word after it answering "how many W" counts the question's W ("4." to "How many bakers ...?"
+    -> ``("4", "baker")``)."""
+    given = set(words(question))
+    asked = _COUNTED.search(question)
+    counted = stem(asked.group(1).lower()) if asked and asked.group(1).lower() not in STOP_WORDS else ""
+    found = []
+    for match in _NUMBER_UNIT.finditer(normalize_numbers(_CITE_MARKER.sub(" ", _LIST_MARKER.sub(" ", text)))):
+        number, unit = match.group(1), (match.group(2) or "").lower()
+        if number in given or _YEAR.match(number) or unit in _MONTHS:
+            continue
+        if unit and unit not in STOP_WORDS and not unit.isdigit():
+            found.append((number, stem(unit)))
+        elif counted and not unit:
+            found.append((number, counted))
+    return list(dict.fromkeys(found))
+
+
+def unheld_units(wanted: Sequence[tuple[str, str]], passages: Sequence[str], reach: int = 3) -> list[str]:
+    """Those of ``wanted`` (``number_units``) that no clause of ``passages`` holds, the number with its unit
+    at most ``reach`` words before or after it ("two shops" does not back "2 ovens"), written "2 oven"."""
+    held: set[tuple[str, str]] = set()
+    for passage in passages:
+        for clause in _CLAUSE_END.split(normalize_numbers(passage)):
+            ws = [stem(w) for w in words(clause)]
+            for i, w in enumerate(ws):
+                if _NUMBER.match(w):
+                    held.update((w, u) for u in ws[max(0, i - reach) : i + reach + 1])
+    return [f"{n} {u}" for n, u in wanted if (n, u) not in held]
+
+
+_COUNT_QUESTION = re.compile(r"\bhow\s+(?:many|much)\b", re.IGNORECASE)
+_YEAR_QUESTION = re.compile(r"\b(?:what|which)\s+year\b", re.IGNORECASE)
+
+
+def asks_number(question: str) -> str:
+    """``"count"`` for a question that asks how many or how much, ``"year"`` for one that asks what year,
+    else ``""``: what an answer must state to answer it at all."""
+    if _COUNT_QUESTION.search(question):
+        return "count"
+    return "year" if _YEAR_QUESTION.search(question) else ""
+
+
+def counts(text: str, question: str) -> bool:
+    """Whether ``text`` states a number that answers ``question``'s ``asks_number``: a number the question
+    does not hold, for a count one that is not a year or a day of a month ("14 November 1871" counts nothing)."""
+    kind = asks_number(question)
+    numbers = answer_facts(text, question).numbers
+    if kind != "count":
+        return bool(numbers)
+    ws = words(_CITE_MARKER.sub(" ", _LIST_MARKER.sub(" ", text)))
+    dated = {w for i, w in enumerate(ws) if {ws[i - 1] if i else "", ws[i + 1] if i + 1 < len(ws) else ""} & _MONTHS}
+    return any(not _YEAR.match(n) and n not in dated for n in numbers)
+
+
+_NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|nothing|neither|nor|cannot)\b|n[’']t\b", re.IGNORECASE)
+
+
+def negations(text: str) -> bool:
+    """Whether ``text`` denies something ("not", "never", "no", "can't")."""
+    return bool(_NEGATION.search(text))

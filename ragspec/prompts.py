@@ -153,6 +153,19 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, turns: Sequence[Mapping[
     return list(tokenizer.encode(clean_text(plain_prompt(turns))))
 
 
+def qa_prefix_ids(tokenizer: PreTrainedTokenizerBase, system_prompt: str = QA_SYSTEM_PROMPT) -> list[int]:
+    """The ids every question-answering prompt (``qa_prompt_ids``) with ``system_prompt`` starts with: the
+    template and the instructions up to the first passage's number. They are the same for every user,
+    so the prefix cache computes them once per process and shares them across cache scopes
+    (``ragspec.engine.prefix_cache``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoChatTemplateWarning)
+        a = qa_prompt_ids(tokenizer, "a", [Document("a", metadata={"source": "a"})], system_prompt)
+        b = qa_prompt_ids(tokenizer, "b", ["b"], system_prompt)
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[:n]
+
+
 def qa_prompt_ids(
     tokenizer: PreTrainedTokenizerBase,
     question: str,

@@ -33,6 +33,7 @@ def get_generator(
     from ragspec.backends import choose_backend
     from ragspec.decoding.generator import SpeculativeGenerator
     from ragspec.backends import load_model
+    from ragspec.prompts import qa_prefix_ids
 
     key = (model, device, dtype, choose_backend(model, backend, device, dtype))
     generator = _generators.get((*key, max_draft))
@@ -44,7 +45,9 @@ def get_generator(
             lm = _models.get(key)
             if lm is None:
                 lm = _models[key] = load_model(model, device=device, dtype=dtype, backend=key[3])
-            generator = _generators[(*key, max_draft)] = SpeculativeGenerator(lm, max_draft=max_draft)
+            # The QA prompt's fixed part holds no user's words: every cache scope reuses it.
+            generator = SpeculativeGenerator(lm, max_draft=max_draft, public_prefix=qa_prefix_ids(lm.tokenizer))
+            _generators[(*key, max_draft)] = generator
         return generator
 
 

@@ -354,29 +354,13 @@ class RemoteGenerator(TextGenerator):
         return [int(t) for t in text]
 
     # -- calls ------------------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        *,
-        references: Sequence[str | Sequence[int]] = (),
-        **options: Any,
+    def _start(
+        self, prompt: str | Sequence[int], config: GenerationConfig, references: Sequence[str | Sequence[int]]
     ) -> GenerationStream:
-        """Like ``generate`` but yields text deltas as the server sends them (a ``GenerationStream``).
-
-        Arguments are checked here; the request is sent on the first ``next``.
-        """
-        config = (config if config is not None else self.config).merged(options)
+        """The stream of one request: its deltas as the server sends them (the request is sent on the first ``next``)."""
         info = self._served()
         constrained = _constraint_fields(config, info.server)
-        prompt_ids = self.encode(prompt, special_tokens=True)
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if len(prompt_ids) >= info.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt_ids)} tokens but {info.name} takes at most {info.context_length} "
-                "(prompt and answer together): shorten it or pass fewer passages"
-            )
+        prompt_ids = self._prompt_ids(prompt)
         budget = min(config.max_tokens, info.context_length - len(prompt_ids))
         body: dict[str, Any] = {
             "model": info.name,

@@ -10,7 +10,6 @@ index is rebuilt from its own vectors once tombstones outnumber live vectors.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,11 +18,11 @@ from typing import Any, Callable, Literal, Union
 import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from retrievers.catalog import CATALOG_VERSION, Catalog
-from retrievers.embeddings import embed_chunks, embeddings_fingerprint
+from retrievers.chunk_store import ChunkStore, rows_to_store
+from retrievers.embeddings import embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
 from retrievers.persistence import DEFAULT_LOCK_TIMEOUT_S, read_store, write_store
 from retrievers.types import MetadataFilter, check_filter, matches_filter
@@ -69,7 +68,7 @@ class _Record:
     metadata: dict[str, Any]
 
 
-class FaissVectorStore(VectorStore):
+class FaissVectorStore(ChunkStore):
     """FAISS vector store with ids, metadata filters and pickle-free, atomic `save`/`load`.
 
     Example:
@@ -95,15 +94,6 @@ class FaissVectorStore(VectorStore):
 
     # --- basics -------------------------------------------------------------------------
 
-    @property
-    def embeddings(self) -> Embeddings:
-        return self._embedding
-
-    @property
-    def dimension(self) -> int | None:
-        """Vector dimension, or None before anything was added."""
-        return self._dim
-
     def __len__(self) -> int:
         return len(self._records)
 
@@ -123,28 +113,10 @@ class FaissVectorStore(VectorStore):
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
         return lambda score: min(1.0, max(0.0, (1.0 + score) / 2.0))
 
+    def _empty(self) -> bool:
+        return not self._records
+
     # --- writing ------------------------------------------------------------------------
-
-    def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
-        """Embed and add (or replace, for ids already present) documents; returns their ids.
-
-        Ids come from the ``ids`` keyword, else each document's ``id``, else a new UUID. A chunk
-        made by ``split_documents`` is embedded with its contextual header (``contextual_text``),
-        as ``ragspec ingest`` does; other documents as their ``page_content``.
-        """
-        ids = kwargs.pop("ids", None)
-        if ids is not None and len(ids) != len(documents):
-            raise ValueError(f"got {len(ids)} ids for {len(documents)} documents; pass one id per document")
-        resolved = [
-            str(ids[i]) if ids is not None and ids[i] is not None else (doc.id or uuid.uuid4().hex)
-            for i, doc in enumerate(documents)
-        ]
-        if not documents:
-            return []
-        vectors = embed_chunks(self._embedding, documents)
-        return self.add_embeddings(
-            [doc.page_content for doc in documents], vectors, [doc.metadata for doc in documents], resolved
-        )
 
     def add_embeddings(
         self,
@@ -155,26 +127,22 @@ class FaissVectorStore(VectorStore):
     ) -> list[str]:
         """Add precomputed vectors (normalized here); an id already present is replaced."""
         vectors = _as_matrix(embeddings)
-        n = len(texts)
-        if vectors.shape[0] != n or (metadatas is not None and len(metadatas) != n) or (ids is not None and len(ids) != n):
+        if vectors.shape[0] != len(texts):
             raise ValueError("texts, embeddings, metadatas and ids must have the same length")
-        id_list = [str(i) for i in ids] if ids is not None else [uuid.uuid4().hex for _ in range(n)]
-        if n == 0:
+        id_list, rows = rows_to_store(texts, vectors, metadatas, ids)
+        if not rows:
             return []
-        faiss.normalize_L2(vectors)
-        # Within one call a repeated id keeps its last occurrence.
-        last = {doc_id: i for i, doc_id in enumerate(id_list)}
-        keep = sorted(last.values())
+        kept = np.stack([row.vector for row in rows])
+        faiss.normalize_L2(kept)
         with self._lock:
-            self._ensure_index(vectors.shape[1])
-            self._remove([id_list[i] for i in keep if id_list[i] in self._records])
-            labels = np.arange(self._next_label, self._next_label + len(keep), dtype="int64")
-            self._next_label += len(keep)
-            self._index.add_with_ids(np.ascontiguousarray(vectors[keep]), labels)
-            for label, i in zip(labels.tolist(), keep):
-                metadata = dict(metadatas[i]) if metadatas is not None and metadatas[i] else {}
-                self._records[id_list[i]] = _Record(label, texts[i], metadata)
-                self._label_to_id[label] = id_list[i]
+            self._ensure_index(kept.shape[1])
+            self._remove([row.id for row in rows if row.id in self._records])
+            labels = np.arange(self._next_label, self._next_label + len(rows), dtype="int64")
+            self._next_label += len(rows)
+            self._index.add_with_ids(kept, labels)
+            for label, row in zip(labels.tolist(), rows):
+                self._records[row.id] = _Record(label, row.text, row.metadata)
+                self._label_to_id[label] = row.id
         return id_list
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
@@ -252,27 +220,6 @@ class FaissVectorStore(VectorStore):
         return faiss.IndexIDMap2(base)
 
     # --- searching ----------------------------------------------------------------------
-
-    def similarity_search(
-        self, query: str, k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
-    ) -> list[Document]:
-        """The k documents most similar to `query` (fewer if the store or filter has fewer)."""
-        return [doc for doc, _ in self.similarity_search_with_score(query, k=k, filter=filter, **kwargs)]
-
-    def similarity_search_with_score(
-        self, query: str, k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
-    ) -> list[tuple[Document, float]]:
-        """Like `similarity_search`, with cosine similarity scores (higher is closer)."""
-        check_filter(filter)
-        if k <= 0 or not self._records:
-            return []
-        vector = self._embedding.embed_query(query)
-        return self.similarity_search_with_score_by_vector(vector, k=k, filter=filter, **kwargs)
-
-    def similarity_search_by_vector(
-        self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
-    ) -> list[Document]:
-        return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k=k, filter=filter, **kwargs)]
 
     def similarity_search_with_score_by_vector(
         self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
@@ -375,8 +322,7 @@ class FaissVectorStore(VectorStore):
         **kwargs: Any,
     ) -> FaissVectorStore:
         store = cls(embedding, index=index)
-        docs = [Document(page_content=t, metadata=(metadatas[i] if metadatas else {})) for i, t in enumerate(texts)]
-        store.add_documents(docs, ids=ids)
+        store.add_texts(texts, metadatas, ids=ids)
         return store
 
     def save(self, directory: str | Path, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> None:

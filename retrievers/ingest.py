@@ -211,6 +211,14 @@ class SyncReport:
     """False when nothing changed and the index was left as it was."""
     seconds: float = 0.0
 
+    def drop(self, path: str) -> None:
+        """A file found but not indexable after all: not in the index now, and removed from it if it was there."""
+        for group in (self.new, self.changed, self.unchanged):
+            if path in group:
+                group.remove(path)
+                if group is not self.new:
+                    self.removed.append(path)
+
     def files_line(self) -> str:
         """``2 new, 1 changed, 3 unchanged, 1 removed`` (zero counts left out, but never all)."""
         parts = [(len(self.new), "new"), (len(self.changed), "changed"), (len(self.unchanged), "unchanged"), (len(self.removed), "removed")]
@@ -457,23 +465,14 @@ def _chunk_files(
             chunks = None
         tracker.advance(files=1, nbytes=done_before + digests[path][1] - tracker.snapshot.bytes_done)
         if chunks is None:
-            _drop(report, path)
+            report.drop(path)
             continue
         if not chunks.record.refs:
             report.skipped.append(SkippedFile(path, "no text to index after chunking"))
-            _drop(report, path)
+            report.drop(path)
             continue
         plan.add(path, chunks)
         report.chunks_read += chunks.record.chunks
-
-
-def _drop(report: SyncReport, path: str) -> None:
-    """A file found but not readable after all: not in the index now, and removed from it if it was there."""
-    for group in (report.new, report.changed, report.unchanged):
-        if path in group:
-            group.remove(path)
-            if group is not report.new:
-                report.removed.append(path)
 
 
 def _chunk_file(

@@ -147,6 +147,53 @@ def _w(attrib: dict[str, str], name: str) -> str | None:
     return None
 
 
+class _Tables:
+    """The tables open in a body (nested ones inside cells), their rows, and the paragraphs of each open
+    cell: Word's and OpenDocument's bodies both keep them here. A finished outermost table goes to ``blocks``."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        self.blocks = blocks
+        self.open: list[list[list[str]]] = []  # open tables, their rows
+        self.cells: list[list[str]] = []  # the paragraphs of each open cell
+
+    def open_table(self) -> None:
+        self.blocks.budget.text(_OPEN_COST if self.open else 0)
+        self.open.append([])
+
+    def open_row(self) -> None:
+        if self.open:
+            self.open[-1].append([])
+
+    def open_cell(self) -> None:
+        self.blocks.budget.text(_OPEN_COST if self.cells else 0)
+        self.cells.append([])
+
+    def paragraph(self, text: str) -> None:
+        """A paragraph of the innermost open cell (blank ones are left out)."""
+        if text.strip():
+            self.cells[-1].append(" ".join(text.split()))
+
+    def close_cell(self) -> str | None:
+        """Close the innermost cell into its table's last row; its text when no row holds it."""
+        if not self.cells:
+            return None
+        cell = " ".join(self.cells.pop())
+        if self.open and self.open[-1]:
+            self.blocks.budget.text(len(cell) + 3)
+            self.open[-1][-1].append(cell)
+            return None
+        return cell
+
+    def close_table(self) -> None:
+        if not self.open:
+            return
+        rows = self.open.pop()
+        if self.cells:  # a table inside a cell: its text joins the cell
+            self.cells[-1].append(" ".join(" ".join(row) for row in rows))
+        else:
+            self.blocks.table(rows)
+
+
 class _WordBody(XmlTarget):
     """document.xml: paragraphs (headings, list items), and tables whose cells hold paragraphs."""
 
@@ -161,8 +208,7 @@ class _WordBody(XmlTarget):
         self.num_id: str | None = None
         self.level = 0
         self.in_text = False
-        self.tables: list[list[list[str]]] = []  # open tables (nested ones inside cells), their rows
-        self.cells: list[list[str]] = []  # the paragraphs of each open cell
+        self.tables = _Tables(blocks)
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         name = local_name(tag)
@@ -182,13 +228,11 @@ class _WordBody(XmlTarget):
             value = _w(attrib, "val") or "0"
             self.level = int(value) if value.isdigit() else 0
         elif name == "tbl":
-            self.blocks.budget.text(_OPEN_COST if self.tables else 0)
-            self.tables.append([])
-        elif name == "tr" and self.tables:
-            self.tables[-1].append([])
+            self.tables.open_table()
+        elif name == "tr":
+            self.tables.open_row()
         elif name == "tc":
-            self.blocks.budget.text(_OPEN_COST if self.cells else 0)
-            self.cells.append([])
+            self.tables.open_cell()
 
     def end(self, tag: str) -> None:
         name = local_name(tag)
@@ -197,19 +241,12 @@ class _WordBody(XmlTarget):
         elif name == "p":
             self._paragraph("".join(self.text))
             self.text = []
-        elif name == "tc" and self.cells:
-            cell = " ".join(self.cells.pop())
-            if self.tables and self.tables[-1]:
-                self.blocks.budget.text(len(cell) + 3)
-                self.tables[-1][-1].append(cell)
-            elif self.cells:
-                self.cells[-1].append(cell)
-        elif name == "tbl" and self.tables:
-            rows = self.tables.pop()
-            if self.cells:  # a table inside a cell: its text joins the cell
-                self.cells[-1].append(" ".join(" ".join(row) for row in rows))
-            else:
-                self.blocks.table(rows)
+        elif name == "tc":
+            loose = self.tables.close_cell()
+            if loose is not None and self.tables.cells:  # a cell outside any row: its text joins the enclosing cell
+                self.tables.cells[-1].append(loose)
+        elif name == "tbl":
+            self.tables.close_table()
 
     def data(self, text: str) -> None:
         if self.in_text:
@@ -218,9 +255,8 @@ class _WordBody(XmlTarget):
 
 
     def _paragraph(self, text: str) -> None:
-        if self.cells:
-            if text.strip():
-                self.cells[-1].append(" ".join(text.split()))
+        if self.tables.cells:
+            self.tables.paragraph(text)
             return
         level = self.styles.levels.get(self.style or "")
         if level is not None:
@@ -616,8 +652,7 @@ class _OdtBody(XmlTarget):
         self.skipping = 0
         self.paragraphs: list[tuple[str, int, list[str]]] = []  # open paragraphs: (kind, level, text)
         self.lists = 0
-        self.tables: list[list[list[str]]] = []
-        self.cells: list[list[str]] = []
+        self.tables = _Tables(blocks)
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         name = local_name(tag)
@@ -640,13 +675,11 @@ class _OdtBody(XmlTarget):
         elif name == "list-item":
             self.lists += 1
         elif name == "table":
-            self.blocks.budget.text(_OPEN_COST if self.tables else 0)
-            self.tables.append([])
-        elif name == "table-row" and self.tables:
-            self.tables[-1].append([])
+            self.tables.open_table()
+        elif name == "table-row":
+            self.tables.open_row()
         elif name == "table-cell":
-            self.blocks.budget.text(_OPEN_COST if self.cells else 0)
-            self.cells.append([])
+            self.tables.open_cell()
 
     def end(self, tag: str) -> None:
         if not self.in_body:
@@ -660,9 +693,8 @@ class _OdtBody(XmlTarget):
             text = "".join(parts)
             if self.paragraphs:  # a paragraph inside another (a frame's text box): its text joins the outer one
                 self.paragraphs[-1][2].append(" " + text)
-            elif self.cells:
-                if text.strip():
-                    self.cells[-1].append(" ".join(text.split()))
+            elif self.tables.cells:
+                self.tables.paragraph(text)
             elif kind == "h":
                 self.blocks.heading(level, text)
             elif self.lists:
@@ -671,17 +703,10 @@ class _OdtBody(XmlTarget):
                 self.blocks.paragraph(text)
         elif name == "list-item":
             self.lists -= 1
-        elif name == "table-cell" and self.cells:
-            cell = " ".join(self.cells.pop())
-            if self.tables and self.tables[-1]:
-                self.blocks.budget.text(len(cell) + 3)
-                self.tables[-1][-1].append(cell)
-        elif name == "table" and self.tables:
-            rows = self.tables.pop()
-            if self.cells:
-                self.cells[-1].append(" ".join(" ".join(row) for row in rows))
-            else:
-                self.blocks.table(rows)
+        elif name == "table-cell":
+            self.tables.close_cell()  # a cell outside any row is left out
+        elif name == "table":
+            self.tables.close_table()
         elif name == "text" and tag.startswith("{urn:oasis:names:tc:opendocument:xmlns:office"):
             self.in_body = False
 

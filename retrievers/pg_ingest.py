@@ -166,7 +166,7 @@ class _Sync:
                 raise
             except ValueError as e:  # text PostgreSQL cannot hold (a NUL character): the file is skipped
                 report.skipped.append(SkippedFile(path, str(e)))
-                _move_to_removed(report, path)
+                report.drop(path)
                 if path in old_files:
                     self._apply(path, None, {})
         if rebuild or old_settings != self.settings:
@@ -219,7 +219,7 @@ class _Sync:
                 self.report.skipped.append(SkippedFile(path, "no text to index after chunking"))
                 chunks = None
             if chunks is None:
-                _move_to_removed(self.report, path)
+                self.report.drop(path)
                 continue
             chunked[path] = (chunks.record, chunks.texts)
             self.report.chunks_read += chunks.record.chunks
@@ -325,13 +325,4 @@ def _existing(store: PgVectorStore, keys: list[str]) -> set[str]:
     with store._transaction(write=False) as conn:
         rows = conn.execute(sql.SQL("SELECT id FROM {} WHERE id = ANY(%s)").format(store._tables().chunks), (keys,)).fetchall()
     return {r[0] for r in rows}
-
-
-def _move_to_removed(report: SyncReport, path: str) -> None:
-    """A file found but not indexable after all: not in the collection now, and removed from it if it was there."""
-    for group in (report.new, report.changed, report.unchanged):
-        if path in group:
-            group.remove(path)
-            if group is not report.new:
-                report.removed.append(path)
 

@@ -30,19 +30,17 @@ take turns (readers never wait: MVCC).
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import VectorStore
 
+from retrievers.chunk_store import ChunkStore, Row, rows_to_store
 from retrievers.chunking import contextual_text
-from retrievers.embeddings import embed_chunks, embeddings_fingerprint
+from retrievers.embeddings import embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexMismatchError
 from retrievers.hybrid import reciprocal_rank_fusion, relative_score_fusion
 from retrievers.pg_filters import filter_sql
@@ -69,7 +67,7 @@ _COMMON_FLOOR = 2000  # a query term in more chunks than this and than _COMMON_S
 _COMMON_SHARE = 0.05  # by itself (it still scores them): see `keyword_search`
 
 
-class PgVectorStore(VectorStore):
+class PgVectorStore(ChunkStore):
     """Chunks of one collection in PostgreSQL, searched densely (HNSW), by keywords (BM25 on full-text search) or both.
 
     Example:
@@ -118,15 +116,6 @@ class PgVectorStore(VectorStore):
     # --- basics -------------------------------------------------------------------------
 
     @property
-    def embeddings(self) -> Embeddings:
-        return self._embedding
-
-    @property
-    def dimension(self) -> int | None:
-        """Vector dimension, or None before the collection was created."""
-        return self._dim
-
-    @property
     def collection_id(self) -> int | None:
         """The collection's number in ``ragspec_collections`` (None before it was created)."""
         return self._id
@@ -169,6 +158,9 @@ class PgVectorStore(VectorStore):
                     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, self._id))
                 yield conn
 
+    def _empty(self) -> bool:
+        return self._missing()
+
     def _missing(self) -> bool:
         """Whether the collection does not exist (yet): another process may have created it since this one looked."""
         if self._id is None:
@@ -188,26 +180,9 @@ class PgVectorStore(VectorStore):
 
     # --- writing ------------------------------------------------------------------------
 
-    def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
-        """Embed (with contextual headers, as `FaissVectorStore` does) and add or replace documents; returns their ids."""
-        ids = kwargs.pop("ids", None)
-        if ids is not None and len(ids) != len(documents):
-            raise ValueError(f"got {len(ids)} ids for {len(documents)} documents; pass one id per document")
-        resolved = [
-            str(ids[i]) if ids is not None and ids[i] is not None else (doc.id or uuid.uuid4().hex)
-            for i, doc in enumerate(documents)
-        ]
-        if not documents:
-            return []
-        for doc, doc_id in zip(documents, resolved):
-            _check_storable(doc_id, doc.page_content, doc.metadata)  # before spending time on embeddings
-        vectors = embed_chunks(self._embedding, documents)
-        return self.add_embeddings([d.page_content for d in documents], vectors, [d.metadata for d in documents], resolved)
-
-    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, *, ids: list[str] | None = None, **kwargs: Any) -> list[str]:
-        texts = list(texts)
-        docs = [Document(page_content=t, metadata=(metadatas[i] if metadatas else {}) or {}) for i, t in enumerate(texts)]
-        return self.add_documents(docs, ids=ids)
+    def _check_documents(self, documents: Sequence[Document], ids: Sequence[str]) -> None:
+        for doc, doc_id in zip(documents, ids):
+            _check_storable(doc_id, doc.page_content, doc.metadata)
 
     def add_embeddings(
         self,
@@ -231,23 +206,16 @@ class PgVectorStore(VectorStore):
         embeddings: Sequence[Sequence[float]] | np.ndarray,
         metadatas: Sequence[dict[str, Any]] | None = None,
         ids: Sequence[str] | None = None,
-    ) -> list[_Row]:
+    ) -> list[Row]:
         """Validated rows (the last of a repeated id wins); raises before anything is written."""
         vectors = np.asarray(embeddings, dtype="float32")
-        n = len(texts)
-        if n and (vectors.ndim != 2 or vectors.shape[0] != n):
+        if len(texts) and (vectors.ndim != 2 or vectors.shape[0] != len(texts)):
             raise ValueError("texts and embeddings must have the same length")
-        if (metadatas is not None and len(metadatas) != n) or (ids is not None and len(ids) != n):
-            raise ValueError("texts, embeddings, metadatas and ids must have the same length")
-        id_list = [str(i) for i in ids] if ids is not None else [uuid.uuid4().hex for _ in range(n)]
-        last = {doc_id: i for i, doc_id in enumerate(id_list)}
-        rows = []
-        for i in sorted(last.values()):
-            metadata = dict(metadatas[i]) if metadatas is not None and metadatas[i] else {}
-            _check_storable(id_list[i], texts[i], metadata)
-            if not np.all(np.isfinite(vectors[i])):
-                raise ValueError(f"the vector of document {id_list[i]!r} is not finite")
-            rows.append(_Row(id_list[i], texts[i], metadata, vectors[i]))
+        _, rows = rows_to_store(texts, vectors, metadatas, ids)
+        for row in rows:
+            _check_storable(row.id, row.text, row.metadata)
+            if not np.all(np.isfinite(row.vector)):
+                raise ValueError(f"the vector of document {row.id!r} is not finite")
         if rows and self._dim is not None and vectors.shape[1] != self._dim:
             raise DimensionMismatchError(
                 f"embeddings have dimension {vectors.shape[1]} but collection {self.collection!r} holds "
@@ -255,7 +223,7 @@ class PgVectorStore(VectorStore):
             )
         return rows
 
-    def write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[_Row]) -> None:
+    def write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[Row]) -> None:
         """Upsert `rows` inside the caller's write transaction, keeping the BM25 statistics in step."""
         ids = [row.id for row in rows]
         self._forget_statistics(conn, ids)
@@ -409,23 +377,6 @@ class PgVectorStore(VectorStore):
                 sql.SQL("SELECT id, text, metadata FROM {} WHERE {} ORDER BY id").format(self._tables().chunks, where), params
             ).fetchall()
         return [Document(id=r[0], page_content=r[1], metadata=r[2]) for r in rows]
-
-    def similarity_search(self, query: str, k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any) -> list[Document]:  # noqa: A002
-        return [doc for doc, _ in self.similarity_search_with_score(query, k=k, filter=filter, **kwargs)]
-
-    def similarity_search_with_score(
-        self, query: str, k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
-    ) -> list[tuple[Document, float]]:
-        """The k nearest documents with cosine similarity (higher is closer)."""
-        check_filter(filter)
-        if k <= 0 or self._missing():
-            return []
-        return self.similarity_search_with_score_by_vector(self._embedding.embed_query(query), k=k, filter=filter, **kwargs)
-
-    def similarity_search_by_vector(
-        self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter | None = None, **kwargs: Any  # noqa: A002
-    ) -> list[Document]:
-        return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k=k, filter=filter, **kwargs)]
 
     def similarity_search_with_score_by_vector(
         self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter | None = None, exact: bool = False, **kwargs: Any  # noqa: A002
@@ -606,14 +557,6 @@ class PgVectorStore(VectorStore):
         store = cls(url, embedding, **kwargs)
         store.add_texts(texts, metadatas, ids=ids)
         return store
-
-
-@dataclass(frozen=True)
-class _Row:
-    id: str
-    text: str
-    metadata: dict[str, Any]
-    vector: np.ndarray
 
 
 def _check_name(collection: str) -> None:

@@ -75,7 +75,7 @@ async def _answer(web: WebState, session: Session, answerer: Answerer, question:
 
     config, queue = web.config, web.queue
 
-    try:
+    async with ticket:  # given back however the answer ends (``on_close`` too, for a stream that never started)
         if queue.running >= queue.slots:
             yield sse("queued", {"position": queue.waiting})  # answers ahead: the running one and those waiting before this
         try:
@@ -108,8 +108,6 @@ async def _answer(web: WebState, session: Session, answerer: Answerer, question:
             yield sse("error", {"message": "the answer failed (an error in the server; its log has the details)"})
         finally:
             await events.aclose()
-    finally:
-        ticket.release()
 
 
 @router.delete("/api/conversation")

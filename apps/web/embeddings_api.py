@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 
-from apps.web.openai_api import OpenAIError, _json_body
+from apps.web.openai_api import OpenAIError, json_body
 from ragspec.engine.text import clean_text
 
 MAX_INPUTS = 2048
@@ -91,7 +91,7 @@ def add_embeddings_route(app: FastAPI, embeddings: Any, model_id: str) -> None:
 
     @app.post("/v1/embeddings")
     async def create_embeddings(request: Request) -> dict[str, Any]:
-        texts, encoding, dimensions = parse_inputs(await _json_body(request), model_id)
+        texts, encoding, dimensions = parse_inputs(await json_body(request), model_id)
         if dimensions is not None:
             size = await asyncio.to_thread(lambda: embeddings.dimension)
             if dimensions != size:

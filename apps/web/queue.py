@@ -9,8 +9,10 @@ other's back. A request first takes a ``Ticket``:
   unbounded pile of requests that will all time out;
 - ``Ticket.wait(timeout_s)`` waits for one of the ``slots`` (first come, first served) and
   raises ``QueueTimeoutError`` after ``timeout_s``;
-- ``Ticket.release()`` gives the slot (or the place in the queue) back. It is idempotent, so
-  every exit path can call it: the answer finished, failed, timed out, or the client went away.
+- ``async with ticket:`` holds the slot (or the place in the queue) and gives it back on every
+  exit: the answer finished, failed, timed out, or the client went away. A response that outlives
+  the block (a stream) takes it over with ``ticket.hand_over()``, and gives it back when it ends.
+  ``Ticket.release()`` is idempotent.
 
 A local model has one slot (``SpeculativeGenerator`` decodes one request at a time; see
 docs/serving.md for why requests are not batched); a remote generator can have more.
@@ -22,7 +24,9 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 
 
 class QueueFullError(Exception):
@@ -93,6 +97,22 @@ class Ticket:
     """How long ``wait`` took."""
     _work: list[asyncio.Future[object]] = field(default_factory=list)
     """Work done for this request in other threads; the slot is kept until it has ended."""
+    _handed_over: bool = False
+
+    async def __aenter__(self) -> Ticket:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if not self._handed_over:
+            self.release()
+
+    def hand_over(self) -> Callable[[], None]:
+        """Leave the ticket held past the ``async with`` block: whoever takes it (a streaming
+        response's ``on_close``) calls the returned ``release`` when it is done."""
+        self._handed_over = True
+        return self.release
 
     async def wait(self, timeout_s: float) -> None:
         """Take a slot; ``QueueTimeoutError`` after ``timeout_s`` (the place in the queue is then given up)."""

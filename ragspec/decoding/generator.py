@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator as StepGenerator
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -34,7 +34,6 @@ from ragspec.engine.results import (
     GenerationResult,
     GenerationStats,
     GenerationStream,
-    PromptTooLongError,
     TextGenerator,
 )
 from ragspec.engine.sampling import Acceptor, MaskedAcceptor, make_acceptor
@@ -53,7 +52,9 @@ class SpeculativeGenerator(TextGenerator):
     them (a system prompt, the earlier turns of a conversation, the same first passages) only
     computes the rest, which shortens the time to first token. A hit gives what a cold prefill gives.
     Prefixes are reused only within the request's cache scope (``ragspec.engine.tenancy``: one web
-    session, one ``/v1`` client), and the state kept across requests for drafting (the n-gram
+    session, one ``/v1`` client), except ``public_prefix``: ids that hold no user's words (the
+    question-answering prompt's fixed part, ``ragspec.prompts.qa_prefix_ids``, which the shared
+    generators of ``ragspec.registry`` get), computed once for every scope; and the state kept across requests for drafting (the n-gram
     drafter's earlier answers, cleared through its ``forget()``, and the draft model's cache) belongs
     to one scope at a time: a request of another scope starts without it.
 
@@ -77,6 +78,7 @@ class SpeculativeGenerator(TextGenerator):
         max_draft: int = 16,
         prefix_cache: bool = True,
         prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
+        public_prefix: Sequence[int] = (),
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         backend: str = "auto",
@@ -108,8 +110,8 @@ class SpeculativeGenerator(TextGenerator):
         """This generator's forward and KV cache (the model's weights are shared); what the generator
         knows of its model comes from here."""
         self.prefix_cache = prefix_cache
-        self.prefixes = PrefixCache(prefix_cache_bytes)
-        """Saved prompt prefixes (empty unless ``prefix_cache``)."""
+        self.prefixes = PrefixCache(prefix_cache_bytes, public=public_prefix)
+        """Saved prompt prefixes (empty unless ``prefix_cache``); ``public_prefix`` is every scope's."""
         self._drafting_scope = SHARED
         """The cache scope whose requests the drafters' cross-request state came from."""
         if self.policy.needs_calibration:
@@ -137,31 +139,15 @@ class SpeculativeGenerator(TextGenerator):
         self.lock.busy_timeout_s = seconds
 
     # -- public API ---------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        config: GenerationConfig | None = None,
-        *,
-        references: Sequence[str | Sequence[int]] = (),
-        **options: Any,
+    def _start(
+        self, prompt: str | Sequence[int], config: GenerationConfig, references: Sequence[str | Sequence[int]]
     ) -> GenerationStream:
-        """Like ``generate`` but yields text deltas as they are accepted; see ``GenerationStream``.
-
-        Arguments are checked here, before any work starts. The generator is taken on the first
-        delta: a request from another thread waits up to ``busy_timeout_s`` for it, and one from a
-        thread that still has an open stream of this generator fails at once (``GeneratorBusyError``).
-        """
-        config = (config if config is not None else self.config).merged(options)
+        """The stream of one request. The generator is taken on the first delta: a request from another
+        thread waits up to ``busy_timeout_s`` for it, and one from a thread that still has an open stream
+        of this generator fails at once (``GeneratorBusyError``)."""
         acceptor, grammar = self._acceptor(config)
         assembler = StopTextAssembler(self.tokenizer, config.stop, config.repetition_stop)
-        prompt_ids = self.encode(prompt, special_tokens=True)
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if len(prompt_ids) >= self.context_length:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt_ids)} tokens but {self.model_name} takes at most "
-                f"{self.context_length} (prompt and answer together): shorten it or pass fewer passages"
-            )
+        prompt_ids = self._prompt_ids(prompt)
         if isinstance(references, (str, bytes)):
             raise TypeError("references must be a list of passages (texts or token-id lists), got one string: wrap it in a list")
         ref_ids = [self.encode(r, special_tokens=False, what=f"reference {i}") for i, r in enumerate(references)]

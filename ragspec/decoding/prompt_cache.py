@@ -30,10 +30,17 @@ def take_cache(
 
 def keep_cache(backend: Backend, prefixes: PrefixCache, cache: KVCache, prompt_ids: list[int], scope: str) -> None:
     """Store a finished request's prompt positions for ``scope`` (its answer's are cropped: see
-    ``ragspec.engine.prefix_cache``). A request that does not finish (an abandoned stream, an error)
-    stores nothing."""
+    ``ragspec.engine.prefix_cache``), and the cache's public prefix once, when the prompt starts with it.
+    A request that does not finish (an abandoned stream, an error) stores nothing."""
     keep = min(len(prompt_ids), cache.get_seq_length())
     cache.crop(keep - cache.get_seq_length())
     saved = backend.save(cache)
-    if saved is not None:
-        prefixes.add(prompt_ids[:keep], saved, scope)
+    if saved is None:
+        return
+    prefixes.add(prompt_ids[:keep], saved, scope)
+    if prefixes.lacks_public(prompt_ids[:keep]):  # the template's fixed part, for every scope: a copy of its positions
+        n = len(prefixes.public)
+        public = backend.load(saved, n, n)
+        copy = backend.save(public) if public is not None else None
+        if copy is not None:
+            prefixes.add_public(copy)

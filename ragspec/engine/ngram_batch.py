@@ -38,7 +38,7 @@ compiled on first use and cached on disk (``cache=True``), so a process pays the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 from ragspec.engine.jit import njit
@@ -58,9 +58,9 @@ from ragspec.engine.planning import (
 # Sources of a candidate, as the kernel writes them (``SOURCES[code]`` is the DraftSource value).
 NONE, PROMPT, OUTPUT_SOURCE, HISTORY = 0, 1, 2, 3
 SOURCES = (None, "prompt", "output", "history")
-# Columns of the per-request table.
-PROMPT_LEN, VERSION, H_STATE, H_LEN, LAST_K, LAST_GROUP, LAST_BUCKET, CAP = range(8)
-SLOT_COLUMNS = 8
+# Columns of the per-request table (``SEQ``: the order in which requests first began).
+PROMPT_LEN, VERSION, H_STATE, H_LEN, LAST_K, LAST_GROUP, LAST_BUCKET, CAP, SEQ = range(9)
+SLOT_COLUMNS = 9
 _NO_CELLS = np.zeros(1)
 
 
@@ -383,7 +383,7 @@ class BatchIndex:
         self.versions = Automata(rows + 2 if history_tokens else 1, history_tokens + 1)
         self.version_longest = np.zeros(self.versions.count, np.int64)  # each version's longest answer
         self.version_refs = np.zeros(self.versions.count, np.int64)  # live requests that began with each version
-        self._free_versions = list(range(self.versions.count - 1, -1, -1))
+        self._began = 0  # requests that began so far (``SEQ``)
         self.cand = np.zeros((0, 3), np.int64)
         self.drafts = np.zeros((0, max_draft), np.int32)
         self.ks = np.zeros(0, np.int64)
@@ -399,45 +399,51 @@ class BatchIndex:
     def begin(self, rid: str, prompt_len: int, cap: int) -> int:
         """A row for request ``rid`` (new, or restarted), its first ``prompt_len`` tokens its prompt."""
         slot = self.slot_of.get(rid)
-        if slot is not None and self.requests[slot, VERSION] >= 0:
-            self.version_refs[self.requests[slot, VERSION]] -= 1
+        row = self.requests
         if slot is None:
             if not self._free:
                 count = self.automata.count
                 self.automata = self.automata.resized(2 * count, self.automata.capacity)
-                self.requests = np.concatenate([self.requests, np.zeros_like(self.requests)])
+                self.requests = row = np.concatenate([row, np.zeros_like(row)])
                 self._free = list(range(2 * count - 1, count - 1, -1))
             slot = self.slot_of[rid] = self._free.pop()
+            seq = self._began = self._began + 1
+        else:  # restarted: it keeps its place in the order of beginnings
+            seq = int(row[slot, SEQ])
+            if row[slot, VERSION] >= 0:
+                self.version_refs[row[slot, VERSION]] -= 1
         self.automata.reset(slot)
-        self.requests[slot] = 0
         version = self.version
-        self.requests[slot, PROMPT_LEN], self.requests[slot, VERSION] = prompt_len, version
-        self.requests[slot, CAP] = min(cap, self.max_draft)
+        row[slot] = (prompt_len, version, 0, 0, 0, 0, 0, min(cap, self.max_draft), seq)
         if version >= 0:
             self.version_refs[version] += 1
         return slot
 
+    def in_order(self, rids: Collection[str]) -> list[str]:
+        """Those of ``rids`` that have a row, in the order they began (``end`` takes them so)."""
+        slot_of, seq = self.slot_of, self.requests[:, SEQ]
+        return sorted((rid for rid in rids if rid in slot_of), key=lambda rid: int(seq[slot_of[rid]]))
+
     def end(self, rids: Sequence[str]) -> None:
         """Free the rows of these requests; their answers go to the history, in this order."""
-        for rid in rids:
-            slot = self.slot_of.pop(rid)
-            self._ended.append(self.automata.tokens[slot, self.requests[slot, PROMPT_LEN] : self.automata.meta[slot, 0]].tolist())
-            self._free.append(slot)
-            if self.requests[slot, VERSION] >= 0:
-                self.version_refs[self.requests[slot, VERSION]] -= 1
+        if not rids:
+            return
+        slots = [self.slot_of.pop(rid) for rid in rids]
+        row, meta, tokens = self.requests, self.automata.meta, self.automata.tokens
+        self._ended += [tokens[s, row[s, PROMPT_LEN] : meta[s, 0]].tolist() for s in slots]
+        self._free += slots
+        for version in row[slots, VERSION].tolist():
+            if version >= 0:
+                self.version_refs[version] -= 1
         self._enter_history()
 
     def _enter_history(self) -> None:
         """The finished answers enter the history if ``history_every`` steps have passed since the
-        last entry; the versions no live request began with are free again."""
+        last entry."""
         if self._ended and self.steps - self._entered_at >= self.history_every:
             self.history.add_all(self._ended)
             self._ended = []
             self._entered_at = self.steps
-        free = self.version_refs == 0
-        if self.version >= 0:
-            free[self.version] = False
-        self._free_versions = np.flatnonzero(free)[::-1].tolist()
 
     def tokens(self, rid: str) -> np.ndarray:
         """The context indexed for ``rid``."""
@@ -445,13 +451,18 @@ class BatchIndex:
         return self.automata.tokens[slot, : self.automata.meta[slot, 0]]
 
     def _build_version(self, tokens: Sequence[int]) -> _Version:
-        if not self._free_versions:
+        # A free slot: no live request began with it, and it is not the current version.
+        free = self.version_refs == 0
+        if self.version >= 0:
+            free[self.version] = False
+        slots = np.flatnonzero(free)
+        if not len(slots):
             count = self.versions.count
             self.versions = self.versions.resized(2 * count, self.versions.capacity)
             self.version_longest = np.concatenate([self.version_longest, np.zeros(count, np.int64)])
             self.version_refs = np.concatenate([self.version_refs, np.zeros(count, np.int64)])
-            self._free_versions = list(range(2 * count - 1, count - 1, -1))
-        slot = self._free_versions.pop()  # no live request began with it, and it is not the current one
+            slots = np.arange(count, 2 * count)
+        slot = int(slots[0])
         array = np.asarray(tokens, np.int32)
         self.versions.build(slot, array)
         ends = np.flatnonzero(array < 0)  # every answer ends with its separator

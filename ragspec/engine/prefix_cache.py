@@ -11,6 +11,10 @@ Every entry belongs to a cache scope (``ragspec.engine.tenancy``: a web session,
 or ``SHARED``), and a prompt only ever gets a prefix of its own scope: whether, and how much of, a
 prompt was cached must say nothing about another user's prompts. The memory bound is shared: one
 scope's entries can push out another's (which says how busy the server is, not what it was asked).
+One entry is every scope's: the *public* prefix (``PrefixCache.public``, the question-answering
+prompt's fixed part: ``ragspec.prompts.qa_prefix_ids``), which holds no user's words, so the first
+question of every session or client reuses it too (whether it is cached says only that some
+request of this process used the default prompt).
 
 Only prompt positions are kept (a request's answer positions are cropped before it is stored):
 they were all computed by a prefill, so a hit gives what a cold prefill of the same prompt gives
@@ -48,6 +52,8 @@ class Entry:
     saved: SavedPrefix
     scope: str = SHARED
     """The cache scope of the request that computed it; only requests of that scope reuse it."""
+    public: bool = False
+    """Holds ``PrefixCache.public`` only: every scope reuses it."""
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -62,13 +68,15 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixCache:
     """An LRU of saved prompt prefixes holding at most ``max_bytes`` (and ``max_entries`` entries)."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 32) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_entries: int = 32, public: Sequence[int] = ()) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"the prefix cache's max_bytes must be a non-negative integer, got {max_bytes!r}")
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"the prefix cache's max_entries must be a positive integer, got {max_entries!r}")
         self.max_bytes = max_bytes
         self.max_entries = max_entries
+        self.public = list(public)
+        """Ids whose keys and values every scope may reuse (no user's words: a prompt template's fixed part)."""
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
         self._next = 0
 
@@ -89,7 +97,7 @@ class PrefixCache:
         how many ids it shares, None when none shares any; the entry becomes the most recently used."""
         found: tuple[int, int] | None = None  # (shared, key)
         for key, entry in self._entries.items():
-            if entry.scope != scope:
+            if entry.scope != scope and not entry.public:
                 continue
             shared = min(shared_prefix(entry.tokens, tokens), limit)
             if shared > 0 and (found is None or shared >= found[0]):  # ties: the most recent
@@ -105,12 +113,25 @@ class PrefixCache:
         entry; entries of the scope it makes redundant (their ids start ``tokens``) go, then the least
         recently used ones beyond the bounds. An entry larger than ``max_bytes`` is not kept."""
         tokens = list(tokens)
-        redundant = [k for k, e in self._entries.items() if e.scope == scope and shared_prefix(e.tokens, tokens) == len(e.tokens)]
+        redundant = [k for k, e in self._entries.items()
+                     if e.scope == scope and not e.public and shared_prefix(e.tokens, tokens) == len(e.tokens)]  # fmt: skip
         for key in redundant:
             del self._entries[key]
-        if saved.nbytes > self.max_bytes or not tokens:
+        self._keep(Entry(tokens, saved, scope))
+
+    def lacks_public(self, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` start with the public ids and no entry holds them yet (``add_public``)."""
+        n = len(self.public)
+        return n > 0 and shared_prefix(self.public, tokens) == n and not any(e.public for e in self._entries.values())
+
+    def add_public(self, saved: SavedPrefix) -> None:
+        """Keep ``saved`` (the keys and values of ``public``) as the entry every scope reuses."""
+        self._keep(Entry(list(self.public), saved, SHARED, public=True))
+
+    def _keep(self, entry: Entry) -> None:
+        if entry.saved.nbytes > self.max_bytes or not entry.tokens:
             return
-        self._entries[self._next] = Entry(tokens, saved, scope)
+        self._entries[self._next] = entry
         self._next += 1
         total = self.nbytes
         while total > self.max_bytes or len(self._entries) > self.max_entries:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Generator as StepGenerator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from ragspec.engine.config import GenerationConfig
@@ -184,7 +184,23 @@ class GenerationResult:
     """Name of the model that produced it."""
 
 
-class GenerationStream:
+_Closing = TypeVar("_Closing", bound="Closing")
+
+
+class Closing:
+    """Something that holds a generator (or a connection) until ``close()``; leaving a ``with`` block closes it."""
+
+    def __enter__(self: _Closing) -> _Closing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class GenerationStream(Closing):
     """Iterates over text deltas as tokens are accepted; ``result`` is set once it is exhausted.
 
     One delta per accepted token (a forward that accepts five tokens gives five), so a consumer
@@ -214,12 +230,6 @@ class GenerationStream:
         if self.result is None:  # iterating an exhausted stream again yields nothing and keeps the result
             self.result = result
 
-    def __enter__(self) -> GenerationStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         """Stop generating (e.g. the client went away); releases the generator (or the connection) for other calls."""
         self._steps.close()
@@ -239,7 +249,8 @@ class TextGenerator(Protocol):
     answer together), the defaults of every call (``config``), ``encode``, ``stream`` and
     ``generate``.
 
-    Both generators subclass it and inherit ``generate``, which is ``stream`` run to its end.
+    Both generators subclass it and inherit ``stream`` (which merges the options and calls their
+    ``_start``) and ``generate``, which is ``stream`` run to its end.
     """
 
     config: GenerationConfig
@@ -267,8 +278,30 @@ class TextGenerator(Protocol):
         references: Sequence[str | Sequence[int]] = (),
         **options: Any,
     ) -> GenerationStream:
-        """Text deltas of the completion of ``prompt`` as they come (see ``GenerationStream``)."""
+        """Like ``generate`` but yields text deltas as they come; see ``GenerationStream``.
+
+        Arguments are checked here, before any work starts; the work starts on the first ``next``
+        (``SpeculativeGenerator`` takes the model then, ``RemoteGenerator`` sends the request).
+        """
+        return self._start(prompt, (config if config is not None else self.config).merged(options), references)
+
+    def _start(
+        self, prompt: str | Sequence[int], config: GenerationConfig, references: Sequence[str | Sequence[int]]
+    ) -> GenerationStream:
+        """``stream`` once its options are merged into ``config``: each generator's own."""
         ...
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's token ids, checked: not empty, and shorter than the context window."""
+        prompt_ids = self.encode(prompt, special_tokens=True)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.context_length:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens but {self.model_name} takes at most "
+                f"{self.context_length} (prompt and answer together): shorten it or pass fewer passages"
+            )
+        return prompt_ids
 
     def generate(
         self,

@@ -39,7 +39,6 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, fiel
 from ragspec import registry
 from ragspec.backends import check_backend
 from ragspec.engine.config import (
-    DEFAULT_MAX_TOKENS,
     CallOptions,
     GenerationConfig,
     Speculation,
@@ -51,8 +50,9 @@ from retrievers.extras import require
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
 
+    from ragspec.chat_request import ChatRequest
     from ragspec.decoding.generator import SpeculativeGenerator
-    from ragspec.engine.results import GenerationResult, GenerationStats, TextGenerator
+    from ragspec.engine.results import GenerationResult, TextGenerator
     from ragspec.remote import RemoteModel
 
 Reference = Union[str, Document, Sequence[int]]
@@ -64,6 +64,8 @@ _PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculation",
                 "response_format")  # fmt: skip
 _GENERATION_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "stop", "speculation", "max_draft")
+_DEFAULT = GenerationConfig()
+"""The generation fields' defaults are ``GenerationConfig``'s (written once, there)."""
 LC_NAMESPACE = ["ragspec", "lc"]
 """Where ``dumpd`` records the ragspec classes: ``["ragspec", "lc", "ChatRagSpec"]``."""
 _LC_CLASSES = ("ChatRagSpec", "RagSpecLLM")
@@ -138,25 +140,25 @@ class RagSpecParams(BaseModel):
     """Draft tokens from the references and verify them in one forward; ``False`` (or ``{"enabled": False}``) decodes one token per forward (same output, slower), ``{"max_draft": 4}`` caps the drafted tokens per step."""
     max_draft: int = Field(default=16, ge=1, le=256)
     """Most tokens proposed per verify step (the adaptive policy often proposes fewer)."""
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int = _DEFAULT.max_tokens
     """Most new tokens per answer (at least 1)."""
-    temperature: float = 0.0
+    temperature: float = _DEFAULT.temperature
     """Sampling temperature; 0 is greedy decoding."""
-    top_k: int = 0
+    top_k: int = _DEFAULT.top_k
     """Sample only among the k most likely tokens; 0 keeps every token."""
-    top_p: float = 1.0
+    top_p: float = _DEFAULT.top_p
     """Sample only from the smallest set of tokens whose probability reaches top_p; 1 keeps every token."""
-    seed: int | None = None
+    seed: int | None = _DEFAULT.seed
     """Seed for sampling; None draws a fresh one (drafts change which random numbers are used, so only the same drafts repeat a sample)."""
-    frequency_penalty: float = 0.0
+    frequency_penalty: float = _DEFAULT.frequency_penalty
     """Lowers a token's logit by this for each time it occurs in the answer so far (-2 to 2, as OpenAI); the passages are not counted."""
-    presence_penalty: float = 0.0
+    presence_penalty: float = _DEFAULT.presence_penalty
     """Lowers a token's logit by this once it occurs in the answer so far (-2 to 2, as OpenAI)."""
-    repeat_penalty: float = 1.0
+    repeat_penalty: float = _DEFAULT.repeat_penalty
     """Divides the logit of a token among the last ``repeat_last_n`` answer tokens by this, as llama.cpp and Ollama do; 1 is off."""
-    repeat_last_n: int = 64
+    repeat_last_n: int = _DEFAULT.repeat_last_n
     """How many of the answer's latest tokens ``repeat_penalty`` looks at; -1: the whole answer, 0: off."""
-    repetition_stop: int = 0
+    repetition_stop: int = _DEFAULT.repetition_stop
     """Once the answer repeats this many of its own tokens verbatim it ends where the repeat begins (finish reason ``"repetition"``); 0 is off."""
     stop: list[str] | None = None
     """Stop strings: the answer ends before the first one (call-time ``stop`` is added to these)."""
@@ -313,22 +315,15 @@ class RagSpecParams(BaseModel):
             raise ValueError(f"references must be a str, a Document or a list of them (or of token id lists), got {refs!r}")
         return CallOptions(call.model, call.config, tuple(to_reference(r) for r in refs))
 
-    def events(
-        self,
-        options: CallOptions,
-        build_prompt: Callable[[TextGenerator], str | list[int]],
-        on_start: Callable[[GenerationStats], None] | None = None,
-    ) -> Iterator[str | GenerationResult]:
+    def events(self, model: str, build: Callable[[TextGenerator], ChatRequest]) -> Iterator[str | GenerationResult]:
         """Text deltas of one generation, then its ``GenerationResult``.
 
-        ``build_prompt`` turns the loaded generator into the prompt (text, or token ids that the
-        model takes as they are). ``on_start`` receives the generation's live stats before the
-        first delta. Closing this iterator early ends the generation.
+        ``build`` turns the loaded generator (of ``model``) into the request: a
+        ``ragspec.chat_request.ChatRequest`` (the prompt as text or token ids, the config, the
+        references). Closing this iterator early ends the generation.
         """
-        generator = self.load(options.model)
-        with generator.stream(build_prompt(generator), options.config, references=options.references) as stream:
-            if on_start is not None:
-                on_start(stream.stats)
+        generator = self.load(model)
+        with build(generator).stream(generator) as stream:
             yield from stream
         assert stream.result is not None
         yield stream.result

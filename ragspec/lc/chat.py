@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +13,10 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from pydantic import ConfigDict
 
-from ragspec.engine import tool_calls
 from ragspec.bridge import iterate_in_thread
+from ragspec.chat_request import ChatRequest, ToolUse, chat_prompt
 from ragspec.lc.base import LangChainModel, RagSpecParams, response_metadata, usage
-from ragspec.lc.messages import messages_prompt_ids
+from ragspec.lc.messages import to_chat
 from ragspec.lc.tools import answer_message, bound_tools, openai_tools, piece_message, structured_output, to_tool
 from ragspec.engine.tool_calls import CallStream, ToolError
 
@@ -54,8 +53,8 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Prompt tokens of ``messages``: the chat template's ids, generation prompt included, as the model
         gets them (with ``tools``, their listing in the system turn too)."""
-        prompt = tool_calls.system_prompt([to_tool(t) for t in tools]) if tools else ""
-        return len(messages_prompt_ids(self.load().tokenizer, messages, prompt))
+        listed = ToolUse(tuple(to_tool(t) for t in tools)) if tools else None
+        return len(chat_prompt(self.load().tokenizer, to_chat(messages), listed))
 
     # -- tools and structured output (ragspec.lc.tools) -----------------------------------------------
     def bind_tools(
@@ -101,19 +100,19 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
     # -- events -> chunks ----------------------------------------------------------------------
     def _events(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[Iterator[str | GenerationResult], bool]:
-        """The generation's events (checked before anything runs) and whether tools are bound."""
+    ) -> tuple[Iterator[str | GenerationResult], CallStream | None]:
+        """The generation's events (checked before anything runs) and, when tools are bound, the
+        ``CallStream`` that reads the calls in its text."""
         tools = bound_tools(kwargs)
         options = self.call_options(stop, kwargs)
-        prompt = ""
+        config = options.config
         if tools is not None:
-            if options.config.constraint is not None:
+            if config.constraint is not None:
                 raise ValueError("a call cannot have both tools and a response_format; bind one of them")
-            constraint = tool_calls.tool_call_constraint(*tools)
-            options = dataclasses.replace(options, config=options.config.merged(constraint=constraint))
-            prompt = tool_calls.system_prompt(*tools[:2])
-        events = self.events(options, lambda g: messages_prompt_ids(g.tokenizer, messages, prompt))
-        return events, tools is not None
+            config = config.merged(constraint=tools.constraint())
+        turns = to_chat(messages)
+        events = self.events(options.model, lambda g: ChatRequest(chat_prompt(g.tokenizer, turns, tools), config, options.references))
+        return events, CallStream() if tools is not None else None
 
     @staticmethod
     def _chunks(event: str | GenerationResult, calls: CallStream | None) -> list[ChatGenerationChunk]:
@@ -129,9 +128,9 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         )]
 
     @staticmethod
-    def _result(event: GenerationResult, tools: bool) -> ChatResult:
+    def _result(event: GenerationResult, calls: CallStream | None) -> ChatResult:
         fields = {"usage_metadata": usage(event), "response_metadata": response_metadata(event)}
-        message = answer_message(event.text, **fields) if tools else AIMessage(content=event.text, **fields)
+        message = answer_message(event.text, **fields) if calls is not None else AIMessage(content=event.text, **fields)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     # -- LangChain hooks -----------------------------------------------------------------------
@@ -142,14 +141,13 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         for event in events:
             if run_manager is not None:  # the same chunks as streaming gives (the last one carries no text)
                 for chunk in self._chunks(event, calls)[: None if isinstance(event, str) else -1]:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             if not isinstance(event, str):
-                return self._result(event, tools)
+                return self._result(event, calls)
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     async def _agenerate(
@@ -159,14 +157,13 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         async for event in iterate_in_thread(lambda: events):
             if run_manager is not None:
                 for chunk in self._chunks(event, calls)[: None if isinstance(event, str) else -1]:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             if not isinstance(event, str):
-                return self._result(event, tools)
+                return self._result(event, calls)
         raise AssertionError("generation ended without a result")  # pragma: no cover
 
     def _stream(
@@ -176,8 +173,7 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         for event in events:
             for chunk in self._chunks(event, calls):
                 if run_manager is not None:
@@ -191,8 +187,7 @@ class ChatRagSpec(LangChainModel, BaseChatModel, RagSpecParams):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        events, tools = self._events(messages, stop, kwargs)
-        calls = CallStream() if tools else None
+        events, calls = self._events(messages, stop, kwargs)
         async for event in iterate_in_thread(lambda: events):
             for chunk in self._chunks(event, calls):
                 if run_manager is not None:

@@ -13,6 +13,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from pydantic import ConfigDict, PrivateAttr
 
 from ragspec.bridge import iterate_in_thread
+from ragspec.chat_request import ChatRequest
 from ragspec.engine.config import CallOptions
 from ragspec.lc.base import LangChainModel, RagSpecParams, response_metadata, usage
 
@@ -66,7 +67,7 @@ class RagSpecLLM(LangChainModel, LLM, RagSpecParams):
         return LangSmithParams(ls_model_type="llm", **self.ls_params(stop, kwargs))  # type: ignore[typeddict-item]
 
     def _events(self, prompt: str, options: CallOptions) -> Iterator[str | GenerationResult]:
-        return self.events(options, lambda generator: self._checked(generator, prompt))
+        return self.events(options.model, lambda g: ChatRequest(self._checked(g, prompt), options.config, options.references))
 
     def _checked(self, generator: TextGenerator, prompt: str) -> str:
         """``prompt``, after an ``InstructModelWarning`` on this object's first call of a model with a chat template."""

@@ -1,17 +1,12 @@
-"""LangChain messages as the model's prompt (through ``ragspec.prompts.chat_prompt_ids``)."""
+"""LangChain messages as conversation turns (the model's prompt is then built by ``ragspec.chat_request``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 
 from ragspec.engine import tool_calls
-from ragspec.prompts import chat_prompt_ids
-
-if TYPE_CHECKING:
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 _ROLES = {
     "system": "system", "human": "user", "ai": "assistant",
@@ -49,12 +44,12 @@ def message_text(message: BaseMessage, skip: Sequence[str] = ()) -> str:
     return "".join(parts)
 
 
-def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict[str, str]]:
+def to_chat(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
     """Role/content dicts for ``apply_chat_template``; a clear error for anything else.
 
     Tool calls and results follow ``ragspec.engine.tool_calls``' convention: an AIMessage's calls are
-    written as the model writes them, a ToolMessage is a user turn with the result, and
-    ``tool_prompt`` (the bound tools) is added to the system turn (one is created if needed).
+    written as the model writes them and a ToolMessage is a user turn with the result (the bound
+    tools' listing is added by ``ragspec.chat_request.chat_turns``).
     """
     chat: list[dict[str, str]] = []
     for message in messages:
@@ -82,11 +77,5 @@ def to_chat(messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[dict
         chat.append({"role": role, "content": message_text(message)})
     if not chat:
         raise ValueError("ChatRagSpec needs at least one message")
-    return tool_calls.with_system_text(chat, tool_prompt)
+    return chat
 
-
-def messages_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[BaseMessage], tool_prompt: str = "") -> list[int]:
-    """Token ids of the conversation, ready for the answer (``ragspec.prompts.chat_prompt_ids``:
-    the chat template, or a plain transcript and a warning for a model without one); ``tool_prompt``
-    lists the bound tools (see ``to_chat``)."""
-    return chat_prompt_ids(tokenizer, to_chat(messages, tool_prompt))

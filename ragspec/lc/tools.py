@@ -35,6 +35,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ValidationError
 from pydantic.v1 import ValidationError as ValidationErrorV1
 
+from ragspec.chat_request import ToolUse
 from ragspec.engine import tool_calls
 from ragspec.engine.constraints import OPENAI_RESPONSE_FORMATS, Constraint, ConstraintError, response_format_constraint
 from ragspec.lc.messages import message_text
@@ -86,9 +87,9 @@ def _untitled(schema: Any) -> Any:
     return {k: v for k, v in tool_calls.map_subschemas(schema, _untitled).items() if k != "title"}
 
 
-def bound_tools(kwargs: dict[str, Any]) -> tuple[list[Tool], str, bool] | None:
-    """Pop ``tools``, ``tool_choice`` and ``parallel_tool_calls`` from a call's options: the tools,
-    the choice and whether several calls may be made at once; None without tools."""
+def bound_tools(kwargs: dict[str, Any]) -> ToolUse | None:
+    """Pop ``tools``, ``tool_choice`` and ``parallel_tool_calls`` from a call's options as a
+    ``ragspec.chat_request.ToolUse``; None without tools."""
     tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
     parallel = kwargs.pop("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
@@ -97,8 +98,8 @@ def bound_tools(kwargs: dict[str, Any]) -> tuple[list[Tool], str, bool] | None:
         if choice not in (None, "none", "auto"):
             raise ToolError(f"tool_choice={choice!r} but no tools are bound: use .bind_tools(tools, tool_choice=...)")
         return None
-    parsed = [to_tool(t) for t in tools]
-    return parsed, tool_calls.parse_choice(choice, parsed), parallel
+    parsed = tuple(to_tool(t) for t in tools)
+    return ToolUse(parsed, tool_calls.parse_choice(choice, parsed), parallel)
 
 
 # -- response formats ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Pipeline results for scripted answerers (an ``Answer`` without running a model), and embeddings that count."""
+"""Pipeline results for scripted answerers (an ``Answer`` without running a model), embeddings that count, and
+OpenAI function tools."""
 
 from __future__ import annotations
 
@@ -54,3 +55,9 @@ class GeneratorSource:
 
     def load(self, model: str | None = None) -> Any:
         return self.generator
+
+
+def function_tool(name: str, description: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI ``tools`` entry: the function ``name`` whose parameters are ``properties``, all required."""
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}

@@ -18,6 +18,7 @@ import pytest
 from apps import cli
 from apps.collection import Event, Token
 from tests.apps.fakes import counting_embeddings, fake_answer
+from tests.helpers import write_notes
 
 DOC = """# Harbour notes
 
@@ -262,10 +263,7 @@ def ingest_lines(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_ingest_twice_says_what_it_did(tmp_path: Path, counted_ingest: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for i in range(4):
-        (docs / f"note{i}.md").write_text(f"# Note {i}\n\nThe ferry number {i} leaves at {i + 6} in the morning.\n")
+    docs = write_notes(tmp_path / "docs", 4)
     (docs / "copy.md").write_text((docs / "note0.md").read_text())
     index = str(tmp_path / "idx")
 

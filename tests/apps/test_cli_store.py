@@ -10,6 +10,7 @@ import pytest
 from apps import cli
 from apps.collection import AppError, Collection
 from tests.apps.fakes import counting_embeddings
+from tests.helpers import write_notes
 
 pytest.importorskip("psycopg", reason="the postgres extra is not installed (scripts/install-postgres.sh)")
 
@@ -18,10 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def docs(tmp_path: Path) -> Path:
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i in range(4):
-        (folder / f"note{i}.md").write_text(f"# Note {i}\n\nThe ferry number {i} leaves at {i + 6} in the morning.\n")
+    folder = write_notes(tmp_path / "docs", 4)
     (folder / "copy.md").write_text((folder / "note0.md").read_text())
     return folder
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.apps.fakes import function_tool
 from tests.apps.ragspec_server import ServeProcess
 from tests.ragspec.test_langchain_chat_standard import Capabilities
 
@@ -46,22 +47,8 @@ def live_url() -> str:
     return f"{process.url}/v1"
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Get the local time in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+WEATHER = function_tool("get_weather", "Get the current weather in a city.", city={"type": "string"})
+TIME = function_tool("get_time", "Get the local time in a city.", city={"type": "string"})
 
 
 @pytest.fixture

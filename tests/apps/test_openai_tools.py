@@ -18,25 +18,12 @@ import pytest
 
 from apps.web.server import AppConfig, create_app
 from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.fakes import function_tool
 from tests.apps.test_openai_api import TinySource
 
 CHAT = "/v1/chat/completions"
-CITY = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]},
-    },
-}
-UNIT = {
-    "type": "function",
-    "function": {
-        "name": "convert",
-        "description": "Convert a temperature.",
-        "parameters": {"type": "object", "properties": {"celsius": {"type": "boolean"}}, "required": ["celsius"]},
-    },
-}
+CITY = function_tool("weather", "The weather in a city.", city={"enum": ["Paris", "Rome"]})
+UNIT = function_tool("convert", "Convert a temperature.", celsius={"type": "boolean"})
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 

@@ -16,6 +16,7 @@ from apps.web.openai_api import OpenAIError
 from retrievers.errors import EmbeddingModelError
 from retrievers.remote_embeddings import RemoteEmbeddings
 from tests.apps.conftest import LiveServer
+from tests.helpers import write_notes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,10 +82,7 @@ def test_ingest_and_ask_embed_on_the_server_and_the_collection_refuses_another_m
     pytest.importorskip("psycopg", reason="the postgres extra is not installed (scripts/install-postgres.sh)")
     server, model = served
     monkeypatch.setattr(cli, "_quiet_model_loading", lambda: None)
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for i in range(3):
-        (docs / f"n{i}.md").write_text(f"# Note {i}\n\nThe ferry number {i} leaves at {i + 6}.\n")
+    docs = write_notes(tmp_path / "docs", 3, "The ferry number {i} leaves at {hour}.", "n{i}.md")
     remote = ["--embeddings-url", f"{server.url}/v1", "--embeddings-model", "fake-minilm"]
     model.seen.clear()
     assert cli.main(["ingest", str(docs), "--store", pg_url, "--collection", "r", "--no-progress", *remote]) == 0

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.bench import Prompt, Run, format_table, headline, kept_length, latency_headline, main, summarize
 from ragspec.engine.results import GenerationResult, GenerationStats
+from tests.benchmarks.scripts import run_script
 
 
 def test_summary_ratios_and_identity_count() -> None:
@@ -73,9 +71,7 @@ def test_every_method_decodes_the_tokens_the_repetition_stop_keeps(finish: str, 
 @pytest.mark.timeout(120)
 def test_the_script_runs_from_any_folder(tmp_path: Path) -> None:
     """``python benchmarks/bench.py`` (the command the README gives) finds the repository by itself."""
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    done = run_script("bench.py", "--help", cwd=tmp_path, pythonpath=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: benchmarks/bench.py") and "--questions" in done.stdout
 

@@ -4,15 +4,13 @@ prediction's counts as ``/v1`` does (the measurements themselves are not tests).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.prediction_bench import FILES, benchmark, summarize
+from tests.benchmarks.scripts import run_script
 
 
 @pytest.mark.timeout(300)
@@ -36,9 +34,7 @@ def test_summary_arithmetic() -> None:
 
 @pytest.mark.timeout(120)
 def test_the_documented_command_runs_from_any_folder(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "prediction_bench.py"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    done = run_script("prediction_bench.py", "--help", cwd=tmp_path, pythonpath=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: benchmarks/prediction_bench.py") and "--max-tokens" in done.stdout
 
@@ -48,12 +44,9 @@ def test_the_documented_command_runs_from_any_folder(tmp_path: Path) -> None:
 def test_the_documented_command_measures_both_arms_at_a_tiny_size(tmp_path: Path) -> None:
     """docs/serving.md's command (without the bench lock, which only serializes quiet runs) on the
     default model, one file, one round, 8 tokens: it prints and writes the report the docs describe."""
-    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "prediction.json"
-    env = {**os.environ, "PYTHONPATH": str(root)}  # this tree's ragspec, whatever is installed
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "prediction_bench.py"), "--files", "1", "--repeats", "1",
-                           "--max-tokens", "8", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=880)  # fmt: skip
+    done = run_script("prediction_bench.py", "--files", "1", "--repeats", "1", "--max-tokens", "8", "--out", str(out),
+                      cwd=tmp_path, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert json.loads(done.stdout[done.stdout.index("{"):]) == report

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +11,8 @@ from langchain_core.documents import Document
 from benchmarks import support_eval
 from benchmarks.support_eval import Case, measure
 from ragspec.citations import choose_citations
+from tests.benchmarks.scripts import REPO, run_script
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _keys(name: str, key: str) -> set[tuple[str, str]]:
@@ -27,10 +24,13 @@ def test_every_label_matches_an_answer_and_every_answer_is_labelled() -> None:
     held_out = _keys("heldout_labels.json", "labels")
     assert _keys("support_answers.json", "answers") <= labelled  # every stored new answer is labelled
     assert _keys("heldout_answers.json", "answers") == held_out
-    assert not {i for _, i in held_out} & {i for _, i in labelled}  # an answer is tuned on or held out, not both
+    fresh = _keys("fresh_labels.json", "labels")
+    assert _keys("fresh_answers.json", "answers") == fresh
+    parts = [{i for _, i in part} for part in (labelled, held_out, fresh)]
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])  # an answer is in one part only
     cases = support_eval.cases()
-    assert len(cases) == 51 + len(labelled) + len(held_out) >= 100  # a label counts only for an answer with exactly its text
-    assert {c.part for c in cases} == {"tuned", "held-out"}
+    assert len(cases) == 51 + len(labelled) + len(held_out) + len(fresh) >= 100  # a label counts only for its exact text
+    assert {c.part for c in cases} == {"tuned", "held-out", "fresh"}
 
 
 def test_measure_counts_against_a_brute_force_tally() -> None:
@@ -51,11 +51,9 @@ def test_measure_counts_against_a_brute_force_tally() -> None:
 
 @pytest.mark.timeout(120)
 def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_eval.py"), "--limit", "5", "--json", str(tmp_path / "r.json")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)  # fmt: skip
+    done = run_script("support_eval.py", "--limit", "5", "--json", str(tmp_path / "r.json"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 15 |" in done.stdout and "| after | held-out | 5 |" in done.stdout
+    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 20 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}
 
 
@@ -63,9 +61,20 @@ def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_support_answers_runs_on_the_default_model(tmp_path: Path) -> None:
     out = tmp_path / "answers.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "support_answers.py"), "--out", str(out), "--ids", "nq-13",
-                           "--max-tokens", "8"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=880)  # fmt: skip
+    done = run_script("support_answers.py", "--out", str(out), "--ids", "nq-13", "--max-tokens", "8", cwd=tmp_path,
+                      timeout=880, HF_HUB_OFFLINE="1")
     assert done.returncode == 0, done.stderr
     [row] = json.loads(out.read_text())["answers"]
     assert row["id"] == "nq-13" and row["question"].startswith("Which version of tidepool") and len(row["passages"]) == 3
+
+
+def test_support_answers_report_counts_gold_in_first_turns_and_follow_ups(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # the script imports conversation_bench as its neighbour
+    from benchmarks import support_answers
+
+    conv = json.loads((REPO / "benchmarks/data/conversations.json").read_text())["conversations"][0]  # mf-flood
+    rows = [{"id": f"{conv['id']}-{i + 1}", "turn": i + 1, "text": text}
+            for i, text in enumerate([f"It was in {conv['turns'][0]['gold'][0]}.", "Nobody knows.", conv["turns"][2]["gold"][0]])]  # fmt: skip
+    rows.append({"id": "nq-01", "turn": 1, "text": "anything"})  # not a conversations.json turn: not counted
+    (tmp_path / "a.json").write_text(json.dumps({"answers": rows}))
+    assert support_answers.report([tmp_path / "a.json"]) == "first turns 1/1, follow-ups 1/2"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from langchain_core.documents import Document
 
 from ragspec.citations import (
+    repeats,
     choose_citations,
     cited_numbers,
     copied_numbers,
@@ -196,3 +197,54 @@ def test_an_answer_draws_from_the_sentence_of_the_words_it_adds_to_the_question(
     assert choose_citations(mixed, [doc(MUSEUM, "m.txt")], question) == ([], "off_topic")
     right = "The Lantern Walk is held on the Saturday closest to 14 November."
     assert choose_citations(right, [doc(MUSEUM, "m.txt")], question) == ([1], "copied")
+
+
+# -- load-bearing words: counts with what they count, the number asked for, denials, circles ----------------
+BAKERY = [doc("We are a worker-owned bakery with two shops and a delivery round. The deck ovens run at up to 260 degrees. "
+              "The cooperative was founded in 2009 by four bakers. Sick leave is paid for up to twenty working days. "
+              "Holiday requests go in four weeks ahead.", "a")]  # fmt: skip
+
+
+def test_a_number_counts_what_follows_it_in_the_passage_too():
+    question = "How many ovens does the bakery have?"
+    assert choose_citations("The bakery has 2 ovens.", BAKERY, question) == ([], "missing_facts")  # "two shops"
+    assert choose_citations("The bakery has 2 shops.", BAKERY, "How many shops does the bakery have?") == ([1], "overlap")
+    assert choose_citations("The deck ovens run at up to 260 degrees.", BAKERY, "How hot do the deck ovens get?")[0] == [1]
+
+
+def test_a_bare_number_counts_what_the_question_asks_about():
+    assert choose_citations("The answer is: 4.", BAKERY, "How many bakers founded the cooperative?") == ([1], "facts")
+    # "four weeks ahead" is not a count of working days
+    assert choose_citations("The answer is: 4.", BAKERY, "For how many working days is sick leave paid?") == ([], "missing_facts")
+    assert choose_citations("The answer is: 20.", BAKERY, "For how many working days is sick leave paid?") == ([1], "facts")
+
+
+def test_a_question_asking_for_a_number_needs_one_in_the_answer():
+    question = "How many days of rain came before the dam gave way?"
+    assert choose_citations("The dam gave way on 14 November 1871.", FLOOD, question) == ([], "no_number")  # a date, no count
+    assert choose_citations("The bakery was founded by bakers.", BAKERY, "In what year was the cooperative founded?") == (
+        [], "no_number")  # fmt: skip
+    assert choose_citations("The cooperative was founded in 2009 by four bakers.", BAKERY, "In what year was the cooperative founded?")[0] == [1]
+
+
+def test_an_answer_that_denies_what_its_sentence_does_not_is_not_supported():
+    question = "What does the bakery do with its deck ovens?"
+    assert choose_citations("The deck ovens do not run at up to 260 degrees.", BAKERY, question) == ([], "negation")
+    assert choose_citations("The deck ovens run at up to 260 degrees.", BAKERY, question)[0] == [1]
+    sick = doc("Sick leave is not paid after twenty working days.", "b")
+    assert choose_citations("Sick leave is not paid after twenty working days.", [sick], "Is sick leave paid?")[0] == [1]
+
+
+def test_an_answer_going_round_in_circles_is_not_supported():
+    text = "The bakery has two shops, and the bakery has two shops and a delivery round."
+    assert repeats(text) and not repeats("The bakery has two shops and a delivery round.")
+    assert choose_citations(text, BAKERY, "What does the bakery have?") == ([], "repeats")
+
+
+def test_every_rule_without_citations_has_its_own_reason_in_the_note():
+    from ragspec.answers import unsupported_note
+
+    rules = ["restates", "no_number", "repeats", "missing_facts", "negation", "off_topic", "unsupported"]
+    notes = [unsupported_note(rule) for rule in rules]
+    assert len(set(notes)) == len(rules) and all(n.startswith("I don't know: no passage backs this answer (") for n in notes)
+    assert "2 oven" in unsupported_note("missing_facts", ["2 oven"])  # the facts it states win over the rule

@@ -100,3 +100,23 @@ def test_missing_facts_compares_digits_with_number_words():
     assert missing_facts("It gave way in 1872 near Hollin and Ellery.", [passage]) == ["1872", "ellery"]
     assert missing_facts("The boiling point of mercury is 4.1875 degrees Celsius.", [passage]) == ["4.1875", "celsius"]
     assert missing_facts("It was 23.", [passage, "One thousand came."]) == []
+
+
+def test_number_units_pair_each_count_with_what_it_counts():
+    from ragspec.facts import number_units, unheld_units
+
+    assert number_units("The bakery has 2 ovens and 5 arches; in 1871 the flood came on 14 November.") == [("2", "oven"), ("5", "arche")]
+    assert number_units("The answer is: 4.", "How many bakers founded it?") == [("4", "baker")]
+    assert number_units("From 3:30 to 11:30.", "What are the hours?") == []  # a word like "to" counts nothing
+    assert unheld_units([("2", "oven")], ["A bakery with two shops. It has ovens."]) == ["2 oven"]
+    assert unheld_units([("2", "oven"), ("6:15", "sharp")], ["Two deck ovens.", "It leaves at 6:15 sharp."]) == []
+
+
+def test_asks_number_and_counts():
+    from ragspec.facts import asks_number, counts, negations
+
+    assert [asks_number(q) for q in ("How many arches?", "In what year?", "How long is it?")] == ["count", "year", ""]
+    assert counts("Twenty-three died.", "How many people died in 1871?")
+    assert not counts("It gave way on 14 November 1871.", "How many days of rain came?")  # a date counts nothing
+    assert counts("It opened in 1874.", "In what year did the bridge open?")
+    assert negations("It can't.") and negations("Never on Sundays") and not negations("Nothing" [1:] + " notable")

@@ -54,38 +54,29 @@ LOCAL_MODEL_HAS_NO = ("timeout", "max_retries", "api_key")
 
 
 class Capabilities:
-    """What ChatRagSpec supports, for both suites."""
+    """What ChatRagSpec supports, for both suites (the suites' properties, overridden by plain values)."""
 
-    @property
-    def has_tool_calling(self) -> bool:
-        return True
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
+    has_tool_calling = True
+    has_tool_choice = True
+    has_structured_output = True
+    supports_json_mode = True
 
 
-class TestChatRagSpecUnit(Capabilities, ChatModelUnitTests):
-    @property
-    def chat_model_class(self) -> type[ChatRagSpec]:
-        return ChatRagSpec
+class RagSpecChat(Capabilities):
+    """ChatRagSpec in both suites: the class, and the suites' standard parameters it has."""
 
-    @property
-    def chat_model_params(self) -> dict:
-        return {"model": "default"}
+    chat_model_class = ChatRagSpec
 
     @property
     def standard_chat_model_params(self) -> dict:
-        params = super().standard_chat_model_params
+        params = super().standard_chat_model_params  # type: ignore[misc]
         return {k: v for k, v in params.items() if k not in LOCAL_MODEL_HAS_NO}
+
+
+class TestChatRagSpecUnit(RagSpecChat, ChatModelUnitTests):
+    @property
+    def chat_model_params(self) -> dict:
+        return {"model": "default"}
 
     @pytest.mark.xfail(
         strict=True,
@@ -105,21 +96,12 @@ class TestChatRagSpecUnit(Capabilities, ChatModelUnitTests):
 
 
 @pytest.mark.integration
-class TestChatRagSpecIntegration(Capabilities, ChatModelIntegrationTests):
-    @property
-    def chat_model_class(self) -> type[ChatRagSpec]:
-        return ChatRagSpec
-
+class TestChatRagSpecIntegration(RagSpecChat, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         # Room for a tool call or a two-field JSON object (strings are bounded at 200 characters,
         # about 50 tokens each): an object cut short by the budget is an error, not a repaired one.
         return {"model": "default", "max_tokens": 256}
-
-    @property
-    def standard_chat_model_params(self) -> dict:
-        params = super().standard_chat_model_params
-        return {k: v for k, v in params.items() if k not in LOCAL_MODEL_HAS_NO}
 
     @property
     def model_override_value(self) -> str:

@@ -17,6 +17,7 @@ from typing_extensions import TypedDict
 
 from ragspec.engine.constraints import ConstraintError
 from ragspec.lc import ChatRagSpec, RagSpecLLM
+from ragspec.chat_request import ToolUse, chat_turns
 from ragspec.lc.messages import to_chat
 from ragspec.engine.tool_calls import CallStream, Tool, ToolError, tool_call_constraint
 
@@ -97,21 +98,21 @@ def test_speculative_tool_calls_equal_plain_ones(chat) -> None:
 
 def test_tool_history_is_rendered_in_the_convention() -> None:
     call = {"name": "add", "args": {"a": 1, "b": 2}, "id": "abc", "type": "tool_call"}
-    turns = to_chat(
+    tools = ToolUse((Tool("add", "Add two numbers.", {"type": "object", "properties": {}}),))
+    turns = chat_turns(to_chat(
         [HumanMessage("What is 1 + 2"),
          AIMessage([{"type": "text", "text": "Let me add."}, {"type": "tool_use", "id": "abc", "name": "add", "input": {}}],
                    tool_calls=[call]),
          ToolMessage(json.dumps({"result": 3}), tool_call_id="abc")],
-        tool_prompt="TOOLS",
-    )
+    ), tools)
     assert turns == [
-        {"role": "system", "content": "TOOLS"},
+        {"role": "system", "content": tools.listing()},
         {"role": "user", "content": "What is 1 + 2"},
         {"role": "assistant", "content": 'Let me add.\n<tool_call>[{"name": "add", "arguments": {"a": 1, "b": 2}}]</tool_call>'},
         {"role": "user", "content": '<tool_response>\n{"result": 3}\n</tool_response>'},
     ]
-    with_system = to_chat([SystemMessage("Be brief."), HumanMessage("hi")], tool_prompt="TOOLS")
-    assert with_system[0] == {"role": "system", "content": "Be brief.\n\nTOOLS"}
+    with_system = chat_turns(to_chat([SystemMessage("Be brief."), HumanMessage("hi")]), tools)
+    assert with_system[0] == {"role": "system", "content": f"Be brief.\n\n{tools.listing()}"}
 
 
 @pytest.mark.timeout(300)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -48,25 +49,31 @@ def chunk(text: str, finish: str | None = None) -> str:
     return "data: " + json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]}) + "\n\n"
 
 
-@pytest.fixture
-def server() -> Iterator[type[Handler]]:
-    handler = type("ThisHandler", (Handler,), {})
+@contextmanager
+def served(handler: type[Handler]) -> Iterator[str]:
+    """``handler`` answering on a local port until the block ends; yields (and sets as ``handler.url``) its ``/v1`` URL."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     handler.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"  # type: ignore[attr-defined]
     try:
-        yield handler
+        yield handler.url  # type: ignore[attr-defined]
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[type[Handler]]:
+    handler = type("ThisHandler", (Handler,), {})
+    with served(handler):
+        yield handler
 
 
 def generator(server: type[Handler]) -> object:
     return RemoteModel(server.url, model="m", tokenizer="default").load()  # type: ignore[attr-defined]
 
 
-def answer_and_facts(gen: Generator, prompt: str) -> tuple[str, str, int, list[int]]:
+def answer_and_facts(gen: TextGenerator, prompt: str) -> tuple[str, str, int, list[int]]:
     """What a caller (``DocumentQA``, the LangChain classes, the apps) reads of any generator, typed by the protocol."""
     return gen.generate(prompt, max_tokens=4).text, gen.model_name, gen.context_length, gen.encode(prompt, special_tokens=False)
 
@@ -306,18 +313,11 @@ class Slow(Handler):
         super().do_POST()
 
 
-def serve(handler: type[Handler]) -> tuple[ThreadingHTTPServer, str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("failures", "retries", "ok"), [(2, 2, True), (3, 2, False), (1, 0, False)])
 def test_server_errors_are_retried_max_retries_times(failures: int, retries: int, ok: bool) -> None:
     handler = type("FlakyHere", (Flaky,), {"failures": failures, "seen": 0, "events": [chunk("Hi", "stop")]})
-    httpd, url = serve(handler)
-    try:
+    with served(handler) as url:
         gen = RemoteModel(url, model="m", tokenizer="default", max_retries=retries).load()
         if ok:
             assert gen.generate("x", max_tokens=4).text == "Hi"
@@ -325,15 +325,11 @@ def test_server_errors_are_retried_max_retries_times(failures: int, retries: int
             with pytest.raises(Exception, match="warming up"):
                 gen.generate("x", max_tokens=4)
         assert handler.seen == min(failures + 1, retries + 1)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.mark.timeout(120)
 def test_timeout_bounds_the_wait_for_a_silent_server() -> None:
-    httpd, url = serve(type("SlowHere", (Slow,), {"events": [chunk("Hi", "stop")]}))
-    try:
+    with served(type("SlowHere", (Slow,), {"events": [chunk("Hi", "stop")]})) as url:
         import time
 
         gen = RemoteModel(url, model="m", tokenizer="default", timeout_s=0.5, max_retries=0).load()
@@ -343,9 +339,6 @@ def test_timeout_bounds_the_wait_for_a_silent_server() -> None:
         assert time.monotonic() - start < 2.5
         patient = RemoteModel(url, model="m", tokenizer="default", timeout_s=10).load()
         assert patient.generate("x", max_tokens=4).text == "Hi"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_the_langchain_models_take_chatopenais_names() -> None:

@@ -31,6 +31,7 @@ from retrievers import (
     split_documents,
 )
 from retrievers.chunking import default_max_tokens
+from tests.helpers import run_in_threads
 
 EXPORTED = [name for name in BACKENDS if name != "torch"]
 TEXTS = [
@@ -325,26 +326,15 @@ def test_openvino_encoders_are_freed_and_shared_between_threads_without_deadlock
     """Encoders dropped while others run (the export-cache test hung on this once: a Python
     callback on OpenVINO's stream threads waited for the GIL that the freeing thread held), and
     one encoder used from several threads at once."""
-    import threading
-
     texts = [f"text number {i} " * (1 + i % 5) for i in range(40)]
     for _ in range(6):
         emb_mod._MODEL_CACHE.clear()  # the previous encoder is freed while a new one is built and used
         emb = SentenceTransformerEmbeddings(str(tiny_model), backend="openvino", batch_size=8)
         want = np.array(emb.embed_documents(texts))
-    errors: list[BaseException] = []
 
     def use() -> None:
-        try:
-            for _ in range(3):
-                np.testing.assert_allclose(np.array(emb.embed_documents(texts)), want, atol=1e-5)
-                emb.embed_query("a query while another thread embeds")
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for _ in range(3):
+            np.testing.assert_allclose(np.array(emb.embed_documents(texts)), want, atol=1e-5)
+            emb.embed_query("a query while another thread embeds")
 
-    threads = [threading.Thread(target=use) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    assert not errors and not any(t.is_alive() for t in threads)
+    assert run_in_threads(use, use, use) == []

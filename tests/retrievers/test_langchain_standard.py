@@ -48,30 +48,18 @@ class TestFaissHNSWVectorStoreStandard(VectorStoreIntegrationTests):
 
 
 class TestBM25RetrieverStandard(RetrieversIntegrationTests):
-    @property
-    def retriever_constructor(self) -> type[BM25Retriever]:
-        return BM25Retriever
-
-    @property
-    def retriever_constructor_params(self) -> dict[str, Any]:
-        return {"documents": CORPUS}
-
-    @property
-    def retriever_query_example(self) -> str:
-        return "lighthouse storm"
+    # The suite's properties, overridden by plain values where they are constants.
+    retriever_constructor = BM25Retriever
+    retriever_constructor_params = {"documents": CORPUS}
+    retriever_query_example = "lighthouse storm"
 
 
 class TestHybridRetrieverStandard(RetrieversIntegrationTests):
-    @property
-    def retriever_constructor(self) -> type[HybridRetriever]:
-        return HybridRetriever
+    retriever_constructor = HybridRetriever
+    retriever_query_example = "lighthouse storm"
 
     @property
     def retriever_constructor_params(self) -> dict[str, Any]:
         store = FaissVectorStore(DeterministicFakeEmbedding(size=16))
         store.add_documents(CORPUS)
         return {"vectorstore": store, "documents": CORPUS}
-
-    @property
-    def retriever_query_example(self) -> str:
-        return "lighthouse storm"

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not insta
 
 from retrievers.pg_ingest import sync_collection  # noqa: E402
 from retrievers.pg_store import PgVectorStore  # noqa: E402
+from tests.helpers import run_in_threads, write_notes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
@@ -110,26 +110,16 @@ def test_same_records_and_report_as_the_faiss_sync(tmp_path: Path, pg_url: str) 
 
 
 def test_two_ingests_at_once_take_turns_and_agree(tmp_path: Path, pg_url: str) -> None:
-    docs = write_corpus(tmp_path)
-    for i in range(6):
-        (docs / f"n{i}.md").write_text(f"# Note {i}\n\nThe ferry number {i} leaves at {i + 6}.\n\nShared closing line.\n")
+    docs = write_notes(write_corpus(tmp_path), 6, "The ferry number {i} leaves at {hour}.\n\nShared closing line.", "n{i}.md")
     emb = Counting(size=8, delay_s=0.05)
     results: list[Any] = []
-    errors: list[BaseException] = []
 
     def ingest() -> None:
-        try:
-            store, report = sync_collection([docs], pg_url, emb, chunking=CHUNKING)
-            store.close()
-            results.append(report)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        store, report = sync_collection([docs], pg_url, emb, chunking=CHUNKING)
+        store.close()
+        results.append(report)
 
-    threads = [threading.Thread(target=ingest) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
+    errors = run_in_threads(ingest, ingest)
     assert not errors, errors
     first, second = sorted(results, key=lambda r: len(r.new), reverse=True)
     assert len(first.new) == 10 and second.unchanged and not second.new and second.embedded == 0
@@ -163,9 +153,7 @@ def test_an_ingest_that_fails_mid_way_leaves_the_store_as_before_that_file(tmp_p
 
 
 def test_a_killed_ingest_leaves_a_consistent_store_that_the_next_one_completes(tmp_path: Path, pg_url: str) -> None:
-    docs = write_corpus(tmp_path)
-    for i in range(12):
-        (docs / f"n{i:02d}.md").write_text(f"# Note {i}\n\nThe ferry number {i} leaves at {i + 6}.\n")
+    docs = write_notes(write_corpus(tmp_path), 12, "The ferry number {i} leaves at {hour}.", "n{i:02d}.md")
     script = textwrap.dedent(f"""
         import sys, time
         from langchain_core.embeddings import DeterministicFakeEmbedding

@@ -8,6 +8,7 @@ it could not write the index.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import threading
 import time
@@ -20,6 +21,7 @@ from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 import retrievers
 from apps import cli
 from retrievers import FaissVectorStore, IndexLockedError, IndexSaveError, check_index_writable, persistence
+from tests.helpers import run_in_threads, write_notes
 
 EMB = DeterministicFakeEmbedding(size=8)
 
@@ -53,20 +55,12 @@ def test_concurrent_saves_from_threads_leave_one_whole_index(tmp_path: Path) -> 
     for trial in range(trials):
         folder = tmp_path / f"trial{trial}"
         barrier = threading.Barrier(writers)
-        errors: list[BaseException] = []
 
         def save(store: FaissVectorStore) -> None:
-            try:
-                barrier.wait()
-                store.save(folder)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+            barrier.wait()
+            store.save(folder)
 
-        threads = [threading.Thread(target=save, args=(s,)) for s in stores]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_in_threads(*(functools.partial(save, s) for s in stores))
         assert errors == [], f"trial {trial}: {errors!r}"
         loaded = FaissVectorStore.load(folder, EMB)  # IndexCorruptError before the fix
         assert ids(loaded) in expected, f"trial {trial}: a mix of saves"
@@ -261,11 +255,7 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> CountingEmbeddings:
 
 @pytest.fixture
 def docs(tmp_path: Path) -> Path:
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i in range(3):
-        (folder / f"note{i}.md").write_text(f"# Note {i}\n\nThe ferry leaves at {i + 6} in the morning.\n")
-    return folder
+    return write_notes(tmp_path / "docs", 3, "The ferry leaves at {hour} in the morning.")
 
 
 @pytest.mark.timeout(180)

@@ -111,18 +111,18 @@ def test_v1_bodies_and_schemas_that_were_500s_are_400s_naming_the_parameter(tmp_
 
 
 def test_a_500_from_generation_carries_no_exception_text() -> None:
-    from apps.web.openai_api import _generation_error
+    from apps.web.openai_api import generation_error
 
-    error = _generation_error(RuntimeError("secret /home/me/.cache/ragspec path"))
+    error = generation_error(RuntimeError("secret /home/me/.cache/ragspec path"))
     assert error.status == 500 and "secret" not in error.message and "RuntimeError" not in error.message
 
 
 def test_an_engine_message_is_cut_to_its_first_line() -> None:
-    from apps.web.openai_api import _generation_error
+    from apps.web.openai_api import generation_error
     from ragspec.engine.constraints import ConstraintError
 
     panic = ConstraintError("panic: assertion failed: grammar.symbols.len() < u16::MAX\nstack backtrace:\n  0: /rustc/abc/src/x.rs")
-    error = _generation_error(panic)
+    error = generation_error(panic)
     assert error.status == 400 and error.param == "response_format"
     assert "backtrace" not in error.message and "x.rs" not in error.message
 
@@ -132,7 +132,7 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_keeps_the_slot_until_it_en
     import asyncio
     import time
 
-    from apps.web import openai_api
+    from apps.web.openai_api import jobs
     from apps.web.openai_api import OpenAIError, compile_constraint, parse_request
     from apps.web.queue import ModelQueue
 
@@ -145,12 +145,13 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_keeps_the_slot_until_it_en
         return None
 
     async def scenario() -> tuple[int, int]:
+        from ragspec.chat_request import ChatRequest
         from ragspec.engine.config import GenerationConfig
 
         queue = ModelQueue(slots=1)
         ticket = queue.ticket()
         await ticket.wait(1)
-        job = openai_api.Job(request, [1, 2], GenerationConfig())
+        job = jobs.Job(request, ChatRequest([1, 2], GenerationConfig()))
         with pytest.raises(OpenAIError) as e:
             await compile_constraint(job, ticket, timeout_s=0.1)
         assert e.value.param == "response_format" and "did not compile" in e.value.message
@@ -159,12 +160,12 @@ def test_a_schema_that_compiles_too_long_is_a_400_and_keeps_the_slot_until_it_en
         await asyncio.sleep(1.0)
         return held, queue.running
 
-    original = openai_api.response_constraint
-    openai_api.response_constraint = slow
+    original = jobs.response_constraint
+    jobs.response_constraint = slow
     try:
         assert asyncio.run(scenario()) == (1, 0)
     finally:
-        openai_api.response_constraint = original
+        jobs.response_constraint = original
 
 
 # -- 4, 9. upload names ----------------------------------------------------------------------------

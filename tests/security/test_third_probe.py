@@ -9,11 +9,9 @@ count is the same for every guess; the same client still reuses its own prefixes
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from ragspec.answers import Answer
 from ragspec.prompts import chat_prompt_ids, qa_prompt_ids
 from tests.apps.conftest import LiveServer
 from tests.apps.fakes import GeneratorSource
-from tests.ragspec.test_remote import Handler, chunk
+from tests.ragspec.test_remote import Handler, chunk, served
 
 VAULT = "# Vault\n\nThe vault door code is 74096"
 DIGITS = "0123456789"
@@ -184,14 +182,8 @@ def fake_openai_server(owned_by: str, text: str) -> Iterator[type[Handler]]:
     models = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": owned_by, "max_model_len": 512}]}
     handler = type("Recorder", (Handler,), {"models_body": json.dumps(models).encode(),
                                             "events": [chunk(text, "stop"), "data: [DONE]\n\n"]})  # fmt: skip
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    handler.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"  # type: ignore[attr-defined]
-    try:
+    with served(handler):
         yield handler
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.mark.timeout(240)

@@ -99,8 +99,9 @@ def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozense
     and plain and speculative decoding stay exactly as in fp32 after the same prompt. It is opt-in, not
     what ``"auto"`` does: a prefix-cache hit evaluates the rest of a prompt in other shapes than a cold
     prefill, and in bf16 that can move a logit by more than a float tie, so an answer after a hit could
-    differ from a cold prefill's (the design promises they are the same), and ragspec's bf16 prefill
-    has not been timed on such a CPU yet.
+    differ from a cold prefill's (the design promises they are the same), and half of the answers
+    measured differ from fp32's; whether they are as often right is counted against the hand labels by
+    ``benchmarks/dtype_quality.py`` (docs/backends.md, "bf16 prompts").
     """
     if dtype != BF16_PROMPTS or device.type != "cpu":
         return None

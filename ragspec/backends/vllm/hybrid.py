@@ -10,11 +10,14 @@ module decides, with no vLLM import (tested on fake batches):
    tokens (``StepCosts``, as ragspec's n-gram proposer times them).
 2. ``plan``: ``ragspec.engine.planning.plan_sources``, the one choice rule: per row the n-gram
    draft or the model's (whichever whole draft yields more; acceptance by source and match length,
-   learnt online), every row's length, and how many draft-model steps the batch runs (their cost
-   timed here, ``model_seconds``): where the n-gram drafts win the batch runs none, where
-   nothing pays, nothing is drafted. The model's first forward over each step's tokens (its
-   catch-up, which keeps its KV cache whole) is the one cost paid without drafting: it stops
-   ``MODEL_IDLE_STEPS`` steps after the model last drafted (``_decide_catch_up``).
+   learnt online), every row's length, and how many draft-model steps the batch runs, each costed
+   with the model's whole forward work of the step (its first forward included, timed here,
+   ``model_seconds``): where the n-gram drafts win the batch runs none, where nothing pays, nothing
+   is drafted. The model's first forward over each step's tokens (its catch-up, which keeps its KV
+   cache whole) is paid on a step where no row takes the model's draft only to keep the model
+   usable: for ``MODEL_IDLE_STEPS`` steps after its drafts last earned tokens, and while an exploration
+   waits for a row (``_decide_catch_up``); otherwise the model does not run at all, so such a step
+   costs what ragspec's n-gram proposer's does. The n-gram drafts never depend on the model's state.
 3. ``compose``: the drafts vLLM verifies, from the n-gram candidates and the model's tokens;
    each row's choice is remembered so that the next step's kernel records its acceptance under
    its source (``planning.MODEL`` for the model's).
@@ -37,16 +40,21 @@ from ragspec.engine.planning import MAX_BUCKET, MODEL, OUTPUT, REFERENCE, CostCu
 EXPLORE_TOKENS = 2
 """Draft-model tokens a row tries when the model is explored (two: its first and later acceptance)."""
 MODEL_IDLE_STEPS = 8
-"""Steps the draft model keeps catching up after it last drafted, before it stops (``_decide_catch_up``)."""
+"""Steps the draft model keeps catching up after its drafts last earned tokens (``_decide_catch_up``)."""
+EXPLORE_WAIT_STEPS = 2
+"""Steps an exploration due waits, the model running, for a new request to draft nothing (then it
+is tried on it); after that the next try is ``policy.explore_every`` steps away."""
 MODEL_PRIOR_SLOPE = 0.5
-"""Prior cost of one draft-model step beyond its catch-up forward, in catch-up forwards, until timed."""
+"""Prior cost of one draft-model forward in plain steps of the batch, until timed."""
 
 
 class HybridDrafter(BatchDrafter):
     """``BatchDrafter``'s state and timing, with a draft model as a second source (module docstring).
 
     ``model_seconds`` times the draft model's work by its number of steps (0: the catch-up forward
-    alone); ``model_steps_cost(rows, longest)`` turns it into plain steps of the batch.
+    alone); ``model_steps_cost(rows, longest)`` turns it into plain steps of the batch, a forward per step. The step
+    costs of ``BatchDrafter`` never hold the model's work: they time the interval from ``compose``
+    to the next ``candidates``, and the model runs between ``plan`` and ``compose``.
     """
 
     def __init__(self, max_draft: int, **settings: Any) -> None:
@@ -55,18 +63,25 @@ class HybridDrafter(BatchDrafter):
         self.model_seconds = CostCurve(MODEL_PRIOR_SLOPE, self.costs.smoothing, monotone=True)
         self.from_model = np.zeros(0, np.int64)
         self.ks = np.zeros(0, np.int64)
-        self.model_caps = np.zeros(0, np.int64)
+        self.caps = np.zeros(0, np.int64)  # each row's longest draft this step (0: none)
+        self.model_caps = np.zeros(0, np.int64)  # the same for the model's drafts (0: its cache has holes)
         self.drafted_by_source = {"ngram": 0, "model": 0}
         self.accepted_by_source = {"ngram": 0, "model": 0}
+        self.plans = {"none": 0, "ngram": 0, "model": 0}  # steps by what they drafted
+        self.timed_steps = {"none": 0, "ngram": 0, "model": 0}  # timed steps (``costs``) by what they carried
         self.model_steps_run = 0
-        self._rows = 0
-        self._since_model = self.policy.explore_every  # the first chance measures the model
-        self._idle = 0  # steps since the model last drafted
-        self._tracked: set[str] = set()  # requests with state, as of the last step
-        self._new: set[str] = set()  # requests that showed their first tokens this step
-        self.model_live: set[str] = set()  # requests whose draft-model KV cache is whole
-        self.catch_up = True
+        self.model_forwards = 0  # steps on which the draft model ran (catch-up, maybe drafting)
+        self.idle_model_forwards = 0  # of those, steps on which no row took the model's draft
         self.skipped_catch_ups = 0
+        self.catch_up = True
+        self._rows = 0
+        self._decode_only = False  # every row of this step sampled: its model timing is a decode step's
+        self._last_source = "none"
+        self._since_model = self.policy.explore_every  # the first chance measures the model
+        self._idle = MODEL_IDLE_STEPS  # steps since the model's drafts last earned tokens
+        self._earned = False  # some row kept model tokens in the step that just ran
+        self._waited = 0  # steps an exploration has waited for a row to try the model on
+        self._holes: set[str] = set()  # requests in the batch whose draft-model KV cache has holes
 
     def candidates(
         self,
@@ -77,10 +92,16 @@ class HybridDrafter(BatchDrafter):
         seeded_rows: Collection[int] = (),
     ) -> None:
         """Index the tokens each row sampled and find its n-gram candidate (``index.cand``,
-        ``index.drafts``); rows that may draft get ``model_caps`` > 0."""
+        ``index.drafts``); rows that may draft get ``caps`` > 0, and ``model_caps`` > 0 where the
+        draft model's cache is whole."""
+        last_ids, last_time = self._last_ids, self._last_time
+        began = self.requests_seen + self.undrafted_seen
         ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
+        admitted = self.requests_seen + self.undrafted_seen > began  # a prompt ended: its catch-up is a prefill
+        if all_sampled and ids == last_ids and last_time is not None:  # ``_begin_step`` timed the last step
+            self.timed_steps[self._last_source] += 1
         rows = len(ids)
-        self._count_accepted(n_new)
+        self._earned = self._count_accepted(n_new)
         _, accepted, restarted = self.index.step(
             self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay)
         self.accepted += accepted
@@ -91,86 +112,100 @@ class HybridDrafter(BatchDrafter):
         if live.any():
             room = np.minimum(self.index.requests[self._slots[live], CAP], self.max_model_len - num_tokens[live] - 1)
             caps[live] = np.clip(room, 0, self.max_draft)
-        tracked = {rid for rid, slot in zip(ids, self._slots.tolist()) if slot >= 0}
-        self._new = tracked - self._tracked
-        self._tracked = tracked
-        self.model_live &= tracked
-        for r, rid in enumerate(ids):  # a row whose draft-model KV cache has holes gets none of its drafts
-            if caps[r] and rid not in self.model_live and rid not in self._new:
-                caps[r] = 0
-        self.model_caps = caps
+        self._holes.intersection_update(ids)
+        model_caps = caps.copy()
+        if self._holes:
+            model_caps[[r for r, rid in enumerate(ids) if rid in self._holes]] = 0
+        self.caps, self.model_caps = caps, model_caps
         self._rows = rows
+        self._decode_only = all_sampled and not self._pending and not admitted and not restarted
         self._last_ids = ids if all_sampled else None
 
-    def _count_accepted(self, n_new: np.ndarray) -> None:
+    def _count_accepted(self, n_new: np.ndarray) -> bool:
         """Per source, the drafted tokens this step kept (the kernel records them into the policy's
-        statistics; this only counts them for ``stats``)."""
+        statistics; this only counts them for ``stats``). Returns whether some row kept model tokens."""
         live = np.flatnonzero(self._slots >= 0)
         if not len(live):
-            return
+            return False
         req = self.index.requests[self._slots[live]]
+        earned = False
         for r, k, group in zip(live.tolist(), req[:, LAST_K].tolist(), req[:, LAST_GROUP].tolist()):
             if k > 0 and n_new[r] > 0:
-                self.accepted_by_source["model" if group == MODEL else "ngram"] += min(int(n_new[r]) - 1, k)
+                kept = min(int(n_new[r]) - 1, k)
+                if group == MODEL:
+                    self.accepted_by_source["model"] += kept
+                    earned = earned or kept > 0
+                else:
+                    self.accepted_by_source["ngram"] += kept
+        return earned
 
     def plan(self) -> int:
-        """Every row's source and length (``ks``, ``from_model``); returns the draft-model steps to run."""
+        """Every row's source and length (``ks``, ``from_model``); returns the draft-model steps to
+        run, and sets ``catch_up`` (whether the model runs at all this step)."""
         rows = self._rows
         cand = self.index.cand[:rows]
         self.ks, self.from_model = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         curve = self.costs.plannable(rows)
-        if curve is None or not rows:
-            self._last_drafted = 0
-            self._decide_catch_up(0)
-            return 0  # a batch size whose plain step is not timed yet: plain, as ragspec's proposer
-        counts = self.policy.acceptance.counts
-        lengths = np.where(cand[:, 0] != NONE, np.minimum(cand[:, 2], self.model_caps), 0)
-        groups = np.where(cand[:, 0] == OUTPUT_SOURCE, OUTPUT, REFERENCE)
-        buckets = np.minimum(cand[:, 1], MAX_BUCKET)
-        p1, q = np.empty(rows), np.empty(rows)
-        for r in range(rows):
-            p1[r], q[r] = rates(counts, groups[r], buckets[r])
-        model_p1, model_q = rates(counts, MODEL, 0)
-        longest = int(self.model_caps.max(initial=0))
-        cost = curve.table(int(lengths.sum()) + rows * longest + 1)
-        drafted, steps = plan_sources(
-            p1, q, lengths, groups * (MAX_BUCKET + 1) + buckets, 2 * (MAX_BUCKET + 1), model_p1, model_q,
-            self.model_caps, cost, self.model_steps_cost(rows, longest), self.policy.margin, self.ks, self.from_model,
-        )  # fmt: skip
-        if steps == 0:
-            steps = self._explore()
-        else:
+        steps = 0
+        if curve is not None and rows:  # else a batch size whose plain step is not timed yet: plain
+            counts = self.policy.acceptance.counts
+            lengths = np.where(cand[:, 0] != NONE, np.minimum(cand[:, 2], self.caps), 0)
+            groups = np.where(cand[:, 0] == OUTPUT_SOURCE, OUTPUT, REFERENCE)
+            buckets = np.minimum(cand[:, 1], MAX_BUCKET)
+            p1, q = np.empty(rows), np.empty(rows)
+            for r in range(rows):
+                p1[r], q[r] = rates(counts, groups[r], buckets[r])
+            model_p1, model_q = rates(counts, MODEL, 0)
+            longest = int(self.model_caps.max(initial=0))
+            cost = curve.table(int(lengths.sum()) + rows * longest + 1)
+            _, steps = plan_sources(
+                p1, q, lengths, groups * (MAX_BUCKET + 1) + buckets, 2 * (MAX_BUCKET + 1), model_p1, model_q,
+                self.model_caps, cost, self.model_steps_cost(rows, longest), self.policy.margin, self.ks,
+                self.from_model,
+            )  # fmt: skip
+        self._idle = 0 if self._earned else self._idle + 1
+        if steps > 0:
             self._since_model = 0
+        else:
+            steps = self._explore()
         self._last_drafted = int(self.ks.sum())
         self._decide_catch_up(steps)
+        model_rows = int(self.from_model.sum())
+        self._last_source = "model" if model_rows else "ngram" if self._last_drafted else "none"
+        self.plans[self._last_source] += 1
         return int(steps)
 
     def _decide_catch_up(self, steps: int) -> None:
-        """Whether the draft model runs this step at all (``catch_up``): its first forward over the
-        step's tokens is what keeps its KV cache whole, and it costs a draft forward every step. So
-        it runs while the model drafts, while prompts are prefilled and for requests that just began
-        (their prompt enters its cache), and for ``MODEL_IDLE_STEPS`` steps after the model last drafted; then it stops and
-        the requests in the batch lose the model for good (their cache has holes), while new
-        requests start with it again."""
-        self._idle = 0 if steps > 0 else self._idle + 1
-        live = bool(self.model_live) or bool(self._new)
-        prefilling = self._pending  # a prompt (or a chunk of it) is entering the cache
-        self.catch_up = steps > 0 or bool(self._new) or prefilling or (live and self._idle < MODEL_IDLE_STEPS)
-        if self.catch_up:
-            self.model_live |= self._new
-        else:
-            self.model_live.clear()  # every request of this batch: the step's tokens never reach its cache
+        """Whether the draft model runs this step at all (``catch_up``). Its first forward over the
+        step's tokens keeps its KV cache whole, and costs a draft forward; a step whose rows take
+        no model draft pays it only to keep the model usable: for ``MODEL_IDLE_STEPS`` steps after
+        its drafts last earned tokens (some were kept), or while an exploration is due (new
+        requests enter its cache, to be tried on; ``EXPLORE_WAIT_STEPS``). Otherwise the model does not run, and
+        every request in the batch loses it for good (``_holes``: its cache misses this step's
+        tokens); later requests start whole. A step with rows whose caches are all holed never
+        runs it (it could draft for none of them)."""
+        whole = any(rid not in self._holes for rid in self._ids)
+        due = self._since_model >= self.policy.explore_every
+        if steps:
+            self._waited = 0
+        elif due and whole:  # the model runs for a row to try it on
+            self._waited += 1
+            if self._waited > EXPLORE_WAIT_STEPS:  # none came that drafts nothing: try again later
+                self._since_model, self._waited, due = 0, 0, False
+        self.catch_up = steps > 0 or (whole and (self._idle < MODEL_IDLE_STEPS or due))
+        if not self.catch_up:
+            self._holes.update(self._ids)  # the step's tokens never reach the model's cache
             self.skipped_catch_ups += 1
 
     def _explore(self) -> int:
-        """Every ``policy.explore_every`` steps without the model, rows that draft nothing try
-        ``EXPLORE_TOKENS`` of its tokens: its cost and acceptance may have changed (or were never
-        measured: until then its priors decide)."""
-        idle = (self.model_caps > 0) & (self.ks == 0)
-        if not idle.any():
-            return 0
+        """Every ``policy.explore_every`` steps without the model, rows that draft nothing and whose
+        model cache is whole try ``EXPLORE_TOKENS`` of its tokens: its cost and acceptance may have
+        changed (or were never measured: until then its priors decide)."""
         self._since_model += 1
         if self._since_model < self.policy.explore_every:
+            return 0
+        idle = (self.model_caps > 0) & (self.ks == 0)
+        if not idle.any():
             return 0
         self._since_model = 0
         self.ks[idle] = np.minimum(self.model_caps[idle], EXPLORE_TOKENS)
@@ -178,14 +213,19 @@ class HybridDrafter(BatchDrafter):
         return int(self.ks[idle].max())
 
     def model_steps_cost(self, rows: int, longest: int) -> np.ndarray:
-        """``[j]``: ``j`` draft-model steps beyond its catch-up forward, in plain steps of a batch of
-        ``rows`` (until the catch-up forward is timed: ``MODEL_PRIOR_SLOPE`` per step)."""
+        """``[j]``: the draft model's work for ``j`` steps, ``j`` forwards (its first forward, over the
+        step's tokens, drafts the first token), in plain steps of a batch of ``rows``; until timed,
+        ``MODEL_PRIOR_SLOPE`` per step. The first forward is charged to the model even when it
+        would run anyway (keeping the model usable): so a model whose drafts do not pay for their
+        whole forward work is never chosen, and its forwards stop."""
         steps = np.arange(longest + 1, dtype=np.float64)
         plain = self.costs.curve(rows)
-        if not self.model_seconds.has_plain or not plain.has_plain:
+        timed = self.model_seconds.measured()
+        if not timed or not plain.has_plain:
             return MODEL_PRIOR_SLOPE * steps
-        catch_up = self.model_seconds.fitted()[0]
-        return (self.model_seconds.table(longest) - 1.0) * catch_up / plain.fitted()[0]
+        weights = self.model_seconds.timings()
+        forward = sum(weights[j] * s / max(j, 1) for j, s in timed.items()) / sum(weights.values())
+        return steps * (forward / plain.fitted()[0])
 
     def compose(self, model_tokens: Sequence[Sequence[int]]) -> list[list[int]]:
         """The drafts of the planned rows: n-gram tokens, or the model's (``model_tokens[row]``)."""
@@ -215,9 +255,14 @@ class HybridDrafter(BatchDrafter):
         return drafts
 
     def record_model(self, steps: int, seconds: float) -> None:
-        """The draft model's work this step took ``seconds`` for ``steps`` steps (0: catch-up only)."""
-        self.model_seconds.record(steps, seconds)
+        """The draft model ran this step (``catch_up``): ``steps`` draft steps (0: catch-up only) in
+        ``seconds``, timed into ``model_seconds`` when every row was decoding (a prompt's
+        catch-up is a prefill, not a step's)."""
+        if self._decode_only:
+            self.model_seconds.record(steps, seconds)
         self.model_steps_run += steps
+        self.model_forwards += 1
+        self.idle_model_forwards += steps == 0
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -225,5 +270,9 @@ class HybridDrafter(BatchDrafter):
         out["accepted_by_source"] = dict(self.accepted_by_source)
         out["model_seconds_by_steps"] = {str(j): s for j, s in self.model_seconds.measured().items()}
         out["model_steps"] = self.model_steps_run
+        out["model_forwards"] = self.model_forwards
+        out["idle_model_forwards"] = self.idle_model_forwards
         out["skipped_catch_ups"] = self.skipped_catch_ups
+        out["plans"] = dict(self.plans)
+        out["timed_steps"] = dict(self.timed_steps)
         return out

@@ -10,7 +10,8 @@ runner exists and before the models load, by ``HybridProposer``: the same class 
 ``propose`` wrapped. Each step it asks ``ragspec.backends.vllm.hybrid.HybridDrafter`` for every
 row's n-gram candidate and the plan (which rows take which source, how many draft-model steps
 the batch runs), runs vLLM's own ``propose`` for that many steps (none: only the catch-up forward
-that keeps the draft model's KV cache whole), and hands vLLM the chosen drafts; vLLM's rejection
+that keeps the draft model's KV cache whole, and not even that when the drafter does not keep the
+model, ``HybridDrafter.catch_up``), and hands vLLM the chosen drafts; vLLM's rejection
 sampler verifies them, so the output is vLLM's without speculation.
 
 docs/scale-out.md ("The hybrid: n-gram drafts and a draft model inside vLLM") says why this seam,
@@ -99,7 +100,10 @@ class HybridProposer(DraftModelProposer):
         if self.hybrid.catch_up:  # else the draft model does not run at all this step
             began = time.perf_counter()
             tokens = super().propose(steps, *args, **kwargs)
-            model_tokens = tokens.tolist() if steps else []
+            if steps:
+                model_tokens = tokens.tolist()  # waits for the device
+            elif tokens.device.type == "cuda":  # the catch-up alone: its time is the model's, not the next step's
+                torch.cuda.synchronize(tokens.device)
             self.hybrid.record_model(steps, time.perf_counter() - began)
         return self.hybrid.compose(model_tokens)
 

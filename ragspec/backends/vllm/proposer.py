@@ -45,7 +45,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
-from itertools import repeat
+from operator import ne
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,9 @@ class BatchDrafter:
     sampled this step (none while its prompt is still being prefilled), its token count and its
     token ids; it returns each row's draft for the next step. The work is one call of
     ``ragspec.engine.ngram_batch``'s compiled kernel for the whole batch (index, match, plan); what
-    stays in Python per step is constant, plus a length per row and the draft lists vLLM takes.
+    stays in Python per step is constant, plus C-level passes over the rows (the sampled lists'
+    lengths, comparing the id list with the last step's, the draft lists vLLM takes) and work per
+    request that begins or ends (its row, its answer into the history).
     ``request_cap(rid)`` is a request's own longest draft (0: it asked for no speculation; it is
     then not indexed at all), read once when the request first shows a sampled token. ``costs``
     (timed here by default) and ``clock`` are injectable for tests; ``max_rows`` is the batch size to
@@ -186,6 +188,7 @@ class BatchDrafter:
         self._last_ids: list[str] | None = None
         self._last_drafted = 0  # drafted tokens the last planned step carries
         self._last_time: float | None = None
+        self._stats_path = os.environ.get(STATS_ENV)  # read once: requests begin and end at most steps
 
     @property
     def history(self) -> AnswerHistory:
@@ -210,11 +213,7 @@ class BatchDrafter:
             self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
             curve, self.policy.margin,
         )  # fmt: skip
-        if drafted:
-            lists = self.index.drafts[:rows].tolist()
-            drafts = [d[:k] for d, k in zip(lists, self.index.ks[:rows].tolist())]
-        else:
-            drafts = [[] for _ in range(rows)]
+        drafts = draft_lists(self.index.drafts[:rows], self.index.ks[:rows]) if drafted else [[] for _ in ids]
         self.drafted += drafted
         self.accepted += accepted
         self.requests_seen += restarted
@@ -242,7 +241,7 @@ class BatchDrafter:
             self._regroup(ids)
         if self._pending:
             self._admit(n_new, num_tokens)
-        all_sampled = all(sampled)
+        all_sampled = bool(n_new.all())
         if all_sampled and ids == self._last_ids and self._last_time is not None and now > self._last_time:
             # The step just verified what the last call planned: time it by its size and drafts.
             self.costs.record(rows, self._last_drafted, now - self._last_time)
@@ -257,16 +256,27 @@ class BatchDrafter:
 
     def _regroup(self, ids: list[str]) -> None:
         """The batch's requests changed: end the absent ones (their answers go to the history, in
-        the order they began) and map every row to its request's state."""
-        present = set(ids)
-        ended = [rid for rid in self.index.slot_of if rid not in present]
+        the order they began) and map every row to its request's state. Only the rows whose
+        request differs from the last step's are looked at in Python (vLLM's runner moves a few
+        rows when requests end or begin); finding them is one C-level comparison of the id lists."""
+        old = self._ids
+        common = min(len(ids), len(old))
+        changed = np.flatnonzero(np.fromiter(map(ne, ids, old), bool, common)).tolist()
+        rows = changed + list(range(common, len(ids)))
+        gone = {old[r] for r in changed + list(range(common, len(old)))}
+        gone -= {ids[r] for r in rows}
+        ended = self.index.in_order(gone)
         if ended:
             self.index.end(ended)
-        self.undrafted &= present
-        self._slots = np.fromiter(map(self.index.slot_of.get, ids, repeat(-1, len(ids))), np.int64, len(ids))
-        if self.undrafted:
-            self._slots[[r for r, rid in enumerate(ids) if rid in self.undrafted]] = -2
-        self._pending = bool((self._slots == -1).any())
+        self.undrafted -= gone
+        slots = np.empty(len(ids), np.int64)
+        slots[:common] = self._slots[:common]
+        slot_of, undrafted = self.index.slot_of, self.undrafted
+        for r in rows:
+            rid = ids[r]
+            slots[r] = -2 if rid in undrafted else slot_of.get(rid, -1)
+        self._slots = slots
+        self._pending = bool((slots == -1).any())
         self._ids = ids
         if ended:
             self.write_stats()
@@ -310,10 +320,10 @@ class BatchDrafter:
         }
 
     def write_stats(self) -> None:
-        path = os.environ.get(STATS_ENV)
-        if not path:
+        """``stats`` into the file ``RAGSPEC_PROPOSER_STATS`` named when this drafter was built, if any."""
+        if not self._stats_path:
             return
-        target = Path(path)
+        target = Path(self._stats_path)
         tmp = target.with_name(f".{target.name}.{os.getpid()}")
         tmp.write_text(json.dumps(self.stats()))
         tmp.replace(target)
@@ -363,6 +373,27 @@ class RagspecProposer:
 
     def _request_cap(self, rid: str) -> int:
         return request_cap(self._runner, rid, self.drafter.max_draft, self._warned)
+
+
+def draft_lists(drafts: np.ndarray, ks: np.ndarray) -> list[list[int]]:
+    """Row ``r``'s first ``ks[r]`` tokens of ``drafts``, as vLLM takes drafts: a list of ints per row.
+
+    vLLM 0.32's model runner hands a proposer's ``list[list[int]]`` to the scheduler as it is (its
+    other form, a tensor, gives every row the same length). Where most rows draft, the lists are
+    made in one C call for the longest length and only the rows that draft fewer are cut; where
+    few do, the others get empty lists and only the drafting rows are converted."""
+    rows = np.flatnonzero(ks)
+    if 2 * len(rows) < len(ks):
+        out: list[list[int]] = [[] for _ in range(len(ks))]
+        for r, k in zip(rows.tolist(), ks[rows].tolist()):
+            out[r] = drafts[r, :k].tolist()
+        return out
+    longest = int(ks.max())
+    lists: list[list[int]] = drafts[:, :longest].tolist()
+    short = np.flatnonzero(ks < longest)
+    for r, k in zip(short.tolist(), ks[short].tolist()):
+        del lists[r][k:]
+    return lists
 
 
 def request_cap(runner: Any, rid: str, longest: int, warned: set[str]) -> int:

@@ -30,11 +30,13 @@ from ragspec.engine.results import ModelLoadError
 from retrievers.cache import CACHE_ENV
 from retrievers.extras import MissingExtraError
 from ragspec.engine.policy import FixedPolicy
-from ragspec.engine.sampling import GreedyAcceptor, warp
+from ragspec.engine.sampling import GreedyAcceptor
 
 from tests.ragspec.decoding.test_generator import NoisyOracle
 from tests.ragspec.engine.test_penalties import CONFIGS as PENALTIES, reference_penalties
-from tests.ragspec.engine.test_sampling import ALPHA, PROMPT, RUNS, FixedDrafter, RandomModelDrafter, chi_square_pvalue
+from tests.ragspec.engine.test_sampling import (
+    ALPHA, PROMPT, RUNS, FixedDrafter, RandomModelDrafter, chi_square_pvalue, output_distribution,
+)  # fmt: skip
 
 needs_llamacpp = pytest.mark.skipif(not llamacpp_module.available(), reason="llama-cpp-python is not installed")
 
@@ -324,26 +326,10 @@ def test_speculative_greedy_with_penalties_equals_plain_penalised_greedy(
 
 
 # -- sampling keeps its distribution (the chi-square test of test_sampling, on llama.cpp) ------
-@torch.inference_mode()
 def exact_distribution(lm: LlamaCppModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
     """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration."""
     backend = make_backend(lm)
-    dist: dict[tuple[int, ...], float] = {(): 1.0}
-    for step in range(n):
-        nxt: dict[tuple[int, ...], float] = {}
-        for seq, prob in dist.items():
-            if len(seq) < step:  # ended by EOS
-                nxt[seq] = nxt.get(seq, 0.0) + prob
-                continue
-            logits = backend.forward(PROMPT + list(seq), backend.new_cache(16), last_only=True)
-            if params.penalized:
-                logits = reference_penalties(logits[0], seq, params)[None]
-            p = warp(logits, params)[0]
-            for t in p.nonzero().flatten().tolist():
-                out = seq if t == EOS else seq + (t,)
-                nxt[out] = nxt.get(out, 0.0) + prob * float(p[t])
-        dist = nxt
-    return dist
+    return output_distribution(lambda seq: backend.forward(PROMPT + list(seq), backend.new_cache(16), last_only=True), params, n)
 
 
 @needs_llamacpp

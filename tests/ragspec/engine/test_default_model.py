@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,25 +44,34 @@ def generator() -> SpeculativeGenerator:
     return SpeculativeGenerator("default", device="cpu", dtype="float32")
 
 
-def test_speculative_greedy_is_token_identical_on_document_questions(generator: SpeculativeGenerator) -> None:
+def check_speculative_equals_plain(gen: SpeculativeGenerator, logits_after: Callable[[str, list[int]], torch.Tensor]) -> None:
+    """Speculative greedy is plain greedy on 12 document questions, drafting from their passages: one
+    may diverge, and only at a tie of the target's own logits (``logits_after(prompt, plain output
+    before the divergence)``: the ``[V]`` logits of the next token at the generator's settings)."""
     identical, accepted = 0, 0
     prompts = document_prompts(12)
     for question, passages in prompts:
-        prompt = chat_prompt(generator, question, passages)
-        plain = generator.generate(prompt, max_new_tokens=48, speculation=False)
-        spec = generator.generate(prompt, references=passages, max_new_tokens=48)
+        prompt = chat_prompt(gen, question, passages)
+        plain = gen.generate(prompt, max_new_tokens=48, speculation=False)
+        spec = gen.generate(prompt, references=passages, max_new_tokens=48)
         accepted += spec.stats.accepted_tokens
         if spec.token_ids == plain.token_ids:
             identical += 1
             continue
-        # Only a numerical tie of the target at the first divergence is tolerated.
         i = next(j for j, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids)) if a != b)
-        ids = generator.encode(prompt, special_tokens=True) + plain.token_ids[:i]
         with torch.inference_mode():
-            top2 = generator.target.model(torch.tensor([ids])).logits[0, -1].topk(2).values
+            top2 = logits_after(prompt, plain.token_ids[:i]).topk(2).values
         assert float(top2[0] - top2[1]) < TIE, f"{question!r} diverges at token {i} without a tie"
     assert identical >= len(prompts) - 1, f"outputs identical: {identical}/{len(prompts)}"
     assert accepted > 0, "drafting never helped: the passages were not used as references"
+
+
+def test_speculative_greedy_is_token_identical_on_document_questions(generator: SpeculativeGenerator) -> None:
+    def logits_after(prompt: str, output: list[int]) -> torch.Tensor:
+        ids = generator.encode(prompt, special_tokens=True) + output
+        return generator.target.model(torch.tensor([ids])).logits[0, -1]
+
+    check_speculative_equals_plain(generator, logits_after)
 
 
 @pytest.mark.skipif(not cpu_flags() & BF16_FLAGS,
@@ -74,27 +84,16 @@ def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> 
     # in bf16 may move logits by more than a tie (docs/backends.md, "bf16 prompts").
     gen = SpeculativeGenerator("default", device="cpu", dtype="bf16-prompts", prefix_cache=False)
     assert gen.target.dtype == torch.float32 and gen.target.prompt_dtype == torch.bfloat16
-    identical, accepted = 0, 0
-    prompts = document_prompts(12)
-    for question, passages in prompts:
-        prompt = chat_prompt(gen, question, passages)
-        plain = gen.generate(prompt, max_new_tokens=48, speculation=False)
-        spec = gen.generate(prompt, references=passages, max_new_tokens=48)
-        accepted += spec.stats.accepted_tokens
-        if spec.token_ids == plain.token_ids:
-            identical += 1
-            continue
-        i = next(j for j, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids)) if a != b)
+
+    def logits_after(prompt: str, output: list[int]) -> torch.Tensor:  # the same settings: the prompt in bf16, then fp32 positions
         ids = gen.encode(prompt, special_tokens=True)
-        with torch.inference_mode():  # the same settings: the prompt in bf16, then fp32 positions
-            cache = gen.backend.new_cache(len(ids) + i + 1)
-            logits = gen.backend.forward(ids, cache, last_only=True)
-            if i:
-                logits = gen.backend.forward(plain.token_ids[:i], cache)[-1:]
-        top2 = logits[0].topk(2).values
-        assert float(top2[0] - top2[1]) < TIE, f"{question!r} diverges at token {i} without a tie"
-    assert identical >= len(prompts) - 1, f"outputs identical: {identical}/{len(prompts)}"
-    assert accepted > 0
+        cache = gen.backend.new_cache(len(ids) + len(output) + 1)
+        logits = gen.backend.forward(ids, cache, last_only=True)
+        if output:
+            logits = gen.backend.forward(output, cache)[-1:]
+        return logits[0]
+
+    check_speculative_equals_plain(gen, logits_after)
 
 
 def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGenerator) -> None:

@@ -174,3 +174,16 @@ def test_automata_grow_and_rows_are_reused() -> None:
         if n % 3 == 2:
             index.end(list(index.slot_of))
     assert index.automata.capacity >= 611 and len(index) <= 3
+
+
+def test_ended_requests_come_in_the_order_they_began_and_a_restart_keeps_its_place() -> None:
+    index = BatchIndex(4, 64, 32)
+    for rid in ("c", "a", "d", "b"):
+        index.begin(rid, 3, 4)
+    index.begin("c", 5, 4)  # restarted (preempted): still the first to have begun
+    assert index.in_order([]) == []
+    assert index.in_order(["b", "a", "c", "never"]) == ["c", "a", "b"]
+    assert index.in_order({"d"}) == ["d"]
+    index.end(["c", "a"])
+    index.begin("e", 2, 4)
+    assert index.in_order(["e", "b", "d", "c"]) == ["d", "b", "e"]

@@ -208,6 +208,42 @@ def test_a_prompt_reuses_the_prefixes_of_its_own_scope_only() -> None:
         assert gen.generate(system + p1 + [7], max_new_tokens=4).stats.cached_prompt_tokens == len(system + p1)
 
 
+def test_the_public_entry_is_every_scopes_and_never_redundant() -> None:
+    cache = PrefixCache(max_bytes=100, public=[1, 2])
+    assert not cache.lacks_public([1, 3]) and cache.lacks_public([1, 2, 5])
+    cache.add_public(Blob(10))
+    assert not cache.lacks_public([1, 2, 5])
+    cache.add([1, 2, 5, 6], Blob(10))  # extends the public entry without removing it
+    entry, shared = cache.best([1, 2, 7], limit=3, scope="bob")
+    assert (entry.tokens, entry.public, shared) == ([1, 2], True, 2)
+    assert cache.best([1, 2, 5, 6], limit=4, scope="bob")[1] == 2  # another scope's longer entry stays its own
+    assert cache.best([1, 2, 5, 6], limit=4)[1] == 4
+
+
+@pytest.mark.timeout(120)
+def test_the_question_answering_template_is_computed_once_for_every_scope() -> None:
+    """The fixed part of the QA prompt (``qa_prefix_ids``) is reused by another scope's first question, and only
+    that part; the answer equals a cold prefill's."""
+    from ragspec.engine.tenancy import cache_scope
+    from ragspec.prompts import qa_prefix_ids, qa_prompt_ids
+
+    lm = tiny_model(300, 7, context=1024)
+    public = qa_prefix_ids(lm.tokenizer)
+    first, second = (qa_prompt_ids(lm.tokenizer, q, ["The oven runs at 260 degrees.", "Vans leave at 6:15."])
+                     for q in ("How hot is the oven?", "When do vans leave?"))  # fmt: skip
+    assert first[: len(public)] == second[: len(public)] == public
+    gen = SpeculativeGenerator(lm, public_prefix=public)
+    cold = SpeculativeGenerator(lm, prefix_cache=False)
+    with cache_scope("alice"):
+        assert gen.generate(first, max_new_tokens=4).stats.cached_prompt_tokens == 0
+    for scope, prompt in (("bob", second), ("carol", first)):
+        with cache_scope(scope):
+            got = gen.generate(prompt, max_new_tokens=8)
+        assert got.stats.cached_prompt_tokens == len(public)  # carol's equals alice's prompt: still the public part only
+        assert got.token_ids == cold.generate(prompt, max_new_tokens=8).token_ids
+        assert_same_or_tie(lm, prompt, brute_greedy(lm, prompt, 8), got.token_ids)
+
+
 @pytest.mark.timeout(60)
 def test_earlier_answers_are_drafted_from_within_their_scope_only() -> None:
     """The n-gram drafter copies from earlier answers: another user's answer must not be drafted (its

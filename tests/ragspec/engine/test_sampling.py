@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -30,12 +30,18 @@ PROMPT = [11, 42, 7, 99]
 
 
 @torch.inference_mode()
-def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
-    """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration.
+def output_distribution(
+    next_logits: Callable[[tuple[int, ...]], torch.Tensor],
+    params: GenerationConfig,
+    n: int,
+    mask: Callable[[tuple[int, ...]], torch.Tensor] | None = None,
+) -> dict[tuple[int, ...], float]:
+    """Probability of every output of at most ``n`` tokens under plain sampling, by enumeration;
+    ``next_logits(output so far)`` are the model's ``[1, V]`` logits after ``PROMPT`` and it.
 
     Sampling EOS ends an output early (EOS itself is not returned). Penalties apply first (the
-    brute-force reference, from the output so far), then a constraint's mask (a fresh matcher fed
-    the whole output), then the warp.
+    brute-force reference, from the output so far), then ``mask(output so far)`` where one is given
+    (a constraint's), then the warp.
     """
     dist: dict[tuple[int, ...], float] = {(): 1.0}
     for step in range(n):
@@ -44,17 +50,28 @@ def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dic
             if len(seq) < step:  # ended by EOS
                 nxt[seq] = nxt.get(seq, 0.0) + prob
                 continue
-            logits = lm.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1:]
+            logits = next_logits(seq)
             if params.penalized:
                 logits = reference_penalties(logits[0], seq, params)[None]
-            if params.constraint is not None:
-                logits = logits.masked_fill(~fresh_mask(lm, params.constraint, seq), float("-inf"))
+            if mask is not None:
+                logits = logits.masked_fill(~mask(seq), float("-inf"))
             p = warp(logits, params)[0]
             for t in p.nonzero().flatten().tolist():
                 out = seq if t == EOS else seq + (t,)
                 nxt[out] = nxt.get(out, 0.0) + prob * float(p[t])
         dist = nxt
     return dist
+
+
+def exact_distribution(lm: LoadedModel, params: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
+    """``output_distribution`` of the PyTorch model, under ``params``' constraint (a fresh matcher fed the whole output)."""
+    constraint = params.constraint
+    return output_distribution(
+        lambda seq: lm.model(torch.tensor([PROMPT + list(seq)])).logits[0, -1:],
+        params,
+        n,
+        None if constraint is None else lambda seq: fresh_mask(lm, constraint, seq),
+    )
 
 
 def chi_square_pvalue(counts: Counter, expected: dict[tuple[int, ...], float], runs: int) -> float:

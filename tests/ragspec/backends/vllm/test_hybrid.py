@@ -68,7 +68,8 @@ def _step(drafter: HybridDrafter, rows: dict[str, list[int]], new: dict[str, lis
         token_ids[i, : len(rows[rid])] = rows[rid]
     drafter.candidates(ids, [new[r] for r in ids], np.array([len(rows[r]) for r in ids]), token_ids)
     steps = drafter.plan()
-    drafter.record_model(steps, model_s * (1 + steps))
+    if drafter.catch_up:  # else the model does not run (as in ``HybridProposer.propose``)
+        drafter.record_model(steps, model_s * (1 + steps))
     drafts = drafter.compose([model[r][:steps] for r in ids])
     return dict(zip(ids, drafts)), steps
 
@@ -83,6 +84,7 @@ def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_w
     # The model's cost is only a prior so far: the first chance explores it on the row without a match.
     assert steps == EXPLORE_TOKENS and drafts["open"] == [60, 61]
     assert drafter.stats()["drafted_by_source"] == {"ngram": 8, "model": 2}
+    assert not drafter.model_seconds.measured()  # the prompts' catch-up: a prefill, not a model step
     # Its two tokens accepted: the next step records them under the model's source.
     before = drafter.policy.acceptance.counts[0, MODEL, 0]
     rows["rag"] += PASSAGE[1:9] + [113]
@@ -135,12 +137,13 @@ def test_the_own_engines_policy_leaves_a_weak_copy_for_a_good_cheap_draft_model_
     assert policy.choose(weak) == 0 and policy.choose_model(8) > 0  # the model's turn
 
 
-def test_the_draft_model_stops_catching_up_when_idle_and_new_requests_start_it_again() -> None:
+def test_the_draft_model_stops_catching_up_when_idle_and_the_ngram_drafts_go_on() -> None:
     from ragspec.backends.vllm.hybrid import MODEL_IDLE_STEPS
 
     drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
-    drafter._since_model = 0  # no exploring; and its steps cost 5 plain steps each: never run
-    rows, new = {"a": PASSAGE + [7, 101]}, {"a": [101]}
+    drafter._since_model = 0  # no exploring, and its steps cost 5 plain steps each: never chosen
+    drafter._idle = 0  # as if its drafts had just earned tokens
+    rows, new = {"a": PASSAGE + [7, 8, 40]}, {"a": [40]}
     ran = []
     for _ in range(MODEL_IDLE_STEPS + 3):
         drafts, steps = _step(drafter, rows, new, {"a": [9, 9, 9, 9]}, model_s=1.0)
@@ -150,6 +153,113 @@ def test_the_draft_model_stops_catching_up_when_idle_and_new_requests_start_it_a
         new["a"] = drafts["a"] + [1]
     assert ran.index(False) == MODEL_IDLE_STEPS - 1 and not any(ran[MODEL_IDLE_STEPS - 1 :])
     assert drafter.model_caps[0] == 0  # "a"'s draft-model cache has holes now: never the model's drafts
+    rows["a"] += PASSAGE[:3]  # the answer starts copying the passage: its n-gram drafts go on
+    new["a"] = PASSAGE[:3]
+    drafts, _ = _step(drafter, rows, new, {"a": [9] * 4})
+    assert drafts["a"] == PASSAGE[3:7], "the n-gram drafts stopped with the model"
+    # A request that begins while the model is neither in use nor due does not start it.
     rows["b"], new["b"] = [40, 41, 42], [42]
     _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
-    assert drafter.catch_up and drafter.model_live == {"b"}
+    assert not drafter.catch_up
+    assert drafter.stats()["idle_model_forwards"] == MODEL_IDLE_STEPS - 1
+    # An exploration due waits, the model off, until a request begins, and tries the model on it.
+    drafter._since_model = drafter.policy.explore_every
+    for _ in range(2 * MODEL_IDLE_STEPS):
+        _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
+        assert not drafter.catch_up
+    rows["c"], new["c"] = [50, 51, 52], [52]
+    _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4, "c": [9] * 4})
+    assert drafter.catch_up and drafter.from_model.tolist() == [0, 0, 1]
+
+
+# -- a RAG answer with a draft model whose every token is rejected -------------------------------
+
+
+class _Clock:
+    """Time that the test advances by hand (the target's steps, the model's forwards)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+TARGET_STEP_S, DRAFTED_TOKEN_S = 0.1, 0.01
+MODEL_FORWARD_S = 0.016
+"""A weak draft's forward: 0.16 of a target step, as the 2-layer draft measured on this CPU."""
+
+
+def _rag_answer(seed: int = 0) -> tuple[list[int], list[int]]:
+    """A prompt holding a passage, and an answer that copies spans of it between words of its own."""
+    rng = np.random.default_rng(seed)
+    passage = list(range(1000, 1200))
+    answer: list[int] = []
+    while len(answer) < 300:
+        start = int(rng.integers(0, 150))
+        answer += passage[start : start + int(rng.integers(8, 30))]
+        answer += rng.integers(2000, 3000, int(rng.integers(3, 8))).tolist()
+    return [5, 6, 7, *passage, 8, 9], answer
+
+
+def _generate(drafter, prompt: list[int], answer: list[int], clock: _Clock, right: bool = False,
+              forward_s: float = MODEL_FORWARD_S) -> list[bool]:
+    """The target answers ``answer`` (greedy), verifying each step's draft; a hybrid's model drafts
+    token 1 (always rejected), or the answer's next tokens if ``right``, at ``forward_s`` per
+    forward. Returns, per step, whether the model ran on a step where no row took its draft."""
+    max_len = 1024
+    context, pos, new = [*prompt, answer[0]], 1, [answer[0]]
+    idle_forwards = []
+    while pos < len(answer) - 10:
+        token_ids = np.zeros((1, max_len), np.int32)
+        token_ids[0, : len(context)] = context
+        if isinstance(drafter, HybridDrafter):
+            drafter.candidates(["r"], [new], np.array([len(context)]), token_ids)
+            steps = drafter.plan()
+            if drafter.catch_up:
+                clock.t += forward_s * max(steps, 1)
+                drafter.record_model(steps, forward_s * max(steps, 1))
+            idle_forwards.append(drafter.catch_up and not drafter.from_model.any())
+            draft = drafter.compose([answer[pos : pos + steps] if right else [1] * steps])[0]
+        else:
+            draft = drafter.step(["r"], [new], np.array([len(context)]), token_ids)[0]
+        kept = 0
+        while kept < len(draft) and draft[kept] == answer[pos + kept]:
+            kept += 1
+        clock.t += TARGET_STEP_S + DRAFTED_TOKEN_S * len(draft)
+        new = answer[pos : pos + kept + 1]
+        context += new
+        pos += kept + 1
+    return idle_forwards
+
+
+def test_with_a_weak_draft_the_hybrid_drafts_the_passages_as_the_ngram_proposer_alone() -> None:
+    from ragspec.backends.vllm.proposer import BatchDrafter
+
+    prompt, answer = _rag_answer()
+    alone = BatchDrafter(8, max_model_len=1024, clock=_Clock())
+    _generate(alone, prompt, answer, alone.clock)
+    hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock())
+    idle_forwards = _generate(hybrid, prompt, answer, hybrid.clock)
+    stats = hybrid.stats()
+    assert alone.drafted > 100
+    # Before the fix the n-gram side stopped with the model's catch-up: 46 tokens against 246.
+    assert stats["drafted_by_source"]["ngram"] >= 0.9 * alone.drafted, (stats, alone.stats())
+    assert hybrid.accepted >= 0.9 * alone.accepted
+    # The model is tried once, its tokens rejected, and then never run: no forward on a step where
+    # no row takes its draft (the first step's is the exploring request's prompt entering its cache).
+    assert stats["drafted_by_source"]["model"] <= 2 * EXPLORE_TOKENS
+    assert sum(idle_forwards) <= 1 and stats["model_forwards"] <= 3, stats
+    assert stats["plans"]["model"] <= 2 and stats["plans"]["ngram"] > 20
+
+
+def test_the_step_costs_the_policy_plans_with_hold_no_draft_model_work() -> None:
+    prompt, answer = _rag_answer(1)
+    hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock())
+    _generate(hybrid, prompt, answer, hybrid.clock, right=True, forward_s=0.01)  # always right and cheap: chosen
+    stats = hybrid.stats()
+    assert stats["model_forwards"] >= 5 and stats["timed_steps"]["model"] >= 3, stats
+    for drafted, seconds in hybrid.costs.curves[1].measured().items():
+        assert seconds == pytest.approx(TARGET_STEP_S + DRAFTED_TOKEN_S * drafted), (drafted, stats)
+    # The model is charged its whole forward work, its first forward included: a forward per step.
+    assert hybrid.model_steps_cost(1, 2).tolist() == pytest.approx([0.0, 0.1, 0.2])

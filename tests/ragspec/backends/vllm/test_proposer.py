@@ -9,7 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ragspec.backends.vllm.proposer import REQUEST_MAX_DRAFT, STATS_ENV, BatchDrafter, RagspecProposer, StepCosts
+from ragspec.backends.vllm.proposer import (
+    REQUEST_MAX_DRAFT,
+    STATS_ENV,
+    BatchDrafter,
+    RagspecProposer,
+    StepCosts,
+    draft_lists,
+)
 from ragspec.engine.ngram_batch import HISTORY, SOURCES
 from ragspec.engine.planning import plan
 from ragspec.engine.policy import AdaptivePolicy
@@ -384,3 +391,72 @@ def test_requests_cap_or_turn_off_their_own_drafts_through_extra_args(caplog) ->
     with caplog.at_level("WARNING"):
         assert all(old.drafter.propose([[102]] * 2, np.array([15, 15]), token_ids[:2]))
     assert len([r for r in caplog.records if "per-request speculation" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("seed", range(9))
+def test_draft_lists_are_each_rows_first_k_tokens_as_separate_lists(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows, width = int(rng.integers(1, 40)), int(rng.integers(1, 10))
+    drafts = rng.integers(0, 50_000, (rows, width)).astype(np.int32)
+    kind = seed % 3  # every row drafts the longest; lengths at random; few rows draft
+    ks = np.full(rows, width) if kind == 0 else rng.integers(0, width + 1, rows)
+    if kind == 2:
+        ks[rng.random(rows) < 0.8] = 0
+    ks[0] = max(ks[0], 1)  # drafted somewhere (step() builds empty lists itself otherwise)
+    lists = draft_lists(drafts, ks)
+    assert lists == [drafts[r, : ks[r]].tolist() for r in range(rows)]
+    assert all(type(t) is int for row in lists for t in row)
+    assert len({id(row) for row in lists}) == rows  # vLLM's scheduler may change one row's list in place
+
+
+def test_several_requests_ending_in_one_step_enter_the_history_in_the_order_they_began() -> None:
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=64, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
+    batch = FakeBatch()
+    for rid, first in (("a", 50), ("b", 60), ("c", 70)):
+        batch.add(rid, [1, 2, 3], first)
+    batch.call(drafter)
+    batch.call(drafter, order=["c", "a", "b"])  # the runner moved its rows
+    for rid in ("a", "b", "c"):
+        del batch.rows[rid], batch.new[rid]
+    batch.add("d", [9], 8)
+    batch.call(drafter)
+    assert list(drafter.history._answers) == [[50], [60], [70]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_follow_their_requests_through_random_moves_ends_and_arrivals(seed: int) -> None:
+    """The runner's rows move, shrink and grow; every row keeps its own request's state, and a request
+    leaves the index exactly when it leaves the batch."""
+    rng = np.random.default_rng(seed)
+    drafter = BatchDrafter(4, max_model_len=MAX_LEN, history_tokens=32, policy=cheap_drafts_policy(4), costs=flat_costs(12),
+                           clock=Clock(), request_cap=lambda rid: 0 if rid.endswith("off") else 4)
+    batch = FakeBatch()
+    order: list[str] = []
+    added: set[str] = set()
+    for n in range(60):
+        if order and rng.random() < 0.3:  # requests end: the runner fills their rows with the last ones
+            for rid in rng.choice(order, size=int(rng.integers(1, min(3, len(order)) + 1)), replace=False).tolist():
+                del batch.rows[rid], batch.new[rid]
+                order.remove(rid)
+        while len(order) < 12 and rng.random() < 0.5:  # requests arrive at the end
+            rid = f"r{n}-{len(order)}" + ("-off" if rng.random() < 0.2 else "")
+            batch.add(rid, rng.integers(0, 9, size=5).tolist(), int(rng.integers(0, 9)))
+            order.append(rid)
+            added.add(rid)
+        if len(order) > 1 and rng.random() < 0.3:  # two rows swap
+            i, j = rng.choice(len(order), size=2, replace=False)
+            order[i], order[j] = order[j], order[i]
+        if not order:
+            continue
+        batch.call(drafter, order=list(order))
+        index = drafter.index
+        assert set(index.slot_of) == {rid for rid in order if not rid.endswith("off")}
+        assert drafter.undrafted == {rid for rid in order if rid.endswith("off")}
+        assert drafter.requests_seen == len({rid for rid in added if not rid.endswith("off")})  # each indexed once
+        for r, rid in enumerate(order):
+            expected = -2 if rid.endswith("off") else index.slot_of[rid]
+            assert drafter._slots[r] == expected
+            if expected >= 0:
+                assert index.tokens(rid).tolist() == batch.rows[rid]
+        for rid in order:
+            batch.extend(rid, [int(rng.integers(0, 9))])

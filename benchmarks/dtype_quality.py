@@ -1,0 +1,104 @@
+"""Right answers in fp32 and with bf16 prompts, against the hand labels: is ``"bf16-prompts"`` worse?
+
+Asks every labelled question over the bundled corpus as the labelled answers were made (``DocumentQA``,
+k=3, ``max_tokens=96``, the default model, greedy, ``QA_DEFAULTS``): the bundled questions and the 12
+the corpus cannot answer (labels: ``benchmarks/data/qa_labels.json``) and the questions and
+conversations of ``benchmarks/support_answers.py`` (``support_labels.json``, ``heldout_labels.json``),
+once per dtype setting, the settings interleaved per question. A label counts only for an answer with
+exactly its text; answers no label covers are labelled in ``benchmarks/data/dtype_labels.json`` (same
+scheme, written from the passages and the question before the counts were taken) or listed as
+unlabelled. Per setting it reports right / partial / wrong / unlabelled and how many answers equal
+fp32's. The counts do not depend on timing (the answers are greedy), so a busy machine gives the same
+report (about 25 minutes on 2 cores):
+
+    python benchmarks/dtype_quality.py --out docs/bench/dtype_quality.json
+
+On a CPU without AMX or AVX512-BF16 ``"bf16-prompts"`` runs fp32 and both columns are equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from support_answers import workload  # noqa: E402
+
+from ragspec.backends.pytorch.loading import BF16_PROMPTS, prompt_dtype, resolve_device  # noqa: E402
+from ragspec.lc import ChatRagSpec  # noqa: E402
+from ragspec.pipeline import DocumentQA  # noqa: E402
+
+DATA = REPO / "benchmarks" / "data"
+SETTINGS = ("float32", BF16_PROMPTS)
+LABELS = ("qa_labels.json", "support_labels.json", "heldout_labels.json", "dtype_labels.json")
+
+
+def questions(limit: int | None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The bundled and unanswerable questions (one turn each), then support_answers.py's conversations."""
+    bundled = [json.loads((REPO / "retrievers" / "data" / "questions.json").read_text())["questions"],
+               json.loads((DATA / "unanswerable.json").read_text())["questions"]]  # fmt: skip
+    convs = [(q["id"], [(q["id"], q["question"])]) for qs in bundled for q in qs] + workload()
+    return convs[:limit]
+
+
+def labels() -> dict[tuple[str, str], str]:
+    """Verdict by (question id, exact answer text), from every label file present."""
+    out = {}
+    for name in LABELS:
+        path = DATA / name
+        if path.is_file():
+            out |= {(row["id"], row["text"]): row["verdict"] for row in json.loads(path.read_text())["labels"]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
+    args = parser.parse_args()
+    first = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", k=3, unsupported="flag",
+                                  llm=ChatRagSpec(max_tokens=96, dtype=SETTINGS[0]))  # fmt: skip
+    qas = {SETTINGS[0]: first} | {
+        s: DocumentQA(first.retriever, ChatRagSpec(max_tokens=96, dtype=s), unsupported="flag") for s in SETTINGS[1:]
+    }
+    known = labels()
+    answers: dict[str, dict[str, str]] = {s: {} for s in SETTINGS}
+    asked: dict[str, str] = {}
+    passages: dict[tuple[str, str], list[str]] = {}
+    for _, turns in questions(args.limit):
+        chats = {s: qa.conversation() for s, qa in qas.items()}
+        for turn_id, question in turns:
+            asked[turn_id] = question
+            for s, chat in chats.items():
+                answer = chat.ask(question)
+                answers[s][turn_id] = answer.model_text
+                passages[s, turn_id] = [p.page_content for p in answer.passages]
+            print(json.dumps({"id": turn_id, **{s: answers[s][turn_id] for s in SETTINGS}}), flush=True)
+    report: dict[str, object] = {
+        "cpu_bf16": prompt_dtype(BF16_PROMPTS, resolve_device("cpu")) is not None,
+        "answers": len(asked),
+    }
+    for s in SETTINGS:
+        verdicts = Counter(known.get((i, t), "unlabelled") for i, t in answers[s].items())
+        report[s] = {
+            "verdicts": dict(verdicts),
+            "same_as_float32": sum(t == answers[SETTINGS[0]][i] for i, t in answers[s].items()),
+            "unlabelled": [{"id": i, "question": asked[i], "text": t, "passages": passages[s, i]}
+                           for i, t in answers[s].items() if (i, t) not in known],
+        }
+        print(s, json.dumps({k: v for k, v in report[s].items() if k != "unlabelled"}), flush=True)  # type: ignore[union-attr]
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
