@@ -68,8 +68,8 @@ def test_support_answers_runs_on_the_default_model(tmp_path: Path) -> None:
     assert row["id"] == "nq-13" and row["question"].startswith("Which version of tidepool") and len(row["passages"]) == 3
 
 
-def test_support_answers_report_counts_gold_in_first_turns_and_follow_ups(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))  # the script imports conversation_bench as its neighbour
+def test_support_answers_report_counts_gold_in_first_turns_and_follow_ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the script imports conversation_bench as its neighbour
     from benchmarks import support_answers
 
     conv = json.loads((REPO / "benchmarks/data/conversations.json").read_text())["conversations"][0]  # mf-flood
