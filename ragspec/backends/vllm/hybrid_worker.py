@@ -104,7 +104,8 @@ class HybridProposer(DraftModelProposer):
                 model_tokens = tokens.tolist()  # waits for the device
             elif tokens.device.type == "cuda":  # the catch-up alone: its time is the model's, not the next step's
                 torch.cuda.synchronize(tokens.device)
-            self.hybrid.record_model(steps, time.perf_counter() - began)
+            target = kwargs.get("target_token_ids", args[0] if args else None)
+            self.hybrid.record_model(steps, time.perf_counter() - began, 0 if target is None else int(target.shape[0]))
         return self.hybrid.compose(model_tokens)
 
     def _step_tokens(self, rows: int) -> tuple[list[list[int]], bool]:
