@@ -7,7 +7,10 @@ module decides, with no vLLM import (tested on fake batches):
 1. ``candidates``: ragspec's n-gram candidate of every row (``BatchDrafter``'s suffix automata
    over the prompt, where the passages are, the answer so far and earlier answers; its compiled
    kernel with planning off), and the step that just ran timed by its batch size and drafted
-   tokens (``StepCosts``, as ragspec's n-gram proposer times them).
+   tokens (``StepCosts``, as ragspec's n-gram proposer times them). Where the model can draft for
+   no row (every request's draft cache has holes, ``_holes``: the model was left), the kernel plans
+   too, exactly as ragspec's proposer alone does, and steps 2 and 3 only hand its drafts on: a step
+   then costs what the proposer's does, in the host's work as in the device's.
 2. ``plan``: ``ragspec.engine.planning.plan_sources``, the one choice rule: per row the n-gram
    draft or the model's (whichever whole draft yields more; acceptance by source and match length,
    learnt online), every row's length, and how many draft-model steps the batch runs, each costed
@@ -18,6 +21,9 @@ module decides, with no vLLM import (tested on fake batches):
    usable: for ``MODEL_IDLE_STEPS`` steps after its drafts last earned tokens, and while an exploration
    waits for a row (``_decide_catch_up``); otherwise the model does not run at all, so such a step
    costs what ragspec's n-gram proposer's does. The n-gram drafts never depend on the model's state.
+   A model never chosen is tried (``_explore``: two tokens on rows that draft nothing, a new
+   request's prompt entering its cache for it) ever more rarely: 64, 128, 256, ... steps apart
+   (``EXPLORE_BACKOFF``) while the plan never follows a try, back to 64 once it does.
 3. ``compose``: the drafts vLLM verifies, from the n-gram candidates and the model's tokens;
    each row's choice is remembered so that the next step's kernel records its acceptance under
    its source (``planning.MODEL`` for the model's).
@@ -223,8 +229,8 @@ class HybridDrafter(BatchDrafter):
         its drafts last earned tokens (some were kept), or while an exploration is due (new
         requests enter its cache, to be tried on; ``EXPLORE_WAIT_STEPS``). Otherwise the model does not run, and
         every request in the batch loses it for good (``_holes``: its cache misses this step's
-        tokens); later requests start whole. A step with rows whose caches are all holed never
-        runs it (it could draft for none of them)."""
+        tokens); later requests start whole. A step whose rows are all holed never runs it (it
+        could draft for none of them; ``plan`` does not come here)."""
         due = self._since_model >= self.explore_interval
         if steps:
             self._waited = 0
