@@ -185,7 +185,9 @@ class HybridDrafter(BatchDrafter):
             self.ks, self.from_model = self.index.ks[:rows], np.zeros(rows, np.int64)
             self._since_model += 1
             self._last_drafted = int(self.ks.sum())
-            self._waited = 0
+            if self._waited:  # the model ran for a request to try it on, which left untried: a try
+                self._backoff()
+                self._waited = 0
             self.catch_up = False
             self.skipped_catch_ups += 1
             self._last_source = "ngram" if self._last_drafted else "none"
