@@ -52,8 +52,9 @@ from ragspec.prompts import Turn  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
-QUESTION_FILES = ("support_questions.json", "heldout_questions.json", "fresh_questions.json")
-"""The questions written for issue 37, in the order they were written (``fresh_questions.json`` last: the third round's held-out part)."""
+QUESTION_FILES = ("support_questions.json", "heldout_questions.json", "fresh_questions.json", "fresh2_questions.json")
+"""The questions written for issue 37, in the order they were written (``fresh_questions.json``: the third round's held-out
+part; ``fresh2_questions.json``: the fourth round's)."""
 
 
 def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
