@@ -9,10 +9,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CLASS_LINES = 250
 MAX_LOOP_LINES = 80
-OVER_THE_LIMIT = {"ragspec/backends/vllm/hybrid.py: HybridDrafter"}
-"""Classes known to be over ``MAX_CLASS_LINES``, a debt to pay by splitting them: the vLLM hybrid's drafter
-(282 lines once issue 33's back-off landed). The test fails when any other class passes the limit, and
-when one of these is split below it (then take it out of this set)."""
 LOOP = ROOT / "ragspec" / "decoding" / "loop.py"
 LOOP_FUNCTIONS = ("decode", "step", "verify", "clip", "count")
 """The loop: prefill and the steps (``decode``), one draft -> verify -> accept -> update step (``step``), its
@@ -31,9 +27,7 @@ def test_no_class_is_over_the_limit() -> None:
              for name, n in lines(path.read_text(encoding="utf-8"), ast.ClassDef).items()}  # fmt: skip
     assert len(sizes) > 50
     over = {where: n for where, n in sizes.items() if n > MAX_CLASS_LINES}
-    new = {where: n for where, n in over.items() if where not in OVER_THE_LIMIT}
-    assert not new, f"classes over {MAX_CLASS_LINES} lines (split them by job): {new}"
-    assert set(over) == OVER_THE_LIMIT, f"split below the limit now, take out of OVER_THE_LIMIT: {OVER_THE_LIMIT - set(over)}"
+    assert not over, f"classes over {MAX_CLASS_LINES} lines (split them by job): {over}"
 
 
 def test_the_verify_loop_fits_on_one_screen() -> None:

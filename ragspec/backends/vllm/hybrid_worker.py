@@ -11,7 +11,7 @@ runner exists and before the models load, by ``HybridProposer``: the same class 
 row's n-gram candidate and the plan (which rows take which source, how many draft-model steps
 the batch runs), runs vLLM's own ``propose`` for that many steps (none: only the catch-up forward
 that keeps the draft model's KV cache whole, and not even that when the drafter does not keep the
-model, ``HybridDrafter.catch_up``), and hands vLLM the chosen drafts; vLLM's rejection
+model, ``HybridDrafter.model.catch_up``), and hands vLLM the chosen drafts; vLLM's rejection
 sampler verifies them, so the output is vLLM's without speculation.
 
 docs/scale-out.md ("The hybrid: n-gram drafts and a draft model inside vLLM") says why this seam,
@@ -98,7 +98,7 @@ class HybridProposer(DraftModelProposer):
         self.hybrid.candidates(StepBatch(batch.req_ids, sampled, num_tokens, token_ids, batch.generators))
         steps = min(self.hybrid.plan(), num_speculative_tokens)
         model_tokens: list[list[int]] = []
-        if self.hybrid.catch_up:  # else the draft model does not run at all this step
+        if self.hybrid.model.catch_up:  # else the draft model does not run at all this step
             began = time.perf_counter()
             tokens = super().propose(steps, *args, **kwargs)
             if steps:

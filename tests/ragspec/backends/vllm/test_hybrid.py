@@ -70,7 +70,7 @@ def _step(drafter: HybridDrafter, rows: dict[str, list[int]], new: dict[str, lis
         token_ids[i, : len(rows[rid])] = rows[rid]
     drafter.candidates(StepBatch(ids, [new[r] for r in ids], np.array([len(rows[r]) for r in ids]), token_ids))
     steps = drafter.plan()
-    if drafter.catch_up:  # else the model does not run (as in ``HybridProposer.propose``)
+    if drafter.model.catch_up:  # else the model does not run (as in ``HybridProposer.propose``)
         drafter.record_model(steps, model_s * (1 + steps))
     drafts = drafter.compose([model[r][:steps] for r in ids])
     return dict(zip(ids, drafts)), steps
@@ -86,7 +86,7 @@ def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_w
     # The model's cost is only a prior so far: the first chance explores it on the row without a match.
     assert steps == EXPLORE_TOKENS and drafts["open"] == [60, 61]
     assert drafter.stats()["drafted_by_source"] == {"ngram": 8, "model": 2}
-    assert not drafter.model_seconds.measured()  # the prompts' catch-up: a prefill, not a model step
+    assert not drafter.model.seconds.measured()  # the prompts' catch-up: a prefill, not a model step
     # Its two tokens accepted: the next step records them under the model's source.
     before = drafter.policy.acceptance.counts[0, MODEL, 0]
     rows["rag"] += PASSAGE[1:9] + [113]
@@ -100,7 +100,7 @@ def test_the_hybrid_drafts_the_passage_without_running_the_model_and_the_model_w
 def test_a_model_that_is_rejected_is_no_longer_run() -> None:
     drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
     drafter.policy.explore_every = 1000
-    drafter._since_model = 1000
+    drafter.model.since_tried = 1000
     rows, new = {"open": [40, 41, 42, 43]}, {"open": [43]}
     ran = []
     for n in range(12):
@@ -140,17 +140,17 @@ def test_the_own_engines_policy_leaves_a_weak_copy_for_a_good_cheap_draft_model_
 
 
 def test_the_draft_model_stops_catching_up_when_idle_and_the_ngram_drafts_go_on() -> None:
-    from ragspec.backends.vllm.hybrid import MODEL_IDLE_STEPS
+    from ragspec.backends.vllm.hybrid_model import MODEL_IDLE_STEPS
 
     drafter = HybridDrafter(4, max_model_len=MAX_LEN, costs=flat_costs(), clock=lambda: 0.0)
-    drafter._since_model = 0  # no exploring, and its steps cost 5 plain steps each: never chosen
-    drafter._idle = 0  # as if its drafts had just earned tokens
+    drafter.model.since_tried = 0  # no exploring, and its steps cost 5 plain steps each: never chosen
+    drafter.model.idle = 0  # as if its drafts had just earned tokens
     rows, new = {"a": PASSAGE + [7, 8, 40]}, {"a": [40]}
     ran = []
     for _ in range(MODEL_IDLE_STEPS + 3):
         drafts, steps = _step(drafter, rows, new, {"a": [9, 9, 9, 9]}, model_s=1.0)
         assert steps == 0
-        ran.append(drafter.catch_up)
+        ran.append(drafter.model.catch_up)
         rows["a"] = rows["a"] + drafts["a"] + [1]
         new["a"] = drafts["a"] + [1]
     assert ran.index(False) == MODEL_IDLE_STEPS - 1 and not any(ran[MODEL_IDLE_STEPS - 1 :])
@@ -162,16 +162,16 @@ def test_the_draft_model_stops_catching_up_when_idle_and_the_ngram_drafts_go_on(
     # A request that begins while the model is neither in use nor due does not start it.
     rows["b"], new["b"] = [40, 41, 42], [42]
     _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
-    assert not drafter.catch_up
+    assert not drafter.model.catch_up
     assert drafter.stats()["idle_model_forwards"] == MODEL_IDLE_STEPS - 1
     # An exploration due waits, the model off, until a request begins, and tries the model on it.
-    drafter._since_model = drafter.policy.explore_every
+    drafter.model.since_tried = drafter.policy.explore_every
     for _ in range(2 * MODEL_IDLE_STEPS):
         _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4})
-        assert not drafter.catch_up
+        assert not drafter.model.catch_up
     rows["c"], new["c"] = [50, 51, 52], [52]
     _step(drafter, rows, new, {"a": [9] * 4, "b": [9] * 4, "c": [9] * 4})
-    assert drafter.catch_up and drafter.from_model.tolist() == [0, 0, 1]
+    assert drafter.model.catch_up and drafter.from_model.tolist() == [0, 0, 1]
 
 
 # -- a RAG answer with a draft model whose every token is rejected -------------------------------
@@ -218,10 +218,10 @@ def _generate(drafter, prompt: list[int], answer: list[int], clock: _Clock, righ
         if isinstance(drafter, HybridDrafter):
             drafter.candidates(StepBatch(["r"], [new], np.array([len(context)]), token_ids))
             steps = drafter.plan()
-            if drafter.catch_up:
+            if drafter.model.catch_up:
                 clock.t += forward_s * max(steps, 1)
                 drafter.record_model(steps, forward_s * max(steps, 1))
-            idle_forwards.append(drafter.catch_up and not drafter.from_model.any())
+            idle_forwards.append(drafter.model.catch_up and not drafter.from_model.any())
             draft = drafter.compose([answer[pos : pos + steps] if right else [1] * steps])[0]
         else:
             draft = drafter.step(StepBatch(["r"], [new], np.array([len(context)]), token_ids))[0]
@@ -264,7 +264,7 @@ def test_the_step_costs_the_policy_plans_with_hold_no_draft_model_work() -> None
     for drafted, seconds in hybrid.costs.curves[1].measured().items():
         assert seconds == pytest.approx(TARGET_STEP_S + DRAFTED_TOKEN_S * drafted), (drafted, stats)
     # The model is charged its whole forward work, its first forward included: a forward per step.
-    assert hybrid.model_steps_cost(1, 2).tolist() == pytest.approx([0.0, 0.1, 0.2])
+    assert hybrid.model.steps_cost(hybrid.costs.curve(1), 2).tolist() == pytest.approx([0.0, 0.1, 0.2])
 
 
 # -- many requests, 1 to 8 at once, with a draft model whose every token is rejected ----------
@@ -300,11 +300,11 @@ def _serve(drafter, work: list[tuple[list[int], list[int]]], clients: int, right
         lengths = np.array([len(live[rid][0]) for rid in ids])
         new = [live[rid][2] for rid in ids]
         if isinstance(drafter, HybridDrafter):
-            before = drafter.explorations
+            before = drafter.model.explorations
             drafter.candidates(StepBatch(ids, new, lengths, token_ids))
             steps = drafter.plan()
             model: list[list[int]] = []
-            if drafter.catch_up:
+            if drafter.model.catch_up:
                 prompts = [len(live[rid][0]) - 1 for rid in ids if live[rid][4] < 0]
                 tokens = sum(prompts) + sum(1 + live[rid][4] for rid in ids if live[rid][4] >= 0)
                 counts["model_tokens"] += tokens + len(ids) * max(steps - 1, 0)
@@ -313,7 +313,7 @@ def _serve(drafter, work: list[tuple[list[int], list[int]]], clients: int, right
                 clock.t += MODEL_FORWARD_S * max(steps, 1)
                 drafter.record_model(steps, MODEL_FORWARD_S * max(steps, 1), tokens)
                 model = [live[rid][3][live[rid][1] : live[rid][1] + steps] if right else [1] * steps for rid in ids]
-            if drafter.explorations > before:
+            if drafter.model.explorations > before:
                 counts["exploring_steps"].append(counts["steps"])
             drafts = drafter.compose(model)
         else:
@@ -356,23 +356,23 @@ def test_a_model_that_never_pays_prefills_few_prompts_and_tries_ever_more_rarely
 
 
 def test_the_tries_back_off_while_the_plan_never_follows_and_reset_when_it_does() -> None:
-    from ragspec.backends.vllm.hybrid import EXPLORE_BACKOFF
+    from ragspec.backends.vllm.hybrid_model import EXPLORE_BACKOFF
 
     hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
     base = hybrid.policy.explore_every
     intervals = []
     for seed in range(4):  # a request at a time, each new one whole: every try that falls due happens
         _serve(hybrid, [_open_answer(seed)], 1)
-        intervals.append(hybrid.explore_interval)
-    assert hybrid.explorations >= 2 and hybrid.explore_interval == base * 2 ** hybrid.explorations
+        intervals.append(hybrid.model.explore_interval)
+    assert hybrid.model.explorations >= 2 and hybrid.model.explore_interval == base * 2 ** hybrid.model.explorations
     assert intervals == sorted(intervals)
     for _ in range(10):
-        hybrid._backoff()
-    assert hybrid.explore_interval == EXPLORE_BACKOFF * base  # capped
+        hybrid.model.backoff()
+    assert hybrid.model.explore_interval == EXPLORE_BACKOFF * base  # capped
     # A model that is right and cheap is chosen by the plan once tried: the interval is back at its base.
-    hybrid._since_model = hybrid.explore_interval
+    hybrid.model.since_tried = hybrid.model.explore_interval
     counts = _serve(hybrid, [_open_answer(9)], 1, right=True)
-    assert hybrid.stats()["plans"]["model"] > 5 and hybrid.explore_interval == base, (counts, hybrid.stats())
+    assert hybrid.stats()["plans"]["model"] > 5 and hybrid.model.explore_interval == base, (counts, hybrid.stats())
 
 
 def test_once_the_model_is_left_the_hybrid_drafts_what_the_proposer_alone_drafts() -> None:
@@ -381,8 +381,8 @@ def test_once_the_model_is_left_the_hybrid_drafts_what_the_proposer_alone_drafts
     work = [_rag_answer(seed) for seed in range(6)]
     alone = BatchDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
     hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
-    hybrid._since_model = 0  # never tried: the model can take no row after each request's first step
-    hybrid.explore_interval = 10**9
+    hybrid.model.since_tried = 0  # never tried: the model can take no row after each request's first step
+    hybrid.model.explore_interval = 10**9
     a, h = _serve(alone, work, 4), _serve(hybrid, work, 4)
     assert h["steps"] == a["steps"] and hybrid.drafted == alone.drafted and hybrid.accepted == alone.accepted
     assert hybrid.stats()["drafted_by_source"] == {"ngram": alone.drafted, "model": 0}
