@@ -40,13 +40,14 @@ from typing import Any
 
 import numpy as np
 
+from ragspec.backends.vllm.hybrid_model import DraftModelState
 from ragspec.backends.vllm.proposer import BatchDrafter, StepBatch, draft_lists
 from ragspec.engine.ngram_batch import CAP, LAST_BUCKET, LAST_GROUP, LAST_K, NONE, OUTPUT_SOURCE
-from ragspec.backends.vllm.hybrid_model import DraftModelState
 from ragspec.engine.planning import MAX_BUCKET, MAX_Q, MODEL, OUTPUT, REFERENCE, plan_sources, rates
 
 EXPLORE_TOKENS = 2
 """Draft-model tokens a row tries when the model is explored (two: its first and later acceptance)."""
+
 
 class HybridDrafter(BatchDrafter):
     """``BatchDrafter``'s state and timing, with a draft model as a second source (module docstring).
