@@ -23,43 +23,66 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragspec.engine.drafting import Draft  # noqa: E402
+from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
 from ragspec.engine.ngram import NgramDrafter, SuffixAutomaton  # noqa: E402
 from ragspec.engine.policy import AdaptivePolicy, choose_draft  # noqa: E402
+from ragspec.pipeline import QA_DEFAULTS  # noqa: E402
 
 MAX_COST_K = 32  # verify costs are recorded up to this many drafted tokens
 
 
-def record(path: Path, questions: int, max_new_tokens: int) -> dict[str, object]:
+def record(path: Path, questions: int, max_new_tokens: int, question_sets: Sequence[Path] = (),
+           repetition_stop: int = 0, costs_from: Path | None = None) -> dict[str, object]:
     from benchmarks.bench import rag_prompts
     from ragspec.decoding.generator import SpeculativeGenerator
 
     gen = SpeculativeGenerator("default", device="cpu", dtype="float32")
-    # Verify costs at this workload's context length (prompts of ~600 tokens), not the 128-token
-    # default of the start-up calibration: attention over a longer context makes verifying dearer.
-    gen.calibrate(context=640)
     rows = []
-    for p in rag_prompts(gen.target, questions):
-        answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculation=False)
+    for p in rag_prompts(gen.target, questions, question_sets=question_sets):
+        answer = gen.generate(p.ids, max_new_tokens=max_new_tokens, speculation=False, repetition_stop=repetition_stop)
         rows.append({"prompt": p.ids,
                      "references": [gen.encode(r, special_tokens=False) for r in p.passages],
                      "answer": answer.token_ids})
-    policy = gen.policy
-    # Measured up to max_draft; beyond it, the policy's own extrapolation.
-    costs = {k: policy.costs.relative(k) for k in range(MAX_COST_K + 1)}  # type: ignore[attr-defined]
+    if costs_from is not None:
+        costs = recorded_costs(costs_from)
+    else:
+        # Verify costs at this workload's context length (prompts of ~600 tokens), not the 128-token
+        # default of the start-up calibration: attention over a longer context makes verifying dearer.
+        gen.calibrate(context=640)
+        # Measured up to max_draft; beyond it, the policy's own extrapolation.
+        costs = {k: gen.policy.costs.relative(k) for k in range(MAX_COST_K + 1)}  # type: ignore[attr-defined]
     data = {"rows": rows, "relative_cost": costs}
     path.write_text(json.dumps(data))
     return data
 
 
+def recorded_costs(report: Path) -> dict[int, float]:
+    """r(k) for k = 0..MAX_COST_K from a ``benchmarks/bench.py`` report's quiet measurement of the
+    PyTorch verify cost (``verify_cost.torch``: k = 1, 2, 4, 8, 12, 16): linear between the measured
+    lengths, r(0) = 1, and beyond the last one the slope of the last two."""
+    measured = {0: 1.0} | {int(k): float(v) for k, v in json.loads(report.read_text())["verify_cost"]["torch"].items()}
+    ks = sorted(measured)
+    costs = {}
+    for k in range(MAX_COST_K + 1):
+        lo = max((x for x in ks if x <= k), default=ks[0])
+        hi = min((x for x in ks if x > k), default=None)
+        if hi is None:  # extrapolate
+            lo, hi = ks[-2], ks[-1]
+        costs[k] = round(measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo), 4)
+    return costs
+
+
 def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: NgramDrafter,
-           max_draft: int = 16, choose_source: bool = False, **policy_options: float) -> float:
+           max_draft: int = 16, choose_source: bool = False, **policy_options: float) -> tuple[float, float]:
     """Replay every answer in order (earlier answers feed the drafter's history as in real use);
-    returns the estimated speedup over plain decoding.
+    returns (tokens per forward, estimated speedup over plain decoding).
 
     Each step makes the generator's own calls: the drafter's ``propose``, ``choose_draft`` (the
     length the policy verifies), then ``policy.record`` and the drafter's ``feedback`` with the
@@ -69,7 +92,7 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
     """
     policy = AdaptivePolicy(max_draft=max_draft, **policy_options)  # type: ignore[arg-type]
     policy.calibrate({k: cost(k) for k in range(max_draft + 1)})
-    time = tokens = 0.0
+    time = tokens = forwards = 0.0
     for row in rows:
         prompt, answer = row["prompt"], row["answer"]
         drafter.begin(prompt, row["references"])
@@ -93,10 +116,155 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
             if draft is not None:
                 drafter.feedback(draft, accepted)
             time += cost(k)
+            forwards += 1
             tokens += min(accepted + 1, len(answer) - i)  # past the answer's end the forward yields its EOS
             i += accepted + 1
         drafter.finish(answer)
-    return tokens / time
+    return tokens / forwards, tokens / time
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """Where a suffix of the context occurs in a reference, and what followed it there."""
+
+    reference: int
+    """Index in ``rows``' passages; ``SELF`` for the context itself (prompt and output so far)."""
+    end: int
+    """Position of the occurrence's last token."""
+    following: tuple[int, ...]
+
+
+SELF = -1
+
+
+def occurrences(references: Sequence[Sequence[int]], context: Sequence[int], longest: int = 8,
+                max_tokens: int = 16) -> tuple[int, list[Occurrence]]:
+    """Every occurrence of the longest suffix of ``context`` (up to ``longest`` tokens) that has a
+    continuation, in the passages and earlier in the context; brute force, for the replay only."""
+    arrays = [(i, np.asarray(ref)) for i, ref in enumerate(references)] + [(SELF, np.asarray(context[:-1]))]
+    for n in range(min(longest, len(context) - 1), 0, -1):
+        suffix = np.asarray(context[-n:])
+        found = []
+        for i, a in arrays:
+            if len(a) <= n:
+                continue
+            starts = np.flatnonzero(a[: len(a) - n] == suffix[0])
+            for j in starts:
+                if np.array_equal(a[j : j + n], suffix):
+                    found.append(Occurrence(i, int(j + n - 1), tuple(int(t) for t in a[j + n : j + n + max_tokens])))
+        if found:
+            return n, found
+    return 0, []
+
+
+def ranked_continuations(found: Sequence[Occurrence]) -> list[tuple[int, ...]]:
+    """One continuation per distinct next token, the most frequent next token first (ties: the
+    earliest found), each the continuation of that token's first occurrence."""
+    counts = Counter(o.following[0] for o in found)
+    first: dict[int, tuple[int, ...]] = {}
+    for o in found:
+        first.setdefault(o.following[0], o.following)
+    return sorted(first.values(), key=lambda c: -counts[c[0]])
+
+
+def accepted_in_tree(branches: Sequence[Sequence[int]], answer: Sequence[int]) -> int:
+    """Greedy acceptance of a token tree whose root-to-leaf paths are ``branches``: the longest
+    common prefix of ``answer`` with any branch (a tree's paths share their common prefixes)."""
+    best = 0
+    for b in branches:
+        n = 0
+        while n < len(b) and n < len(answer) and b[n] == answer[n]:
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def tree_size(branches: Sequence[Sequence[int]]) -> int:
+    """Nodes of the token trie of ``branches`` (the positions one tree-verify forward evaluates)."""
+    return len({tuple(b[: n + 1]) for b in branches for n in range(len(b))})
+
+
+@dataclass
+class Lever:
+    """A drafting change replayed on top of the default drafter and policy.
+
+    ``extra_branches``: besides the policy's draft, verify this many other continuations of the
+    longest suffix (most frequent next token first), ``extra_depth`` tokens each, in the same
+    forward (tree verification), where the longest suffix match is at most ``extra_up_to`` tokens;
+    ``also_without_draft``: also where the policy verifies no draft. ``recent_passage``: among the
+    occurrences of the longest suffix in the passages, continue the one after the last accepted
+    copy's position in the passage copied from most recently (else the policy's draft).
+    """
+
+    extra_branches: int = 0
+    extra_depth: int = 1
+    extra_up_to: int = 2
+    also_without_draft: bool = False
+    recent_passage: bool = False
+
+
+def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], lever: Lever,
+                 max_draft: int = 16) -> tuple[float, float]:
+    """``replay`` of the default drafter and policy with ``lever``; returns (tokens per forward,
+    estimated speedup over plain). A tree of n nodes is charged r(n), the cost of verifying n
+    drafted tokens in a row (the forward evaluates as many positions; the tree mask is extra)."""
+    drafter = NgramDrafter(history_tokens=2048)
+    policy = AdaptivePolicy(max_draft=max_draft)
+    policy.calibrate({k: cost(k) for k in range(max_draft + 1)})
+    time = tokens = forwards = 0.0
+    for row in rows:
+        prompt, answer, refs = row["prompt"], row["answer"], row["references"]
+        drafter.begin(prompt, refs)
+        recent: tuple[int, int] | None = None  # (passage, position of the last token copied from it)
+        i = 1
+        while i < len(answer):
+            context, room = prompt + answer[:i], min(max_draft, len(answer) - i)
+            candidate = drafter.propose(context, room)
+            found: list[Occurrence] = []
+            if lever.recent_passage or lever.extra_branches:
+                n, found = occurrences(refs, context, max_tokens=room)
+            if lever.recent_passage and candidate is not None and recent is not None:
+                mine = [o for o in found if o.reference == recent[0] and o.end >= recent[1] and o.following]
+                if mine and n == candidate.match_length:
+                    o = min(mine, key=lambda o: o.end)
+                    candidate = Draft(o.following, DraftSource.PASSAGE, n, o.reference)
+            draft = choose_draft(policy, candidate)
+            branches = [draft.tokens] if draft is not None else []
+            if lever.extra_branches and found and n <= lever.extra_up_to and (draft is not None or lever.also_without_draft):
+                others = [c[: lever.extra_depth] for c in ranked_continuations(found)
+                          if not branches or c[0] != branches[0][0]]
+                branches += others[: lever.extra_branches]
+            k = tree_size(branches)
+            own = accepted_in_tree([draft.tokens], answer[i:]) if draft is not None else 0
+            accepted = accepted_in_tree(branches, answer[i:]) if branches else 0
+            policy.record(draft, own, cost(k), 0.0)
+            if draft is not None:
+                drafter.feedback(draft, own)
+                if own and draft.source == DraftSource.PASSAGE and draft.reference is not None:
+                    ref = refs[draft.reference]
+                    # Position of the copied span in its passage: the occurrence the draft continued.
+                    ends = [o.end for o in found if o.reference == draft.reference and o.following[:len(draft)] == draft.tokens]
+                    recent = (draft.reference, (min(ends) if ends else 0) + own) if ref else None
+            time += cost(k)
+            forwards += 1
+            tokens += min(accepted + 1, len(answer) - i)
+            i += accepted + 1
+        drafter.finish(answer)
+    return tokens / forwards, tokens / time
+
+
+def oracle(rows: list[dict[str, list]], cost: Callable[[int], float], k: int = 8) -> tuple[float, float]:
+    """The oracle drafter (the recorded answer itself, ``k`` tokens a step): (tokens per forward, speedup)."""
+    time = tokens = forwards = 0.0
+    for row in rows:
+        i, answer = 1, row["answer"]
+        while i < len(answer):
+            n = min(k, len(answer) - i)  # past the answer's end the forward yields its EOS
+            time += cost(n)
+            forwards += 1
+            tokens += min(n + 1, len(answer) - i)
+            i += n + 1
+    return tokens / forwards, tokens / time
 
 
 def continuation_coverage(rows: list[dict[str, list]], longest: int = 8) -> dict[str, dict[str, float]]:
@@ -162,9 +330,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--record", default="answers.json", help="recorded answers (created when missing)")
+    parser.add_argument("--question-set", action="append", type=Path, default=[], metavar="FILE",
+                        help="record answers to the questions of this JSON file instead of the bundled ones "
+                             "(as benchmarks/bench.py --question-set); repeatable")
+    parser.add_argument("--repetition-stop", type=int, default=QA_DEFAULTS["repetition_stop"],
+                        help="cut recorded answers where ragspec's repetition stop ends them (0: off), as bench.py does")
+    parser.add_argument("--costs", type=Path, default=None, metavar="REPORT",
+                        help="take r(k) from this bench.py report's quiet measurement (e.g. "
+                             "docs/bench/report-fp32-epyc.json) instead of timing it while recording")
     args = parser.parse_args(argv)
     path = Path(args.record)
-    data = json.loads(path.read_text()) if path.exists() else record(path, args.questions, args.max_new_tokens)
+    data = json.loads(path.read_text()) if path.exists() else record(
+        path, args.questions, args.max_new_tokens, args.question_set, args.repetition_stop, args.costs)
     table = {int(k): v for k, v in data["relative_cost"].items()}
     rows = data["rows"]
     variants: dict[str, Callable[[], float]] = {
@@ -179,11 +356,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "up to 24 drafted tokens": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048), max_draft=24),
         "up to 32 drafted tokens": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048), max_draft=32),
     }
-    print("verify cost in plain steps, k = 1 / 4 / 8 / 16 drafted tokens: "
-          + " / ".join(f"{table[k]:.2f}" for k in (1, 4, 8, 16)))
-    print("| variant | estimated speedup over plain |\n|---|---|")
-    for name, run in variants.items():
-        print(f"| {name} | {run():.3f}x |")
+    variants |= {
+        f"tree: +{n} other continuation(s) of {d} token(s) where the match is <= {u} tokens"
+        + (", also with no draft" if w else ""): (lambda n=n, d=d, u=u, w=w: replay_lever(rows, table.get, Lever(n, d, u, w)))
+        for n, d, u, w in [(1, 1, 1, False), (1, 1, 2, False), (1, 1, 2, True), (2, 1, 2, True), (1, 2, 2, True),
+                           (2, 2, 2, True), (3, 3, 2, True), (1, 4, 8, True), (3, 4, 8, True)]
+    }
+    variants["continue the passage copied from most recently"] = lambda: replay_lever(rows, table.get, Lever(recent_passage=True))
+    variants["both: recent passage, tree +2 of 2 tokens (match <= 2, also with no draft)"] = lambda: replay_lever(
+        rows, table.get, Lever(2, 2, 2, True, recent_passage=True))
+    answer_tokens = [len(r["answer"]) for r in rows]
+    print(f"{len(rows)} answers, {sum(answer_tokens)} tokens ({min(answer_tokens)}-{max(answer_tokens)} each)")
+    print("verify cost in plain steps, k = 1 / 2 / 4 / 8 / 16 drafted tokens: "
+          + " / ".join(f"{table[k]:.2f}" for k in (1, 2, 4, 8, 16)))
+    print("| variant | tokens per forward | estimated speedup over plain |\n|---|---|---|")
+    for name, run in {"oracle drafter, 8 tokens a step": lambda: oracle(rows, table.get), **variants}.items():
+        per_forward, speedup = run()
+        print(f"| {name} | {per_forward:.2f} | {speedup:.3f}x |")
     print("\nnext-token coverage by longest match length (first occurrence / top-2 / any occurrence):")
     for bucket, row in continuation_coverage(rows).items():
         print(f"  {bucket}: {row}")
