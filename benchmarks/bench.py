@@ -366,6 +366,7 @@ def run_benchmark(
     generators: list[SpeculativeGenerator] = []
     oracles: dict[str, tuple[OracleDrafter, str]] = {}  # oracle method -> its drafter and the plain run it replays
     report: dict[str, object] = {"max_new_tokens": max_new_tokens, "repetition_stop": repetition_stop,
+                                 "question_sets": [str(f) for f in question_sets],
                                  "workloads": {}, "endings": {}, "verify_cost": {}}
     if lm is not None:
         plain, ngram = SpeculativeGenerator(lm), SpeculativeGenerator(lm)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.drafter_replay import (SELF, Lever, accepted_in_tree, occurrences, oracle, recorded_costs, replay,
-                                       replay_lever, tree_size)
+from benchmarks.drafter_replay import (SELF, Lever, accepted_in_tree, copy_oracle, occurrences, oracle, recorded_costs,
+                                       replay, replay_lever, tree_size)
 from ragspec.engine.ngram import NgramDrafter
 from tests.benchmarks.scripts import run_script
 
@@ -95,3 +95,13 @@ def test_the_script_prints_the_table_from_a_recording(tmp_path: Path) -> None:
     assert "| oracle drafter, 8 tokens a step |" in done.stdout
     assert "| default (n-gram + earlier answers, adaptive policy) |" in done.stdout
     assert "tree: +2 other continuation(s)" in done.stdout
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_copy_ceiling_is_above_every_lever(seed: int) -> None:
+    """Choosing the best-agreeing span with hindsight beats any drafter's tokens per forward."""
+    rows = synthetic_rows(seed)
+    ceiling, _ = copy_oracle(rows, COST.get)
+    assert copy_oracle(rows, COST.get, anchored=False)[0] >= ceiling
+    for lever in (Lever(), Lever(2, 2, 2, also_without_draft=True), Lever(recent_passage=True)):
+        assert replay_lever(rows, COST.get, lever)[0] <= ceiling
