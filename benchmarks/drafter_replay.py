@@ -7,13 +7,20 @@ accepted count comes from the recorded answer, and the step is charged the verif
 measured on this machine at a 640-token context. The result estimates the speedup over plain
 decoding that the real loop gets, without drafting time and timing noise; it is for comparing
 drafters and policies (here it estimated 1.70x for the default where the benchmark measured
-1.75x; a re-recording with a cheaper-looking cost table gave 1.88x). The script also
-counts how often *any* occurrence of the matched suffix continues correctly (what verifying
-several candidates at once, tree verification, could gain).
+1.75x; a re-recording with a cheaper-looking cost table gave 1.88x). Beside the speedup it prints
+tokens per target forward, for the default, for levers replayed on top of it (tree verification of
+other continuations, continuing the passage copied from most recently), for the oracle drafter and
+for two ceilings of copy drafting (the span that agrees longest with the answer, chosen with
+hindsight). The script also counts how often *any* occurrence of the matched suffix continues
+correctly.
 
     python benchmarks/drafter_replay.py [--questions 30] [--max-new-tokens 96] [--record answers.json]
+        [--question-set FILE ...] [--repetition-stop 12] [--costs docs/bench/report-fp32-epyc.json]
 
-The first run records the answers (plain greedy, a few minutes); later runs reuse the file.
+The first run records the answers (plain greedy, cut by the repetition stop as bench.py's are; a few
+minutes on a quiet machine), with r(k) timed then or taken from a bench report's quiet measurement
+(``--costs``); later runs reuse the file. The unseen-question recording of issue 35 is
+``docs/bench/replay-unseen.json`` (see the README's "Speed").
 """
 
 from __future__ import annotations
@@ -204,11 +211,11 @@ class Lever:
 
 
 def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], lever: Lever,
-                 max_draft: int = 16) -> tuple[float, float]:
+                 max_draft: int = 16, automaton: type[SuffixAutomaton] = SuffixAutomaton) -> tuple[float, float]:
     """``replay`` of the default drafter and policy with ``lever``; returns (tokens per forward,
     estimated speedup over plain). A tree of n nodes is charged r(n), the cost of verifying n
     drafted tokens in a row (the forward evaluates as many positions; the tree mask is extra)."""
-    drafter = NgramDrafter(history_tokens=2048)
+    drafter = NgramDrafter(history_tokens=2048, automaton=automaton)
     policy = AdaptivePolicy(max_draft=max_draft)
     policy.calibrate({k: cost(k) for k in range(max_draft + 1)})
     time = tokens = forwards = 0.0
@@ -397,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants["continue the passage copied from most recently"] = lambda: replay_lever(rows, table.get, Lever(recent_passage=True))
     variants["both: recent passage, tree +2 of 2 tokens (match <= 2, also with no draft)"] = lambda: replay_lever(
         rows, table.get, Lever(2, 2, 2, True, recent_passage=True))
+    variants["most frequent continuation, tree +1 of 1 token (match <= 2, also with no draft)"] = lambda: replay_lever(
+        rows, table.get, Lever(1, 1, 2, True), automaton=FrequentSAM)
     answer_tokens = [len(r["answer"]) for r in rows]
     print(f"{len(rows)} answers, {sum(answer_tokens)} tokens ({min(answer_tokens)}-{max(answer_tokens)} each)")
     print("verify cost in plain steps, k = 1 / 2 / 4 / 8 / 16 drafted tokens: "
