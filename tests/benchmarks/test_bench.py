@@ -159,3 +159,17 @@ def test_a_question_set_replaces_the_bundled_questions_in_order(tmp_path: Path, 
     with pytest.raises(SystemExit):
         main(["--question-set", str(first), "--question-set", str(second), "--questions", "3"])
     assert seen["question_sets"] == [first, second] and seen["questions"] == 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_the_torch_methods_run_on_a_question_set() -> None:
+    """One unseen question end to end on PyTorch (shape and exactness, not speed)."""
+    from benchmarks.bench import run_benchmark
+
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+    report = run_benchmark(model="default", backends=("torch",), questions=1, open_ended=0, max_new_tokens=6,
+                           question_sets=[data / "fresh_questions.json"], progress=lambda _: None)
+    rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
+    assert rows["ragspec_ngram"]["identical"] == 1 and rows["oracle_k8"]["identical"] == 1
+    assert report["question_sets"] == [str(data / "fresh_questions.json")]
