@@ -86,6 +86,27 @@ def recorded_costs(report: Path) -> dict[int, float]:
     return costs
 
 
+@dataclass
+class Tally:
+    """Tokens, forwards and cost (in plain steps) of a replay."""
+
+    cost: float = 0.0
+    tokens: int = 0
+    forwards: int = 0
+
+    def step(self, cost: float, accepted: int, left: int) -> int:
+        """A forward of ``cost`` that accepted ``accepted`` drafted tokens with ``left`` answer tokens to go
+        (past the answer's end the forward yields its EOS); returns how far the answer advances."""
+        self.cost += cost
+        self.forwards += 1
+        self.tokens += min(accepted + 1, left)
+        return accepted + 1
+
+    def result(self) -> tuple[float, float]:
+        """(tokens per forward, estimated speedup over plain decoding)."""
+        return self.tokens / self.forwards, self.tokens / self.cost
+
+
 def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: NgramDrafter,
            max_draft: int = 16, choose_source: bool = False, **policy_options: float) -> tuple[float, float]:
     """Replay every answer in order (earlier answers feed the drafter's history as in real use);
@@ -99,7 +120,7 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
     """
     policy = AdaptivePolicy(max_draft=max_draft, **policy_options)  # type: ignore[arg-type]
     policy.calibrate({k: cost(k) for k in range(max_draft + 1)})
-    time = tokens = forwards = 0.0
+    tally = Tally()
     for row in rows:
         prompt, answer = row["prompt"], row["answer"]
         drafter.begin(prompt, row["references"])
@@ -122,12 +143,9 @@ def replay(rows: list[dict[str, list]], cost: Callable[[int], float], drafter: N
             policy.record(draft, accepted, cost(k), 0.0)
             if draft is not None:
                 drafter.feedback(draft, accepted)
-            time += cost(k)
-            forwards += 1
-            tokens += min(accepted + 1, len(answer) - i)  # past the answer's end the forward yields its EOS
-            i += accepted + 1
+            i += tally.step(cost(k), accepted, len(answer) - i)
         drafter.finish(answer)
-    return tokens / forwards, tokens / time
+    return tally.result()
 
 
 @dataclass(frozen=True)
@@ -218,7 +236,7 @@ def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], leve
     drafter = NgramDrafter(history_tokens=2048, automaton=automaton)
     policy = AdaptivePolicy(max_draft=max_draft)
     policy.calibrate({k: cost(k) for k in range(max_draft + 1)})
-    time = tokens = forwards = 0.0
+    tally = Tally()
     for row in rows:
         prompt, answer, refs = row["prompt"], row["answer"], row["references"]
         drafter.begin(prompt, refs)
@@ -252,26 +270,20 @@ def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], leve
                     # Position of the copied span in its passage: the occurrence the draft continued.
                     ends = [o.end for o in found if o.reference == draft.reference and o.following[:len(draft)] == draft.tokens]
                     recent = (draft.reference, (min(ends) if ends else 0) + own) if ref else None
-            time += cost(k)
-            forwards += 1
-            tokens += min(accepted + 1, len(answer) - i)
-            i += accepted + 1
+            i += tally.step(cost(k), accepted, len(answer) - i)
         drafter.finish(answer)
-    return tokens / forwards, tokens / time
+    return tally.result()
 
 
 def oracle(rows: list[dict[str, list]], cost: Callable[[int], float], k: int = 8) -> tuple[float, float]:
     """The oracle drafter (the recorded answer itself, ``k`` tokens a step): (tokens per forward, speedup)."""
-    time = tokens = forwards = 0.0
+    tally = Tally()
     for row in rows:
         i, answer = 1, row["answer"]
         while i < len(answer):
             n = min(k, len(answer) - i)  # past the answer's end the forward yields its EOS
-            time += cost(n)
-            forwards += 1
-            tokens += min(n + 1, len(answer) - i)
-            i += n + 1
-    return tokens / forwards, tokens / time
+            i += tally.step(cost(n), n, len(answer) - i)
+    return tally.result()
 
 
 def copy_oracle(rows: list[dict[str, list]], cost: Callable[[int], float], anchored: bool = True,
@@ -281,7 +293,7 @@ def copy_oracle(rows: list[dict[str, list]], cost: Callable[[int], float], ancho
     agree, up to ``max_draft``; none when none agrees), as if a drafter always picked the right
     occurrence and length. ``anchored``: only spans that follow an occurrence of the context's last
     token (a suffix match of at least one token); else any span. Returns (tokens per forward, speedup)."""
-    time = tokens = forwards = 0.0
+    tally = Tally()
     earlier: list[list[int]] = []
     for row in rows:
         prompt, answer = row["prompt"], row["answer"]
@@ -298,12 +310,9 @@ def copy_oracle(rows: list[dict[str, list]], cost: Callable[[int], float], ancho
                     while n < len(want) and j + n < len(ref) and ref[j + n] == want[n]:
                         n += 1
                     best = max(best, n)
-            time += cost(best)
-            forwards += 1
-            tokens += min(best + 1, len(answer) - i)
-            i += best + 1
+            i += tally.step(cost(best), best, len(answer) - i)
         earlier.append(answer)
-    return tokens / forwards, tokens / time
+    return tally.result()
 
 
 def continuation_coverage(rows: list[dict[str, list]], longest: int = 8) -> dict[str, dict[str, float]]:
