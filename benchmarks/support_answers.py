@@ -34,6 +34,7 @@ whose turns are all there is skipped; one cut short is asked again from its star
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -48,7 +49,8 @@ from ragspec.answers import Answer  # noqa: E402
 from ragspec.conversation import follow_up_query  # noqa: E402
 from ragspec.lc import ChatRagSpec  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
-from ragspec.prompts import Turn  # noqa: E402
+from ragspec.prompts import QA_USER_TEMPLATE, Turn, chat_prompt_ids, format_passages, qa_messages  # noqa: E402
+from ragspec.rewrite import standalone_question  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
@@ -73,15 +75,78 @@ def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, st
     return [(i, by_id[i]) for i in ids]
 
 
-LAYOUTS = ("conversation", "last", "questions", "standalone")
+LAYOUTS = ("conversation", "last", "questions", "standalone", "no-answers", "passages-after", "fresh-passages", "rules",
+           "rules-conversation", "k2")
+PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
+"""Layouts whose follow-up prompt ``laid_out`` builds (the others are ``DocumentQA.ask`` calls)."""
 
 
-def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_ups_only: bool = False) -> Iterator[tuple[int, str, Answer]]:
+def laid_out(qa: DocumentQA, question: str, history: list[Turn], layout: str) -> Answer:
+    """A follow-up asked in one of ``PROMPT_LAYOUTS`` (module docstring), with ``DocumentQA``'s generation settings."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": qa.system_prompt}]
+    if layout == "rules":
+        question = standalone_question(question, [t.question for t in history])
+    request = qa._prepare(question, None, {}, history)  # the combine query's retrieval and the call's settings
+    passages = list(request.passages)
+    if layout == "no-answers":  # every earlier question with its passages, no earlier answer
+        start = 1
+        for turn in history:
+            messages.append({"role": "user", "content": _user(turn.question, turn.passages, start)})
+            start += len(turn.passages)
+        messages.append({"role": "user", "content": _user(question, passages[request.earlier_passages :], start)})
+    elif layout == "passages-after":  # the earlier questions and answers, then every passage, then the question
+        for turn in history:
+            messages += [{"role": "user", "content": f"Question: {turn.question}"}, {"role": "assistant", "content": turn.answer}]
+        messages.append({"role": "user", "content": _user(question, passages, 1)})
+    elif layout == "fresh-passages":  # the earlier questions and answers, then this turn's k passages only
+        passages = qa.retrieve(request.retrieval_query)
+        for turn in history:
+            messages += [{"role": "user", "content": f"Question: {turn.question}"}, {"role": "assistant", "content": turn.answer}]
+        messages.append({"role": "user", "content": _user(question, passages, 1)})
+    else:  # rules: the standalone question asked as a first turn, with the combine query's k passages
+        passages = qa.retrieve(request.retrieval_query)
+        messages = qa_messages(question, passages, qa.system_prompt)
+    generator = qa.llm.load()
+    request = dataclasses.replace(
+        request, passages=passages, prompt_ids=chat_prompt_ids(generator.tokenizer, messages),
+        earlier_passages=request.earlier_passages if layout in ("no-answers", "passages-after") else 0,
+        options=dataclasses.replace(request.options, references=tuple(p.page_content for p in passages)),
+    )
+    answer = None
+    for item in qa._generate(request):
+        answer = item
+    assert isinstance(answer, Answer)
+    return answer
+
+
+def _user(question: str, passages: object, start: int) -> str:
+    return QA_USER_TEMPLATE.format(context=format_passages(passages, start), question=question)  # type: ignore[arg-type]
+
+
+def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_ups_only: bool = False,
+              first: dict[str, str] | None = None) -> Iterator[tuple[int, str, Answer]]:
     """``(turn index, question asked, answer)`` for each turn of a conversation, laid out as ``layout`` says
-    (module docstring); without the first turn when ``follow_ups_only`` and the layout needs no earlier answer."""
+    (module docstring); without the first turn when ``follow_ups_only`` and the layout needs no earlier answer.
+    ``first``: first turns' answers by turn id (``--first-turns``), shown as the earlier answer instead of asking again."""
     history: list[Turn] = []
     for index, question in enumerate(q for _, q in turns):
         asked, shown = question, history
+        if index == 0 and first is not None and turns[0][0] in first:
+            retrieved = qa._prepare(question, None, {}, [])
+            history.append(Turn(question, first[turns[0][0]], tuple(retrieved.passages)))
+            continue
+        if index > 0 and layout in PROMPT_LAYOUTS:
+            answer = laid_out(qa, question, history, layout)
+            history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
+            yield index, standalone_question(question, [t.question for t in history[:-1]]) if layout == "rules" else question, answer
+            continue
+        if layout == "rules-conversation" and history:
+            asked = standalone_question(question, [t.question for t in history])
+        if layout == "k2" and history:
+            answer = qa.ask(asked, history=shown, k=2)
+            history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
+            yield index, asked, answer
+            continue
         if layout == "last":
             shown = history[-1:]
         elif layout == "questions" and history:
@@ -113,6 +178,8 @@ def main() -> None:
     parser.add_argument("--ids", default=None, help="only these conversations or single questions, comma-separated, in order")
     parser.add_argument("--layout", choices=LAYOUTS, default="conversation", help="how a follow-up is asked")
     parser.add_argument("--follow-ups-only", action="store_true", help="leave the first turns out (layout 'questions')")
+    parser.add_argument("--first-turns", type=Path, default=None,
+                        help="an --out file whose first-turn answers the follow-ups see (those first turns are not asked again)")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
     args = parser.parse_args()
     if args.report is not None:
@@ -123,11 +190,14 @@ def main() -> None:
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
                                unsupported="flag")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
+    first = ({r["id"]: r["text"] for r in json.loads(args.first_turns.read_text())["answers"] if r["turn"] == 1}
+             if args.first_turns else None)  # fmt: skip
     for conv_id, turns in workload(args.ids.split(",") if args.ids else None):
-        if {t for t, _ in turns[1 if args.follow_ups_only else 0 :]} <= {r["id"] for r in done}:
+        skip_first = args.follow_ups_only or (first is not None and turns[0][0] in first)
+        if {t for t, _ in turns[1 if skip_first else 0 :]} <= {r["id"] for r in done}:
             continue
         done = [r for r in done if r["conversation"] != conv_id]
-        for index, asked, answer in ask_turns(qa, turns, args.layout, args.follow_ups_only):
+        for index, asked, answer in ask_turns(qa, turns, args.layout, args.follow_ups_only, first):
             turn_id, question = turns[index]
             done.append({"id": turn_id, "conversation": conv_id, "turn": index + 1, "question": question,
                          **({"asked": asked} if asked != question else {}),
