@@ -62,7 +62,7 @@ def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, st
     """Conversations as ``(id, [(turn id, question), ...])`` (a single question is a one-turn conversation):
     all of them, or those of ``ids`` in that order."""
     mine = [json.loads((DATA / name).read_text()) for name in QUESTION_FILES]
-    theirs = json.loads((DATA / "conversations.json").read_text())["conversations"]
+    theirs = [c for name in GOLD_FILES for c in json.loads((DATA / name).read_text())["conversations"]]
     convs = [(q["id"], [(q["id"], q["question"])]) for m in mine for q in m["questions"]]
     for conv in [c for m in mine for c in m["conversations"]] + theirs:
         convs.append((conv["id"], [(f"{conv['id']}-{i + 1}", t["question"]) for i, t in enumerate(conv["turns"])]))
@@ -75,9 +75,15 @@ def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, st
     return [(i, by_id[i]) for i in ids]
 
 
+GOLD_FILES = ("conversations.json", "followup_conversations.json")
+"""Conversations with gold strings (``--report``); the second was written for the follow-up layouts, held out."""
+
 LAYOUTS = ("conversation", "last", "questions", "standalone", "no-answers", "passages-after", "fresh-passages", "rules",
            "rules-conversation", "k2")
-PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
+PROMPT_GOLD_FILES = ("conversations.json", "followup_conversations.json")
+"""Conversations with gold strings (``--report``); the second was written for the follow-up layouts, held out."""
+
+LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
 """Layouts whose follow-up prompt ``laid_out`` builds (the others are ``DocumentQA.ask`` calls)."""
 
 
@@ -163,7 +169,7 @@ def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_
 
 def report(paths: list[Path]) -> str:
     """First turns and follow-ups of ``conversations.json``'s conversations in ``paths`` whose answer holds a gold string."""
-    gold = {f"{c['id']}-{i + 1}": t["gold"] for c in json.loads((DATA / "conversations.json").read_text())["conversations"]
+    gold = {f"{c['id']}-{i + 1}": t["gold"] for name in GOLD_FILES for c in json.loads((DATA / name).read_text())["conversations"]
             for i, t in enumerate(c["turns"])}  # fmt: skip
     rows = [r for path in paths for r in json.loads(path.read_text())["answers"] if r["id"] in gold]
     right = {kind: [has_gold(r["text"], gold[r["id"]]) for r in rows if (r["turn"] == 1) == (kind == "first turns")]

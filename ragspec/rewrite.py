@@ -29,6 +29,7 @@ DETERMINERS = frozenset({"the", "a", "an", "each", "every", "this", "that", "the
 PREPOSITIONS = frozenset({"in", "of", "for", "at", "on", "to", "from", "with", "by", "about", "into", "under", "over",
                           "after", "before", "during", "when", "if", "since", "until"})  # fmt: skip
 PRONOUNS = frozenset({"it", "its", "they", "them", "their", "there", "he", "she", "him", "her", "his"})
+_PRONOUN = re.compile(r"\b(?:they|them|their|it|its|he|she|him|his|there)\b", re.IGNORECASE)
 _WORD = re.compile(r"[\w'’-]+|[^\w\s]")
 
 
@@ -140,24 +141,19 @@ def standalone_question(question: str, earlier: Sequence[str]) -> str:
     own, _, own_is_wh = _parse(question)
     if own and not own_is_wh and _plural(own):
         plural = None  # "How much notice do members give when they leave?": they are its own subject
-    words = _words(question)
-    if len(words) > 1 and words[0].lower() == "and":
-        words = words[2:] if words[1] == "," else words[1:]
-    out: list[str] = []
-    for w in words:
-        low = w.lower()
-        if low in ("they", "them") and plural:
-            out.append(plural)
-        elif low == "their" and plural:
-            out.append(_possessive(plural))
-        elif low in ("it", "he", "she", "him") and singular:
-            out.append(singular)
-        elif low in ("its", "his") and singular:
-            out.append(_possessive(singular))
-        elif low == "there" and singular:
-            out.append(f"in {singular}" if out and out[-1] not in PREPOSITIONS else singular)
-        else:
-            out.append(w)
-    if out and out[0][:1].islower():
-        out[0] = out[0][:1].upper() + out[0][1:]
-    return _join(out) + "?"
+    replacements = {"they": plural, "them": plural, "their": plural and _possessive(plural), "it": singular,
+                    "he": singular, "she": singular, "him": singular, "its": singular and _possessive(singular),
+                    "his": singular and _possessive(singular), "there": singular}  # fmt: skip
+
+    def replace(match: re.Match[str]) -> str:
+        word = match.group(0)
+        noun = replacements[word.lower()]
+        if noun is None:
+            return word
+        before = match.string[: match.start()].split()
+        if word.lower() == "there" and not (before and before[-1].lower() in PREPOSITIONS):
+            return f"in {noun}"
+        return noun
+
+    text = _PRONOUN.sub(replace, re.sub(r"^\s*and\b[\s,]*", "", question.strip(), flags=re.IGNORECASE))
+    return text[:1].upper() + text[1:] if text[:1].islower() else text
