@@ -80,10 +80,7 @@ GOLD_FILES = ("conversations.json", "followup_conversations.json")
 
 LAYOUTS = ("conversation", "last", "questions", "standalone", "no-answers", "passages-after", "fresh-passages", "rules",
            "rules-conversation", "k2")
-PROMPT_GOLD_FILES = ("conversations.json", "followup_conversations.json")
-"""Conversations with gold strings (``--report``); the second was written for the follow-up layouts, held out."""
-
-LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
+PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
 """Layouts whose follow-up prompt ``laid_out`` builds (the others are ``DocumentQA.ask`` calls)."""
 
 
@@ -194,7 +191,7 @@ def main() -> None:
     if args.out is None:
         parser.error("--out is required")
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
-                               unsupported="flag")  # fmt: skip
+                               unsupported="flag", follow_up_prompt="conversation")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
     first = ({r["id"]: r["text"] for r in json.loads(args.first_turns.read_text())["answers"] if r["turn"] == 1}
              if args.first_turns else None)  # fmt: skip

@@ -31,6 +31,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from ragspec.answers import Answer, AnswerStream, AsyncAnswerStream
 from ragspec.engine.config import GenerationConfig
 from ragspec.prompts import Turn, chat_prompt_ids
+from ragspec.rewrite import standalone_question
 
 if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
@@ -41,6 +42,8 @@ History = Sequence[Union[BaseMessage, tuple[str, str], Turn]]
 ``(role, text)`` pairs (role ``"user"``/``"human"`` or ``"assistant"``/``"ai"``), or ``Turn``s."""
 
 FOLLOW_UP_MODES = ("combine", "rewrite", "question")
+FOLLOW_UP_PROMPTS = ("conversation", "standalone")
+"""How a follow-up is asked (``DocumentQA(follow_up_prompt=...)``, see ``asked_question``)."""
 COMBINE_TURNS = 2
 """Earlier questions put before a follow-up in a ``"combine"`` query."""
 REWRITE_TURNS = 3
@@ -145,6 +148,16 @@ def rewrite_messages(turns: Sequence[Turn], question: str) -> list[dict[str, str
         messages += [{"role": "user", "content": turn.question.strip()}, {"role": "assistant", "content": turn.answer.strip()}]
     messages.append({"role": "user", "content": f"Rewrite this question on its own: {question.strip()}"})
     return messages
+
+
+def asked_question(prompt: str, question: str, turns: Sequence[Turn]) -> tuple[str, list[Turn]]:
+    """The question the model is asked and the earlier turns its prompt shows: for ``"conversation"``,
+    ``question`` after every earlier turn; for ``"standalone"``, ``question`` made standalone by rules
+    (``ragspec.rewrite``: "How many people died in it?" -> "How many people died in the great flood?")
+    and asked on its own, as a first question."""
+    if prompt == "standalone" and turns:
+        return standalone_question(question, [t.question for t in turns]), []
+    return question, list(turns)
 
 
 def follow_up_query(
