@@ -24,6 +24,20 @@ questions (``fresh_questions.json``) in ``fresh_answers.json``.
 - ``standalone``: the model rewrites the follow-up into a standalone question (``follow_up="rewrite"``'s
   query), which is then asked as a first turn: retrieved for it, no earlier turn in the prompt.
 
+- ``no-answers``: every earlier question with its passages, as ``conversation`` lays them out, but no earlier
+  answer (the prompt still extends the previous one, less its last few tokens);
+- ``passages-after``: the earlier questions and answers first, then every passage (earlier and new), then the
+  follow-up;
+- ``fresh-passages``: the earlier questions and answers, then only this turn's k passages (earlier ones dropped);
+- ``rules``: the follow-up made standalone by rules (``ragspec.rewrite``: "How many people died in it?" becomes
+  "How many people died in the great flood?") and asked as a first turn (``DocumentQA(follow_up_prompt="standalone")``);
+- ``rules-conversation``: the rule rewrite asked in the ``conversation`` layout;
+- ``k2``: the ``conversation`` layout with k = 2 passages for follow-ups.
+
+``--first-turns FILE`` takes the first turns' answers from an earlier ``--out`` file (the first turn is the same
+in every layout) instead of asking them again. The conversations of ``followup_conversations.json`` were
+written after the rules were frozen and before any answer to them was seen: the held-out part.
+
 ``--follow-ups-only`` leaves the first turns out (they are asked as in ``conversation`` whatever the layout,
 so its file has them) where the layout does not need their answers (``questions``).
 
@@ -49,7 +63,7 @@ from ragspec.answers import Answer  # noqa: E402
 from ragspec.conversation import follow_up_query  # noqa: E402
 from ragspec.lc import ChatRagSpec  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
-from ragspec.prompts import QA_USER_TEMPLATE, Turn, chat_prompt_ids, format_passages, qa_messages  # noqa: E402
+from ragspec.prompts import QA_USER_TEMPLATE, Turn, chat_prompt_ids, format_passages  # noqa: E402
 from ragspec.rewrite import standalone_question  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,15 +94,13 @@ GOLD_FILES = ("conversations.json", "followup_conversations.json")
 
 LAYOUTS = ("conversation", "last", "questions", "standalone", "no-answers", "passages-after", "fresh-passages", "rules",
            "rules-conversation", "k2")
-PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
+PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages")
 """Layouts whose follow-up prompt ``laid_out`` builds (the others are ``DocumentQA.ask`` calls)."""
 
 
 def laid_out(qa: DocumentQA, question: str, history: list[Turn], layout: str) -> Answer:
     """A follow-up asked in one of ``PROMPT_LAYOUTS`` (module docstring), with ``DocumentQA``'s generation settings."""
     messages: list[dict[str, str]] = [{"role": "system", "content": qa.system_prompt}]
-    if layout == "rules":
-        question = standalone_question(question, [t.question for t in history])
     request = qa._prepare(question, None, {}, history)  # the combine query's retrieval and the call's settings
     passages = list(request.passages)
     if layout == "no-answers":  # every earlier question with its passages, no earlier answer
@@ -101,14 +113,11 @@ def laid_out(qa: DocumentQA, question: str, history: list[Turn], layout: str) ->
         for turn in history:
             messages += [{"role": "user", "content": f"Question: {turn.question}"}, {"role": "assistant", "content": turn.answer}]
         messages.append({"role": "user", "content": _user(question, passages, 1)})
-    elif layout == "fresh-passages":  # the earlier questions and answers, then this turn's k passages only
+    else:  # fresh-passages: the earlier questions and answers, then this turn's k passages only
         passages = qa.retrieve(request.retrieval_query)
         for turn in history:
             messages += [{"role": "user", "content": f"Question: {turn.question}"}, {"role": "assistant", "content": turn.answer}]
         messages.append({"role": "user", "content": _user(question, passages, 1)})
-    else:  # rules: the standalone question asked as a first turn, with the combine query's k passages
-        passages = qa.retrieve(request.retrieval_query)
-        messages = qa_messages(question, passages, qa.system_prompt)
     generator = qa.llm.load()
     request = dataclasses.replace(
         request, passages=passages, prompt_ids=chat_prompt_ids(generator.tokenizer, messages),
@@ -141,12 +150,12 @@ def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_
         if index > 0 and layout in PROMPT_LAYOUTS:
             answer = laid_out(qa, question, history, layout)
             history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
-            yield index, standalone_question(question, [t.question for t in history[:-1]]) if layout == "rules" else question, answer
+            yield index, question, answer
             continue
-        if layout == "rules-conversation" and history:
-            asked = standalone_question(question, [t.question for t in history])
-        if layout == "k2" and history:
-            answer = qa.ask(asked, history=shown, k=2)
+        if layout in ("rules", "rules-conversation", "k2") and history:
+            asked = standalone_question(question, [t.question for t in history]) if layout != "k2" else question
+            # "rules": DocumentQA(follow_up_prompt="standalone") rewrites it itself
+            answer = qa.ask(question if layout == "rules" else asked, history=shown, k=2 if layout == "k2" else None)
             history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
             yield index, asked, answer
             continue
@@ -191,7 +200,8 @@ def main() -> None:
     if args.out is None:
         parser.error("--out is required")
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
-                               unsupported="flag", follow_up_prompt="conversation")  # fmt: skip
+                               unsupported="flag",
+                               follow_up_prompt="standalone" if args.layout == "rules" else "conversation")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
     first = ({r["id"]: r["text"] for r in json.loads(args.first_turns.read_text())["answers"] if r["turn"] == 1}
              if args.first_turns else None)  # fmt: skip
