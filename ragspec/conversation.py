@@ -10,6 +10,10 @@ them. ``follow_up_query`` makes the retrieval query (``DocumentQA(follow_up=...)
   history-aware retriever does (one short greedy generation before the answer);
 - ``"question"``: the question on its own.
 
+``asked_question`` chooses what the model is asked (``DocumentQA(follow_up_prompt=...)``): the question after
+the earlier turns (``"conversation"``), or the question made standalone by rules (``ragspec.rewrite``) and
+asked on its own (``"standalone"``).
+
 ``Conversation`` (``DocumentQA.conversation()``) keeps its own turns, with the passages each one
 first showed, so that every prompt extends the previous one (``ragspec.prompts``) and the prefix
 cache computes only the new turn. ``ChatQARunnable`` (``DocumentQA.as_chat_runnable()``) is the

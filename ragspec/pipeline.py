@@ -203,6 +203,10 @@ class DocumentQA:
         position: questions whose passage sets overlap share a longer prompt prefix). ``follow_up``: how a question after
         earlier turns is retrieved: ``"combine"`` (with the recent questions), ``"rewrite"`` (the
         model first rewrites it into a standalone question) or ``"question"`` (on its own).
+        ``follow_up_prompt``: how it is asked: ``"conversation"`` (after the earlier turns, laid out so that
+        the prompt extends the previous one) or ``"standalone"`` (rewritten by rules, "How many people died
+        in it?" -> "How many people died in the great flood?", and asked as a first question; see
+        ``ragspec.conversation.asked_question``). docs/conversations.md measures both.
         ``generation``: settings (``GenerationConfig`` names) for the llm's settings it leaves at their
         defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own.
 
