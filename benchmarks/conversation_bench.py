@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ragspec.engine.config import GenerationConfig  # noqa: E402
-from ragspec.conversation import FOLLOW_UP_PROMPTS, follow_up_query  # noqa: E402
+from ragspec.conversation import follow_up_query  # noqa: E402
 from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
 from ragspec.prompts import Turn  # noqa: E402
@@ -154,8 +154,6 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=0, help="only the first N conversations (0: all)")
     parser.add_argument("--max-tokens", type=int, default=48, help="answer budget per turn")
     parser.add_argument("--k", type=int, default=4, help="passages retrieved per turn")
-    parser.add_argument("--follow-up-prompt", choices=FOLLOW_UP_PROMPTS, default=FOLLOW_UP_PROMPTS[0],
-                        help="how a follow-up is asked (DocumentQA(follow_up_prompt=...), default DocumentQA's)")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out" / "conversations.json")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -180,8 +178,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for i, mode in enumerate(modes):
         generator.clear_cache()  # each mode starts cold: its first turns are the same prompts as the last mode's
-        qa = DocumentQA.from_vectorstore(store, documents=chunks, k=args.k, llm=llm, follow_up=mode,
-                                         follow_up_prompt=args.follow_up_prompt)
+        qa = DocumentQA.from_vectorstore(store, documents=chunks, k=args.k, llm=llm, follow_up=mode)
         run_mode(mode, qa, cold if i == 0 else None, conversations, rows, args.out, retrieval_only if i == 0 else [])
     elapsed = time.perf_counter() - start
 

@@ -29,8 +29,8 @@ questions (``fresh_questions.json``) in ``fresh_answers.json``.
 - ``passages-after``: the earlier questions and answers first, then every passage (earlier and new), then the
   follow-up;
 - ``fresh-passages``: the earlier questions and answers, then only this turn's k passages (earlier ones dropped);
-- ``rules``: the follow-up made standalone by rules (``ragspec.rewrite``: "How many people died in it?" becomes
-  "How many people died in the great flood?") and asked as a first turn (``DocumentQA(follow_up_prompt="standalone")``);
+- ``rules``: the follow-up made standalone by rules (``follow_up_rewrite.py``: "How many people died in it?" becomes
+  "How many people died in the great flood?") and asked as a first turn, with the ``combine`` query's k passages;
 - ``rules-conversation``: the rule rewrite asked in the ``conversation`` layout;
 - ``k2``: the ``conversation`` layout with k = 2 passages for follow-ups.
 
@@ -63,8 +63,8 @@ from ragspec.answers import Answer  # noqa: E402
 from ragspec.conversation import follow_up_query  # noqa: E402
 from ragspec.lc import ChatRagSpec  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
-from ragspec.prompts import QA_USER_TEMPLATE, Turn, chat_prompt_ids, format_passages  # noqa: E402
-from ragspec.rewrite import standalone_question  # noqa: E402
+from follow_up_rewrite import standalone_question  # noqa: E402
+from ragspec.prompts import QA_USER_TEMPLATE, Turn, chat_prompt_ids, format_passages, qa_messages  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
@@ -94,13 +94,15 @@ GOLD_FILES = ("conversations.json", "followup_conversations.json")
 
 LAYOUTS = ("conversation", "last", "questions", "standalone", "no-answers", "passages-after", "fresh-passages", "rules",
            "rules-conversation", "k2")
-PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages")
+PROMPT_LAYOUTS = ("no-answers", "passages-after", "fresh-passages", "rules")
 """Layouts whose follow-up prompt ``laid_out`` builds (the others are ``DocumentQA.ask`` calls)."""
 
 
 def laid_out(qa: DocumentQA, question: str, history: list[Turn], layout: str) -> Answer:
     """A follow-up asked in one of ``PROMPT_LAYOUTS`` (module docstring), with ``DocumentQA``'s generation settings."""
     messages: list[dict[str, str]] = [{"role": "system", "content": qa.system_prompt}]
+    if layout == "rules":
+        question = standalone_question(question, [t.question for t in history])
     request = qa._prepare(question, None, {}, history)  # the combine query's retrieval and the call's settings
     passages = list(request.passages)
     if layout == "no-answers":  # every earlier question with its passages, no earlier answer
@@ -113,11 +115,14 @@ def laid_out(qa: DocumentQA, question: str, history: list[Turn], layout: str) ->
         for turn in history:
             messages += [{"role": "user", "content": f"Question: {turn.question}"}, {"role": "assistant", "content": turn.answer}]
         messages.append({"role": "user", "content": _user(question, passages, 1)})
-    else:  # fresh-passages: the earlier questions and answers, then this turn's k passages only
+    elif layout == "fresh-passages":  # the earlier questions and answers, then this turn's k passages only
         passages = qa.retrieve(request.retrieval_query)
         for turn in history:
             messages += [{"role": "user", "content": f"Question: {turn.question}"}, {"role": "assistant", "content": turn.answer}]
         messages.append({"role": "user", "content": _user(question, passages, 1)})
+    else:  # rules: the standalone question asked as a first turn, with the combine query's k passages
+        passages = qa.retrieve(request.retrieval_query)
+        messages = qa_messages(question, passages, qa.system_prompt)
     generator = qa.llm.load()
     request = dataclasses.replace(
         request, passages=passages, prompt_ids=chat_prompt_ids(generator.tokenizer, messages),
@@ -150,12 +155,11 @@ def ask_turns(qa: DocumentQA, turns: list[tuple[str, str]], layout: str, follow_
         if index > 0 and layout in PROMPT_LAYOUTS:
             answer = laid_out(qa, question, history, layout)
             history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
-            yield index, question, answer
+            yield index, answer.question, answer
             continue
-        if layout in ("rules", "rules-conversation", "k2") and history:
+        if layout in ("rules-conversation", "k2") and history:
             asked = standalone_question(question, [t.question for t in history]) if layout != "k2" else question
-            # "rules": DocumentQA(follow_up_prompt="standalone") rewrites it itself
-            answer = qa.ask(question if layout == "rules" else asked, history=shown, k=2 if layout == "k2" else None)
+            answer = qa.ask(asked, history=shown, k=2 if layout == "k2" else None)
             history.append(Turn(question, answer.model_text, tuple(answer.passages[answer.earlier_passages :])))
             yield index, asked, answer
             continue
@@ -200,8 +204,7 @@ def main() -> None:
     if args.out is None:
         parser.error("--out is required")
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
-                               unsupported="flag",
-                               follow_up_prompt="standalone" if args.layout == "rules" else "conversation")  # fmt: skip
+                               unsupported="flag")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
     first = ({r["id"]: r["text"] for r in json.loads(args.first_turns.read_text())["answers"] if r["turn"] == 1}
              if args.first_turns else None)  # fmt: skip

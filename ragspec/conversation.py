@@ -10,10 +10,6 @@ them. ``follow_up_query`` makes the retrieval query (``DocumentQA(follow_up=...)
   history-aware retriever does (one short greedy generation before the answer);
 - ``"question"``: the question on its own.
 
-``asked_question`` chooses what the model is asked (``DocumentQA(follow_up_prompt=...)``): the question after
-the earlier turns (``"conversation"``), or the question made standalone by rules (``ragspec.rewrite``) and
-asked on its own (``"standalone"``).
-
 ``Conversation`` (``DocumentQA.conversation()``) keeps its own turns, with the passages each one
 first showed, so that every prompt extends the previous one (``ragspec.prompts``) and the prefix
 cache computes only the new turn. ``ChatQARunnable`` (``DocumentQA.as_chat_runnable()``) is the
@@ -35,7 +31,6 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from ragspec.answers import Answer, AnswerStream, AsyncAnswerStream
 from ragspec.engine.config import GenerationConfig
 from ragspec.prompts import Turn, chat_prompt_ids
-from ragspec.rewrite import standalone_question
 
 if TYPE_CHECKING:
     from ragspec.engine.results import GenerationStats
@@ -46,8 +41,6 @@ History = Sequence[Union[BaseMessage, tuple[str, str], Turn]]
 ``(role, text)`` pairs (role ``"user"``/``"human"`` or ``"assistant"``/``"ai"``), or ``Turn``s."""
 
 FOLLOW_UP_MODES = ("combine", "rewrite", "question")
-FOLLOW_UP_PROMPTS = ("conversation", "standalone")
-"""How a follow-up is asked (``DocumentQA(follow_up_prompt=...)``, see ``asked_question``)."""
 COMBINE_TURNS = 2
 """Earlier questions put before a follow-up in a ``"combine"`` query."""
 REWRITE_TURNS = 3
@@ -152,16 +145,6 @@ def rewrite_messages(turns: Sequence[Turn], question: str) -> list[dict[str, str
         messages += [{"role": "user", "content": turn.question.strip()}, {"role": "assistant", "content": turn.answer.strip()}]
     messages.append({"role": "user", "content": f"Rewrite this question on its own: {question.strip()}"})
     return messages
-
-
-def asked_question(prompt: str, question: str, turns: Sequence[Turn]) -> tuple[str, list[Turn]]:
-    """The question the model is asked and the earlier turns its prompt shows: for ``"conversation"``,
-    ``question`` after every earlier turn; for ``"standalone"``, ``question`` made standalone by rules
-    (``ragspec.rewrite``: "How many people died in it?" -> "How many people died in the great flood?")
-    and asked on its own, as a first question."""
-    if prompt == "standalone" and turns:
-        return standalone_question(question, [t.question for t in turns]), []
-    return question, list(turns)
 
 
 def follow_up_query(

@@ -41,7 +41,7 @@ from ragspec.answers import UNSUPPORTED_MODES, Answer, AnswerStream, AsyncAnswer
 from ragspec.citations import cited_answer
 from ragspec.context_budget import ContextBudgetWarning
 from ragspec.bridge import iterate_in_thread
-from ragspec.conversation import FOLLOW_UP_MODES, FOLLOW_UP_PROMPTS, ChatQARunnable, Conversation, History
+from ragspec.conversation import FOLLOW_UP_MODES, ChatQARunnable, Conversation, History
 from ragspec.engine.config import GenerationConfig
 from ragspec.engine.text import question_text
 from ragspec.prompts import QA_SYSTEM_PROMPT
@@ -187,7 +187,6 @@ class DocumentQA:
         snippet_chars: int = 240,
         passage_order: str = "rank",
         follow_up: str = "combine",
-        follow_up_prompt: str = FOLLOW_UP_PROMPTS[0],
         generation: Mapping[str, Any] = QA_DEFAULTS,
         unsupported: str = "abstain",
     ) -> None:
@@ -203,10 +202,6 @@ class DocumentQA:
         position: questions whose passage sets overlap share a longer prompt prefix). ``follow_up``: how a question after
         earlier turns is retrieved: ``"combine"`` (with the recent questions), ``"rewrite"`` (the
         model first rewrites it into a standalone question) or ``"question"`` (on its own).
-        ``follow_up_prompt``: how it is asked: ``"conversation"`` (after the earlier turns, laid out so that
-        the prompt extends the previous one) or ``"standalone"`` (rewritten by rules, "How many people died
-        in it?" -> "How many people died in the great flood?", and asked as a first question; see
-        ``ragspec.conversation.asked_question``). docs/conversations.md measures both.
         ``generation``: settings (``GenerationConfig`` names) for the llm's settings it leaves at their
         defaults; per-call options still win. Default ``QA_DEFAULTS``; ``{}`` for the llm's own.
 
@@ -231,15 +226,10 @@ class DocumentQA:
             raise ValueError(f"unsupported must be one of {', '.join(map(repr, UNSUPPORTED_MODES))}, got {unsupported!r}")
         if follow_up not in FOLLOW_UP_MODES:
             raise ValueError(f"follow_up must be one of {', '.join(map(repr, FOLLOW_UP_MODES))}, got {follow_up!r}")
-        if follow_up_prompt not in FOLLOW_UP_PROMPTS:
-            raise ValueError(
-                f"follow_up_prompt must be one of {', '.join(map(repr, FOLLOW_UP_PROMPTS))}, got {follow_up_prompt!r}"
-            )
         self.generation = dict(generation)
         GenerationConfig().merged(self.generation)  # a bad setting fails here, naming it
         self.passage_order = passage_order
         self.follow_up = follow_up
-        self.follow_up_prompt = follow_up_prompt
         self.unsupported = unsupported
         self.retriever = retriever
         self.llm = llm

@@ -25,7 +25,7 @@ from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 
 from ragspec.context_budget import document_position, fit_passages, fit_turns, prompt_ids
-from ragspec.conversation import History, asked_question, follow_up_query, passage_key, to_turns
+from ragspec.conversation import History, follow_up_query, passage_key, to_turns
 from ragspec.engine.config import CallOptions, GenerationConfig, request_config
 from ragspec.engine.text import WholeWordText
 from ragspec.prompts import conversation_messages, plain_prompt
@@ -58,7 +58,6 @@ class QASettings(Protocol):
     system_prompt: str
     passage_order: str
     follow_up: str
-    follow_up_prompt: str
     generation: dict[str, Any]
 
     def retrieve(self, query: str, k: int | None) -> list[Document]: ...
@@ -91,20 +90,19 @@ class RagspecAnswering:
         base = self.llm.call_options(None, {})
         unset = {k: v for k, v in qa.generation.items() if getattr(base.config, k) == getattr(_PLAIN, k)}
         call = dataclasses.replace(base, config=request_config(base.config.merged(unset), dict(options)))
-        earlier = to_turns(history)
-        asked, turns = asked_question(qa.follow_up_prompt, question, earlier)
+        turns = to_turns(history)
         generator = self.llm.load(call.model)
-        query, query_stats = follow_up_query(qa.follow_up, asked, earlier, generator, qa.system_prompt)
+        query, query_stats = follow_up_query(qa.follow_up, question, turns, generator, qa.system_prompt)
         retrieved = qa.retrieve(query, k)
         max_tokens = call.config.max_tokens
         tokenizer, context = generator.tokenizer, generator.context_length
-        kept, dropped = fit_turns(tokenizer, qa.system_prompt, asked, retrieved, turns, max_tokens, context)
+        kept, dropped = fit_turns(tokenizer, qa.system_prompt, question, retrieved, turns, max_tokens, context)
         shown = {passage_key(p) for t in kept for p in t.passages}
-        new, ids = fit_passages(tokenizer, qa.system_prompt, asked, [p for p in retrieved if passage_key(p) not in shown],
+        new, ids = fit_passages(tokenizer, qa.system_prompt, question, [p for p in retrieved if passage_key(p) not in shown],
                                 max_tokens, context, kept)
         if qa.passage_order == "document":
             new = sorted(new, key=document_position)
-            ids = prompt_ids(tokenizer, qa.system_prompt, asked, new, kept)
+            ids = prompt_ids(tokenizer, qa.system_prompt, question, new, kept)
         passages = [p for t in kept for p in t.passages] + new
         call = dataclasses.replace(call, references=tuple(p.page_content for p in passages))
         return QARequest(question, passages, ids, call, len(passages) - len(new), len(kept), dropped, query, query_stats)
@@ -138,16 +136,15 @@ class LangChainAnswering:
                 f"per-call options ({', '.join(sorted(options))}) are for ragspec models; set them on "
                 f"{type(self.llm).__name__} itself (e.g. ChatOpenAI(max_tokens=...))"
             )
-        earlier = to_turns(history)
-        asked, turns = asked_question(qa.follow_up_prompt, question, earlier)
-        query, _ = follow_up_query(qa.follow_up, asked, earlier, None, qa.system_prompt)  # type: ignore[arg-type]
+        turns = to_turns(history)
+        query, _ = follow_up_query(qa.follow_up, question, turns, None, qa.system_prompt)  # type: ignore[arg-type]
         retrieved = qa.retrieve(query, k)
         shown = {passage_key(p) for t in turns for p in t.passages}
         new = [p for p in retrieved if passage_key(p) not in shown]
         if qa.passage_order == "document":
             new = sorted(new, key=document_position)
         passages = [p for t in turns for p in t.passages] + new
-        messages = tuple(conversation_messages(turns, asked, new, qa.system_prompt))
+        messages = tuple(conversation_messages(turns, question, new, qa.system_prompt))
         call = CallOptions(model="", config=GenerationConfig(), references=tuple(p.page_content for p in passages))
         return QARequest(question, passages, [], call, len(passages) - len(new), len(turns), 0, query, None, messages)
 

@@ -15,11 +15,11 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
-from ragspec.conversation import FOLLOW_UP_PROMPTS, PASSAGES_KEY, chat_input, to_messages, to_turns
+from ragspec.conversation import PASSAGES_KEY, chat_input, to_messages, to_turns
 from ragspec.lc import ChatRagSpec
 from ragspec.pipeline import ContextBudgetWarning, DocumentQA
 from ragspec.engine.text import whole_words
-from ragspec.prompts import Turn, chat_prompt_ids, conversation_messages, qa_prompt_ids
+from ragspec.prompts import Turn, chat_prompt_ids, conversation_messages
 
 from tests.ragspec.test_pipeline import PASSAGES, doc
 
@@ -101,7 +101,7 @@ def test_each_turn_extends_the_previous_prompt_token_for_token(lc_tokenizer) -> 
 
 
 def test_follow_up_is_retrieved_with_the_conversation_and_asked_after_it(retriever, lc_tiny_generator) -> None:
-    qa = make_qa(retriever, lc_tiny_generator, follow_up_prompt="conversation")
+    qa = make_qa(retriever, lc_tiny_generator)
     first = qa.ask("When does the ferry leave?")
     assert first.retrieval_query == "When does the ferry leave?" and first.earlier_passages == 0
     second = qa.ask("Is it on time?", history=[first.as_turn()])
@@ -117,32 +117,12 @@ def test_follow_up_is_retrieved_with_the_conversation_and_asked_after_it(retriev
 
 
 def test_new_passages_come_with_the_follow_up_and_citations_count_all(retriever, lc_tiny_generator) -> None:
-    qa = make_qa(retriever, lc_tiny_generator, follow_up="question", follow_up_prompt="conversation")
+    qa = make_qa(retriever, lc_tiny_generator, follow_up="question")
     first = qa.ask("When does the ferry leave?")
     second = qa.ask("What does the bakery sell?", history=[first.as_turn()])
     assert retriever.queries[-1] == "What does the bakery sell?"
     assert second.passages == [PASSAGES[0], PASSAGES[1], PASSAGES[2]] and second.earlier_passages == 2
     assert second.as_turn().passages == (PASSAGES[2],)
-
-
-def test_a_standalone_follow_up_is_rewritten_by_rules_and_asked_as_a_first_question(retriever, lc_tiny_generator) -> None:
-    qa = make_qa(retriever, lc_tiny_generator, follow_up_prompt="standalone")
-    first = qa.ask("When does the ferry leave?")
-    chat = qa.conversation([first.as_turn()])
-    second = chat.ask("Is it on time?")
-    assert retriever.queries[-1] == "When does the ferry leave? Is the ferry on time?"  # "combine", with the rewrite
-    tok = lc_tiny_generator.target.tokenizer
-    want = qa_prompt_ids(tok, "Is the ferry on time?", PASSAGES[:2])  # no earlier turn in the prompt
-    assert second.stats.prompt_tokens == len(want) and second.model_text == whole_words(
-        lc_tiny_generator.generate(want, max_new_tokens=8).text
-    )
-    assert second.passages == PASSAGES[:2] and (second.earlier_passages, second.history_turns) == (0, 0)
-    # the prefix cache still reuses what the prompt shares with the turn before: everything up to the question
-    before = qa_prompt_ids(tok, "When does the ferry leave?", PASSAGES[:2])
-    shared = next(i for i, (a, b) in enumerate(zip(before, want)) if a != b)
-    assert second.stats.cached_prompt_tokens == shared > len(want) // 2
-    assert chat.turns[-1].question == "Is it on time?"  # the conversation keeps the user's words
-    assert make_qa(retriever, lc_tiny_generator).follow_up_prompt == FOLLOW_UP_PROMPTS[0] == "conversation"  # the default
 
 
 def test_rewrite_asks_the_model_for_a_standalone_query(retriever, lc_tiny_generator) -> None:
@@ -155,7 +135,7 @@ def test_rewrite_asks_the_model_for_a_standalone_query(retriever, lc_tiny_genera
 
 
 def test_conversation_keeps_its_turns_and_each_turn_hits_the_cache(retriever, lc_tiny_generator) -> None:
-    qa = make_qa(retriever, lc_tiny_generator, follow_up_prompt="conversation")
+    qa = make_qa(retriever, lc_tiny_generator)
     chat = qa.conversation()
     a = chat.ask("When does the ferry leave?")
     with chat.stream("Who runs the bakery?") as stream:  # closed early: not recorded
@@ -172,7 +152,7 @@ def test_conversation_keeps_its_turns_and_each_turn_hits_the_cache(retriever, lc
 
 
 def test_oldest_turns_are_dropped_to_fit_the_budget(retriever, lc_tiny_generator) -> None:
-    qa = make_qa(retriever, lc_tiny_generator, follow_up="question", follow_up_prompt="conversation")
+    qa = make_qa(retriever, lc_tiny_generator, follow_up="question")
     long = "word " * 120
     history = [Turn(f"question {i}?", long) for i in range(4)]
     with pytest.warns(ContextBudgetWarning, match="oldest turn"):

@@ -1,11 +1,11 @@
 """A follow-up question made standalone by rules: "How many people died in it?" after "When did the
 great flood hit Marrowford?" becomes "How many people died in the great flood?".
 
-The small default model answers a question it can read on its own about as well as a first question,
-and a follow-up that leans on the conversation much worse; its own rewrite (``follow_up="rewrite"``)
-costs a generation and often answers instead of rewriting. These rules cost nothing and never
-invent: they only put the earlier question's subject where the follow-up says *it*, *its*, *they*,
-*them*, *their* or *there*.
+``support_answers.py --layout rules`` asks follow-ups rewritten so (issue 37: does the small default model
+answer a follow-up it can read on its own better than one that leans on the conversation? Measured: no,
+see docs/conversations.md). The model's own rewrite (``DocumentQA(follow_up="rewrite")``) costs a generation
+and often answers instead of rewriting; these rules cost nothing and never invent: they only put the
+earlier question's subject where the follow-up says *it*, *its*, *they*, *them*, *their* or *there*.
 
 The subject (``question_subject``) is read off an English question's shape: the words after the
 wh-phrase and its auxiliary ("When did | the great flood | hit Marrowford?", "How long is | the trial

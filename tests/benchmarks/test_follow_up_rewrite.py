@@ -1,10 +1,10 @@
-"""``ragspec.rewrite``: follow-ups made standalone by rules, checked on written-out examples."""
+"""``benchmarks/follow_up_rewrite.py``: follow-ups made standalone by rules, checked on written-out examples."""
 
 from __future__ import annotations
 
 import pytest
 
-from ragspec.rewrite import PRONOUNS, question_subject, standalone_question
+from benchmarks.follow_up_rewrite import PRONOUNS, question_subject, standalone_question
 
 SUBJECTS = [
     ("When did the great flood hit Marrowford?", "the great flood"),
