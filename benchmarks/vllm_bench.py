@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def per_step_by_source(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float] | None:
-    """Drafted tokens kept per engine step by source, between two of the hybrid's statistics."""
+    """Drafted tokens kept per engine step by source, between two of the hybrid's statistics, and
+    the draft model's forwards and the tokens they took in (``model_forwards``, ``model_tokens``)."""
     if after is None or "accepted_by_source" not in after:
         return None
     was = before or {"steps": 0, "accepted_by_source": {}}
@@ -394,7 +395,9 @@ def per_step_by_source(before: dict[str, Any] | None, after: dict[str, Any] | No
     if steps <= 0:
         return None
     kept = {s: n - was["accepted_by_source"].get(s, 0) for s, n in after["accepted_by_source"].items()}
-    return {**{s: n / steps for s, n in kept.items()}, "steps": float(steps)}
+    # What the draft model cost in the cell, as counts: its forwards and the tokens they took in.
+    model = {k: float(after[k] - was.get(k, 0)) for k in ("model_forwards", "model_tokens") if k in after}
+    return {**{s: n / steps for s, n in kept.items()}, "steps": float(steps), **model}
 
 
 def mark_identical(cells: list[Cell], outputs: dict[str, dict[str, list[list[int]]]]) -> None:
@@ -457,22 +460,33 @@ def own_cell(generator: Any, prompts: list[list[int]], max_tokens: int, new_guar
 
 
 def format_table(cells: list[Cell]) -> str:
-    """Decode tok/s is all decoded tokens over all decode time; the mean of the per-request rates beside it."""
+    """Decode tok/s is all decoded tokens over all decode time; the mean of the per-request rates beside it;
+    each method's decode tok/s also over vLLM's without speculation and over ragspec's proposer alone in
+    the same cell (the hybrid's target is the latter's ratio, per cell)."""
     base = {(c.workload, c.clients): c for c in cells if c.method == "vllm"}
-    lines = ["| method | workload | clients | decode tok/s | vs vLLM | mean per request | vs vLLM | throughput tok/s | "
-             "TTFT s | drafted | accepted | ended by EOS / repeat | identical | kept per step: n-gram / model |",
-             "|---" * 14 + "|"]
+    proposer = {(c.workload, c.clients): c for c in cells if c.method == "vllm_ragspec"}
+    lines = ["| method | workload | clients | decode tok/s | vs vLLM | vs ragspec's proposer | mean per request | vs vLLM | "
+             "throughput tok/s | TTFT s | drafted | accepted | ended by EOS / repeat | identical | "
+             "kept per step: n-gram / model (model forwards, tokens) |",
+             "|---" * 15 + "|"]
 
     def sources(by_source: dict[str, float] | None) -> str:
-        return "" if not by_source else f"{by_source.get('ngram', 0.0):.2f} / {by_source.get('model', 0.0):.2f}"
+        if not by_source:
+            return ""
+        kept = f"{by_source.get('ngram', 0.0):.2f} / {by_source.get('model', 0.0):.2f}"
+        if "model_forwards" not in by_source:
+            return kept
+        return f"{kept} ({by_source['model_forwards']:.0f}, {by_source.get('model_tokens', 0.0):.0f})"
 
     def ratio(mine: float, theirs: float | None) -> str:
         return f"{mine / theirs:.2f}x" if theirs else ""
     for c in cells:
         b = base.get((c.workload, c.clients))
+        own = proposer.get((c.workload, c.clients))
         lines.append(
             f"| {c.method} | {c.workload} | {c.clients} | {c.decode_tokens_per_s:.2f} | "
-            f"{ratio(c.decode_tokens_per_s, b and b.decode_tokens_per_s)} | {c.mean_request_tokens_per_s:.2f} | "
+            f"{ratio(c.decode_tokens_per_s, b and b.decode_tokens_per_s)} | "
+            f"{ratio(c.decode_tokens_per_s, own and own.decode_tokens_per_s)} | {c.mean_request_tokens_per_s:.2f} | "
             f"{ratio(c.mean_request_tokens_per_s, b and b.mean_request_tokens_per_s)} | "
             f"{c.throughput_tokens_per_s:.2f} | {c.ttft_s:.2f} | {c.drafted} | "
             f"{c.accepted} | {c.ended_by_eos}+{c.ended_by_repeat}/{c.requests} | {'' if c.identical is None else f'{c.identical}/{c.requests}'} | "

@@ -132,3 +132,11 @@ def test_the_hybrids_tokens_per_step_by_source_and_its_methods_beside_vllms_draf
     cell = summarize("vllm_hybrid", "rag", 1, [Request(0, [1, 2, 3], 0.1, 1.0)], 1.0, 4, 3)
     cell.by_source = {"ngram": 1.25, "model": 0.5, "steps": 8.0}
     assert "| 1.25 / 0.50 |" in vllm_bench.format_table([cell])
+    # The draft model's forwards and tokens in the cell, and the hybrid over the proposer alone per cell.
+    after = {**after, "model_forwards": 7, "model_tokens": 900}
+    assert vllm_bench.per_step_by_source({**before, "model_forwards": 2, "model_tokens": 100}, after) == {
+        "ngram": 1.0, "model": 0.5, "steps": 20.0, "model_forwards": 5.0, "model_tokens": 800.0}
+    cell.by_source = vllm_bench.per_step_by_source(before, after)
+    alone = summarize("vllm_ragspec", "rag", 1, [Request(0, [1, 2, 3], 0.1, 0.8)], 1.0, 4, 3)  # 2.5 tok/s
+    row = next(line for line in vllm_bench.format_table([alone, cell]).splitlines() if "| vllm_hybrid |" in line)
+    assert "| 2.00 |  | 0.80x |" in row and "(7, 900) |" in row

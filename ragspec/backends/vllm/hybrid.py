@@ -7,7 +7,10 @@ module decides, with no vLLM import (tested on fake batches):
 1. ``candidates``: ragspec's n-gram candidate of every row (``BatchDrafter``'s suffix automata
    over the prompt, where the passages are, the answer so far and earlier answers; its compiled
    kernel with planning off), and the step that just ran timed by its batch size and drafted
-   tokens (``StepCosts``, as ragspec's n-gram proposer times them).
+   tokens (``StepCosts``, as ragspec's n-gram proposer times them). Where the model can draft for
+   no row (every request's draft cache has holes, ``_holes``: the model was left), the kernel plans
+   too, exactly as ragspec's proposer alone does, and steps 2 and 3 only hand its drafts on: a step
+   then costs what the proposer's does, in the host's work as in the device's.
 2. ``plan``: ``ragspec.engine.planning.plan_sources``, the one choice rule: per row the n-gram
    draft or the model's (whichever whole draft yields more; acceptance by source and match length,
    learnt online), every row's length, and how many draft-model steps the batch runs, each costed
@@ -18,6 +21,9 @@ module decides, with no vLLM import (tested on fake batches):
    usable: for ``MODEL_IDLE_STEPS`` steps after its drafts last earned tokens, and while an exploration
    waits for a row (``_decide_catch_up``); otherwise the model does not run at all, so such a step
    costs what ragspec's n-gram proposer's does. The n-gram drafts never depend on the model's state.
+   A model never chosen is tried (``_explore``: two tokens on rows that draft nothing, a new
+   request's prompt entering its cache for it) ever more rarely: 64, 128, 256, ... steps apart
+   (``EXPLORE_BACKOFF``) while the plan never follows a try, back to 64 once it does.
 3. ``compose``: the drafts vLLM verifies, from the n-gram candidates and the model's tokens;
    each row's choice is remembered so that the next step's kernel records its acceptance under
    its source (``planning.MODEL`` for the model's).
@@ -33,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from ragspec.backends.vllm.proposer import BatchDrafter
+from ragspec.backends.vllm.proposer import BatchDrafter, draft_lists
 from ragspec.engine.ngram_batch import CAP, LAST_BUCKET, LAST_GROUP, LAST_K, NONE, OUTPUT_SOURCE
-from ragspec.engine.planning import MAX_BUCKET, MODEL, OUTPUT, REFERENCE, CostCurve, plan_sources, rates
+from ragspec.engine.planning import MAX_BUCKET, MAX_Q, MODEL, OUTPUT, REFERENCE, CostCurve, plan_sources, rates
 
 EXPLORE_TOKENS = 2
 """Draft-model tokens a row tries when the model is explored (two: its first and later acceptance)."""
@@ -43,7 +49,11 @@ MODEL_IDLE_STEPS = 8
 """Steps the draft model keeps catching up after its drafts last earned tokens (``_decide_catch_up``)."""
 EXPLORE_WAIT_STEPS = 2
 """Steps an exploration due waits, the model running, for a new request to draft nothing (then it
-is tried on it); after that the next try is ``policy.explore_every`` steps away."""
+is tried on it); after that the next try is the backed-off interval away (``EXPLORE_BACKOFF``)."""
+EXPLORE_BACKOFF = 32
+"""Each try of the model that the plan does not follow (its drafts were never chosen before the next
+try fell due) doubles the steps to the next one, from ``policy.explore_every`` up to this many times
+it: 64, 128, 256, ... 2048 steps by default. A step whose plan chooses the model resets it."""
 MODEL_PRIOR_SLOPE = 0.5
 """Prior cost of one draft-model forward in plain steps of the batch, until timed."""
 
@@ -63,7 +73,7 @@ class HybridDrafter(BatchDrafter):
         self.model_seconds = CostCurve(MODEL_PRIOR_SLOPE, self.costs.smoothing, monotone=True)
         self.from_model = np.zeros(0, np.int64)
         self.ks = np.zeros(0, np.int64)
-        self.caps = np.zeros(0, np.int64)  # each row's longest draft this step (0: none)
+        self.caps = np.zeros(0, np.int64)  # each row's longest draft this step (0: none; set where the model may draft)
         self.model_caps = np.zeros(0, np.int64)  # the same for the model's drafts (0: its cache has holes)
         self.drafted_by_source = {"ngram": 0, "model": 0}
         self.accepted_by_source = {"ngram": 0, "model": 0}
@@ -72,14 +82,20 @@ class HybridDrafter(BatchDrafter):
         self.model_steps_run = 0
         self.model_forwards = 0  # steps on which the draft model ran (catch-up, maybe drafting)
         self.idle_model_forwards = 0  # of those, steps on which no row took the model's draft
+        self.model_tokens = 0  # tokens the model's forwards took in (prompts, catch-ups, its drafting steps)
+        self.explorations = 0  # tries of the model (``_explore``), and tries that found no row to try it on
         self.skipped_catch_ups = 0
         self.catch_up = True
+        self.explore_interval = self.policy.explore_every  # steps from one try of the model to the next
+        self._no_caps = np.zeros(0, np.int64)
         self._rows = 0
+        self._ngram_only = False  # no row may take the model's draft: the kernel planned, as the proposer's
         self._decode_only = False  # every row of this step sampled: its model timing is a decode step's
         self._last_source = "none"
         self._since_model = self.policy.explore_every  # the first chance measures the model
         self._idle = MODEL_IDLE_STEPS  # steps since the model's drafts last earned tokens
         self._earned = False  # some row kept model tokens in the step that just ran
+        self._model_unverified = False  # some request's last draft was the model's, not yet counted
         self._waited = 0  # steps an exploration has waited for a row to try the model on
         self._holes: set[str] = set()  # requests in the batch whose draft-model KV cache has holes
 
@@ -93,7 +109,9 @@ class HybridDrafter(BatchDrafter):
     ) -> None:
         """Index the tokens each row sampled and find its n-gram candidate (``index.cand``,
         ``index.drafts``); rows that may draft get ``caps`` > 0, and ``model_caps`` > 0 where the
-        draft model's cache is whole."""
+        draft model's cache is whole. Where no row's is (the model left, its requests holed), the
+        kernel also plans, as ragspec's proposer alone does, and ``plan`` has nothing left to do:
+        a step costs what the proposer's does."""
         last_ids, last_time = self._last_ids, self._last_time
         began = self.requests_seen + self.undrafted_seen
         ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
@@ -101,48 +119,80 @@ class HybridDrafter(BatchDrafter):
         if all_sampled and ids == last_ids and last_time is not None:  # ``_begin_step`` timed the last step
             self.timed_steps[self._last_source] += 1
         rows = len(ids)
-        self._earned = self._count_accepted(n_new)
+        if self._holes:
+            self._holes.intersection_update(ids)
+        self._ngram_only = self._holes.issuperset(ids)
+        by_row = self._model_unverified  # else every token this step kept was an n-gram draft's
+        self._earned = self._count_accepted(n_new) if by_row else False
+        curve = self.costs.plannable(rows) if self._ngram_only else None
         _, accepted, restarted = self.index.step(
-            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay)
+            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
+            curve, self.policy.margin)
         self.accepted += accepted
+        if not by_row:
+            self.accepted_by_source["ngram"] += accepted
         self.requests_seen += restarted
         self.steps += 1
+        self._rows = rows
+        self._decode_only = all_sampled and not self._pending and not admitted and not restarted
+        self._last_ids = ids if all_sampled else None
+        if self._ngram_only:  # the model may take no row: no caps for it (the kernel capped the n-gram drafts)
+            if len(self._no_caps) < rows:
+                self._no_caps = np.zeros(2 * rows, np.int64)
+            self.model_caps = self._no_caps[:rows]
+            return
         caps = np.zeros(rows, np.int64)
         live = (self._slots >= 0) & (n_new > 0) & (seeded == 0)
         if live.any():
             room = np.minimum(self.index.requests[self._slots[live], CAP], self.max_model_len - num_tokens[live] - 1)
             caps[live] = np.clip(room, 0, self.max_draft)
-        self._holes.intersection_update(ids)
         model_caps = caps.copy()
         if self._holes:
             model_caps[[r for r, rid in enumerate(ids) if rid in self._holes]] = 0
         self.caps, self.model_caps = caps, model_caps
-        self._rows = rows
-        self._decode_only = all_sampled and not self._pending and not admitted and not restarted
-        self._last_ids = ids if all_sampled else None
 
     def _count_accepted(self, n_new: np.ndarray) -> bool:
         """Per source, the drafted tokens this step kept (the kernel records them into the policy's
-        statistics; this only counts them for ``stats``). Returns whether some row kept model tokens."""
+        statistics; this only counts them for ``stats``), while some request's last draft was the
+        model's (else every kept token is an n-gram draft's: ``candidates`` counts them at once).
+        Returns whether some row kept model tokens."""
         live = np.flatnonzero(self._slots >= 0)
         if not len(live):
             return False
         req = self.index.requests[self._slots[live]]
-        earned = False
+        earned = unverified = False
         for r, k, group in zip(live.tolist(), req[:, LAST_K].tolist(), req[:, LAST_GROUP].tolist()):
-            if k > 0 and n_new[r] > 0:
-                kept = min(int(n_new[r]) - 1, k)
-                if group == MODEL:
-                    self.accepted_by_source["model"] += kept
-                    earned = earned or kept > 0
-                else:
-                    self.accepted_by_source["ngram"] += kept
+            if k <= 0:
+                continue
+            if n_new[r] <= 0:  # not verified yet (its row did not sample this step)
+                unverified = unverified or group == MODEL
+                continue
+            kept = min(int(n_new[r]) - 1, k)
+            if group == MODEL:
+                self.accepted_by_source["model"] += kept
+                earned = earned or kept > 0
+            else:
+                self.accepted_by_source["ngram"] += kept
+        self._model_unverified = unverified
         return earned
 
     def plan(self) -> int:
         """Every row's source and length (``ks``, ``from_model``); returns the draft-model steps to
         run, and sets ``catch_up`` (whether the model runs at all this step)."""
         rows = self._rows
+        self._idle = 0 if self._earned else self._idle + 1
+        if self._ngram_only:  # the kernel planned (``candidates``); the model can draft for no row
+            self.ks, self.from_model = self.index.ks[:rows], np.zeros(rows, np.int64)
+            self._since_model += 1
+            self._last_drafted = int(self.ks.sum())
+            if self._waited:  # the model ran for a request to try it on, which left untried: a try
+                self._backoff()
+                self._waited = 0
+            self.catch_up = False
+            self.skipped_catch_ups += 1
+            self._last_source = "ngram" if self._last_drafted else "none"
+            self.plans[self._last_source] += 1
+            return 0
         cand = self.index.cand[:rows]
         self.ks, self.from_model = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         curve = self.costs.plannable(rows)
@@ -152,9 +202,8 @@ class HybridDrafter(BatchDrafter):
             lengths = np.where(cand[:, 0] != NONE, np.minimum(cand[:, 2], self.caps), 0)
             groups = np.where(cand[:, 0] == OUTPUT_SOURCE, OUTPUT, REFERENCE)
             buckets = np.minimum(cand[:, 1], MAX_BUCKET)
-            p1, q = np.empty(rows), np.empty(rows)
-            for r in range(rows):
-                p1[r], q[r] = rates(counts, groups[r], buckets[r])
+            p1 = counts[0, groups, buckets] / counts[1, groups, buckets]
+            q = np.minimum(counts[2, groups, buckets] / counts[3, groups, buckets], MAX_Q)
             model_p1, model_q = rates(counts, MODEL, 0)
             longest = int(self.model_caps.max(initial=0))
             cost = curve.table(int(lengths.sum()) + rows * longest + 1)
@@ -163,9 +212,9 @@ class HybridDrafter(BatchDrafter):
                 self.model_caps, cost, self.model_steps_cost(rows, longest), self.policy.margin, self.ks,
                 self.from_model,
             )  # fmt: skip
-        self._idle = 0 if self._earned else self._idle + 1
-        if steps > 0:
+        if steps > 0:  # the plan chose the model: it pays, so it is tried again soon once left
             self._since_model = 0
+            self.explore_interval = self.policy.explore_every
         else:
             steps = self._explore()
         self._last_drafted = int(self.ks.sum())
@@ -182,35 +231,43 @@ class HybridDrafter(BatchDrafter):
         its drafts last earned tokens (some were kept), or while an exploration is due (new
         requests enter its cache, to be tried on; ``EXPLORE_WAIT_STEPS``). Otherwise the model does not run, and
         every request in the batch loses it for good (``_holes``: its cache misses this step's
-        tokens); later requests start whole. A step with rows whose caches are all holed never
-        runs it (it could draft for none of them)."""
-        whole = any(rid not in self._holes for rid in self._ids)
-        due = self._since_model >= self.policy.explore_every
+        tokens); later requests start whole. A step whose rows are all holed never runs it (it
+        could draft for none of them; ``plan`` does not come here)."""
+        due = self._since_model >= self.explore_interval
         if steps:
             self._waited = 0
-        elif due and whole:  # the model runs for a row to try it on
+        elif due:  # the model runs for a row to try it on (``candidates``: some row is whole)
             self._waited += 1
-            if self._waited > EXPLORE_WAIT_STEPS:  # none came that drafts nothing: try again later
-                self._since_model, self._waited, due = 0, 0, False
-        self.catch_up = steps > 0 or (whole and (self._idle < MODEL_IDLE_STEPS or due))
+            if self._waited > EXPLORE_WAIT_STEPS:  # none came that drafts nothing: a try, backed off
+                self._backoff()
+                self._waited, due = 0, False
+        self.catch_up = steps > 0 or self._idle < MODEL_IDLE_STEPS or due
         if not self.catch_up:
             self._holes.update(self._ids)  # the step's tokens never reach the model's cache
             self.skipped_catch_ups += 1
 
     def _explore(self) -> int:
-        """Every ``policy.explore_every`` steps without the model, rows that draft nothing and whose
-        model cache is whole try ``EXPLORE_TOKENS`` of its tokens: its cost and acceptance may have
-        changed (or were never measured: until then its priors decide)."""
+        """Once the steps without the model reach ``explore_interval``, rows that draft nothing and
+        whose model cache is whole try ``EXPLORE_TOKENS`` of its tokens: its cost and acceptance
+        may have changed (or were never measured: until then its priors decide)."""
         self._since_model += 1
-        if self._since_model < self.policy.explore_every:
+        if self._since_model < self.explore_interval:
             return 0
         idle = (self.model_caps > 0) & (self.ks == 0)
         if not idle.any():
             return 0
-        self._since_model = 0
+        self._backoff()
         self.ks[idle] = np.minimum(self.model_caps[idle], EXPLORE_TOKENS)
         self.from_model[idle] = 1
         return int(self.ks[idle].max())
+
+    def _backoff(self) -> None:
+        """A try of the model: the next is ``explore_interval`` steps away, twice as far as this one
+        (up to ``EXPLORE_BACKOFF`` times ``policy.explore_every``) unless the plan chooses the model
+        in between (``plan`` resets it)."""
+        self.explorations += 1
+        self._since_model = 0
+        self.explore_interval = min(2 * self.explore_interval, EXPLORE_BACKOFF * self.policy.explore_every)
 
     def model_steps_cost(self, rows: int, longest: int) -> np.ndarray:
         """``[j]``: the draft model's work for ``j`` steps, ``j`` forwards (its first forward, over the
@@ -230,10 +287,20 @@ class HybridDrafter(BatchDrafter):
     def compose(self, model_tokens: Sequence[Sequence[int]]) -> list[list[int]]:
         """The drafts of the planned rows: n-gram tokens, or the model's (``model_tokens[row]``)."""
         rows = self._rows
-        drafts: list[list[int]] = [[] for _ in range(rows)]
         if not self._last_drafted:
-            self._last_time = self.clock()
-            return drafts
+            drafts: list[list[int]] = [[] for _ in range(rows)]
+        elif self._ngram_only:  # the kernel planned and noted each draft's source
+            drafts = draft_lists(self.index.drafts[:rows], self.ks)
+            self.drafted_by_source["ngram"] += self._last_drafted
+        else:
+            drafts = self._compose_sources(model_tokens)
+        self.drafted += self._last_drafted
+        self._last_time = self.clock()
+        return drafts
+
+    def _compose_sources(self, model_tokens: Sequence[Sequence[int]]) -> list[list[int]]:
+        rows = self._rows
+        drafts: list[list[int]] = [[] for _ in range(rows)]
         ngram = self.index.drafts[:rows]
         requests = self.index.requests
         cand = self.index.cand
@@ -244,25 +311,26 @@ class HybridDrafter(BatchDrafter):
                 drafts[r] = list(model_tokens[r][:k])
                 req[LAST_GROUP], req[LAST_BUCKET] = MODEL, 0
                 self.drafted_by_source["model"] += k
+                self._model_unverified = True
             else:
                 drafts[r] = ngram[r, :k].tolist()
                 req[LAST_GROUP] = OUTPUT if cand[r, 0] == OUTPUT_SOURCE else REFERENCE
                 req[LAST_BUCKET] = min(int(cand[r, 1]), MAX_BUCKET)
                 self.drafted_by_source["ngram"] += k
             req[LAST_K] = len(drafts[r])
-        self.drafted += self._last_drafted
-        self._last_time = self.clock()
         return drafts
 
-    def record_model(self, steps: int, seconds: float) -> None:
+    def record_model(self, steps: int, seconds: float, tokens: int = 0) -> None:
         """The draft model ran this step (``catch_up``): ``steps`` draft steps (0: catch-up only) in
-        ``seconds``, timed into ``model_seconds`` when every row was decoding (a prompt's
-        catch-up is a prefill, not a step's)."""
+        ``seconds``, its first forward over ``tokens`` tokens (the step's: prompts, catch-ups); timed
+        into ``model_seconds`` when every row was decoding (a prompt's catch-up is a prefill, not a
+        step's)."""
         if self._decode_only:
             self.model_seconds.record(steps, seconds)
         self.model_steps_run += steps
         self.model_forwards += 1
         self.idle_model_forwards += steps == 0
+        self.model_tokens += tokens + self._rows * max(steps - 1, 0)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -272,6 +340,9 @@ class HybridDrafter(BatchDrafter):
         out["model_steps"] = self.model_steps_run
         out["model_forwards"] = self.model_forwards
         out["idle_model_forwards"] = self.idle_model_forwards
+        out["model_tokens"] = self.model_tokens
+        out["explorations"] = self.explorations
+        out["explore_interval"] = self.explore_interval
         out["skipped_catch_ups"] = self.skipped_catch_ups
         out["plans"] = dict(self.plans)
         out["timed_steps"] = dict(self.timed_steps)

@@ -104,7 +104,8 @@ class HybridProposer(DraftModelProposer):
                 model_tokens = tokens.tolist()  # waits for the device
             elif tokens.device.type == "cuda":  # the catch-up alone: its time is the model's, not the next step's
                 torch.cuda.synchronize(tokens.device)
-            self.hybrid.record_model(steps, time.perf_counter() - began)
+            target = kwargs.get("target_token_ids", args[0] if args else None)
+            self.hybrid.record_model(steps, time.perf_counter() - began, 0 if target is None else int(target.shape[0]))
         return self.hybrid.compose(model_tokens)
 
     def _step_tokens(self, rows: int) -> tuple[list[list[int]], bool]:
@@ -123,11 +124,13 @@ class HybridProposer(DraftModelProposer):
                 for row, gone in zip(tensor[:rows].tolist(), discarded)], False
 
     def _with_sampled(self, token_ids: Any, num_tokens: Any, sampled: list[list[int]], rows: int) -> Any:
-        """The runner's token array for the first ``rows`` rows with this step's tokens appended (a copy)."""
+        """The runner's token array for the first ``rows`` rows with this step's tokens appended (a
+        copy of the columns the rows use, not of the model's whole length)."""
         if self._scratch.shape[0] < rows or self._scratch.shape[1] != token_ids.shape[1]:
             self._scratch = token_ids[: max(rows, 1)].copy()
         scratch = self._scratch
-        scratch[:rows] = token_ids[:rows]
+        width = int(num_tokens.max(initial=0)) if rows else 0
+        scratch[:rows, :width] = token_ids[:rows, :width]
         for r, new in enumerate(sampled):
             if new:
                 n = int(num_tokens[r])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -263,3 +264,125 @@ def test_the_step_costs_the_policy_plans_with_hold_no_draft_model_work() -> None
         assert seconds == pytest.approx(TARGET_STEP_S + DRAFTED_TOKEN_S * drafted), (drafted, stats)
     # The model is charged its whole forward work, its first forward included: a forward per step.
     assert hybrid.model_steps_cost(1, 2).tolist() == pytest.approx([0.0, 0.1, 0.2])
+
+
+# -- many requests, 1 to 8 at once, with a draft model whose every token is rejected ----------
+
+
+def _open_answer(seed: int) -> tuple[list[int], list[int]]:
+    """A short prompt and an answer of its own words: nothing to copy (the open workload)."""
+    rng = np.random.default_rng(seed + 1000)
+    return rng.integers(1000, 5000, 30).tolist(), rng.integers(6000, 30000, 120).tolist()
+
+
+_REQUEST_IDS = itertools.count()
+
+
+def _serve(drafter, work: list[tuple[list[int], list[int]]], clients: int, right: bool = False) -> dict[str, int]:
+    """The target answers each (prompt, answer) of ``work`` greedily, ``clients`` requests at once,
+    verifying each step's drafts; a hybrid's model drafts token 1 (always rejected), or each row's
+    next tokens if ``right``. Counts what the draft model took in: ``model_tokens`` (the tokens of
+    its first forwards, as vLLM's padded batch feeds it: a new request's prompt, a decoding row's
+    verified tokens), ``prefilled`` of those (prompts) and ``prompts`` prefilled."""
+    clock = drafter.clock
+    todo = list(work)
+    live: dict[str, list] = {}  # id -> [context, position in the answer, new tokens, answer, last draft's length]
+    counts = {"steps": 0, "model_tokens": 0, "prefilled": 0, "prompts": 0, "exploring_steps": []}
+    while todo or live:
+        while todo and len(live) < clients:
+            prompt, answer = todo.pop(0)
+            live[f"r{next(_REQUEST_IDS)}"] = [[*prompt, answer[0]], 1, [answer[0]], answer, -1]
+        ids = list(live)
+        token_ids = np.zeros((len(ids), 1024), np.int32)
+        for r, rid in enumerate(ids):
+            token_ids[r, : len(live[rid][0])] = live[rid][0]
+        lengths = np.array([len(live[rid][0]) for rid in ids])
+        new = [live[rid][2] for rid in ids]
+        if isinstance(drafter, HybridDrafter):
+            before = drafter.explorations
+            drafter.candidates(ids, new, lengths, token_ids)
+            steps = drafter.plan()
+            model: list[list[int]] = []
+            if drafter.catch_up:
+                prompts = [len(live[rid][0]) - 1 for rid in ids if live[rid][4] < 0]
+                tokens = sum(prompts) + sum(1 + live[rid][4] for rid in ids if live[rid][4] >= 0)
+                counts["model_tokens"] += tokens + len(ids) * max(steps - 1, 0)
+                counts["prefilled"] += sum(prompts)
+                counts["prompts"] += len(prompts)
+                clock.t += MODEL_FORWARD_S * max(steps, 1)
+                drafter.record_model(steps, MODEL_FORWARD_S * max(steps, 1), tokens)
+                model = [live[rid][3][live[rid][1] : live[rid][1] + steps] if right else [1] * steps for rid in ids]
+            if drafter.explorations > before:
+                counts["exploring_steps"].append(counts["steps"])
+            drafts = drafter.compose(model)
+        else:
+            drafts = drafter.step(ids, new, lengths, token_ids)
+        counts["steps"] += 1
+        clock.t += TARGET_STEP_S + DRAFTED_TOKEN_S * sum(map(len, drafts))
+        for rid, draft in zip(ids, drafts):
+            context, pos, _, answer, _ = state = live[rid]
+            kept = 0
+            while kept < len(draft) and pos + kept < len(answer) and draft[kept] == answer[pos + kept]:
+                kept += 1
+            state[0], state[1], state[2], state[4] = context + answer[pos : pos + kept + 1], pos + kept + 1, answer[
+                pos : pos + kept + 1], len(draft)
+            if state[1] >= len(answer):
+                del live[rid]
+    return counts
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("clients", [1, 4, 8])
+@pytest.mark.parametrize("workload", [_rag_answer, _open_answer])
+def test_a_model_that_never_pays_prefills_few_prompts_and_tries_ever_more_rarely(workload, clients) -> None:
+    work = [workload(seed) for seed in range(24)]
+    hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
+    counts = _serve(hybrid, work, clients)
+    stats = hybrid.stats()
+    steps = counts["steps"]
+    # Tries back off: 64, 128, 256, ... steps apart (the model's drafts never chosen in between), so
+    # over S steps at most 2 + log2(S / 64) tries, each prefilling the prompts that begin on its steps.
+    tries = 2 + max(0.0, np.log2(steps / hybrid.policy.explore_every))
+    assert stats["explorations"] <= tries, (counts, stats)
+    gaps = np.diff(counts["exploring_steps"])
+    assert (gaps >= hybrid.policy.explore_every * 2 ** np.arange(1, len(gaps) + 1)).all(), counts
+    prompt = len(work[0][0])
+    assert counts["prompts"] <= tries * clients and counts["prefilled"] <= tries * clients * prompt, counts
+    # Besides prompts the model took in little: its forwards are on exploring steps and a wait or two.
+    assert stats["model_forwards"] <= 3 * tries and stats["idle_model_forwards"] <= 2 * tries, stats
+    assert counts["model_tokens"] - counts["prefilled"] <= 4 * tries * clients * 9, counts
+    assert stats["drafted_by_source"]["model"] <= EXPLORE_TOKENS * clients * tries
+
+
+def test_the_tries_back_off_while_the_plan_never_follows_and_reset_when_it_does() -> None:
+    from ragspec.backends.vllm.hybrid import EXPLORE_BACKOFF
+
+    hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
+    base = hybrid.policy.explore_every
+    intervals = []
+    for seed in range(4):  # a request at a time, each new one whole: every try that falls due happens
+        _serve(hybrid, [_open_answer(seed)], 1)
+        intervals.append(hybrid.explore_interval)
+    assert hybrid.explorations >= 2 and hybrid.explore_interval == base * 2 ** hybrid.explorations
+    assert intervals == sorted(intervals)
+    for _ in range(10):
+        hybrid._backoff()
+    assert hybrid.explore_interval == EXPLORE_BACKOFF * base  # capped
+    # A model that is right and cheap is chosen by the plan once tried: the interval is back at its base.
+    hybrid._since_model = hybrid.explore_interval
+    counts = _serve(hybrid, [_open_answer(9)], 1, right=True)
+    assert hybrid.stats()["plans"]["model"] > 5 and hybrid.explore_interval == base, (counts, hybrid.stats())
+
+
+def test_once_the_model_is_left_the_hybrid_drafts_what_the_proposer_alone_drafts() -> None:
+    from ragspec.backends.vllm.proposer import BatchDrafter
+
+    work = [_rag_answer(seed) for seed in range(6)]
+    alone = BatchDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
+    hybrid = HybridDrafter(8, max_model_len=1024, clock=_Clock(), max_rows=8)
+    hybrid._since_model = 0  # never tried: the model can take no row after each request's first step
+    hybrid.explore_interval = 10**9
+    a, h = _serve(alone, work, 4), _serve(hybrid, work, 4)
+    assert h["steps"] == a["steps"] and hybrid.drafted == alone.drafted and hybrid.accepted == alone.accepted
+    assert hybrid.stats()["drafted_by_source"] == {"ngram": alone.drafted, "model": 0}
+    assert hybrid.stats()["accepted_by_source"] == {"ngram": alone.accepted, "model": 0}
