@@ -187,6 +187,25 @@ def report(paths: list[Path]) -> str:
     return ", ".join(f"{kind} {sum(hits)}/{len(hits)}" for kind, hits in right.items())
 
 
+def label_table(path: Path) -> str:
+    """A markdown table of the hand labels in ``path`` (``followup_labels.json``): per layout, its follow-ups
+    labelled right and partial, over the follow-ups labelled in every layout (so each row counts the same
+    turns), and the first turns of their conversations labelled right."""
+    labels = json.loads(path.read_text())["labels"]
+    layouts = list(dict.fromkeys(row["layout"] for row in labels))
+    verdict = {(row["layout"], row["id"]): row["verdict"] for row in labels}
+    follow = [i for i in dict.fromkeys(row["id"] for row in labels if row["turn"] > 1)
+              if all((layout, i) in verdict for layout in layouts)]  # fmt: skip
+    firsts = {f"{i.rsplit('-', 1)[0]}-1" for i in follow}
+    first = [verdict.get((layouts[0], i)) for i in sorted(firsts)]
+    lines = ["| layout | first turns right | follow-ups right | follow-ups partial | n (follow-ups) |", "|---|---|---|---|---|"]
+    for layout in layouts:
+        got = [verdict[(layout, i)] for i in follow]
+        lines.append(f"| `{layout}` | {first.count('right')}/{len(first)} | {got.count('right')}/{len(got)} | "
+                     f"{got.count('partial')}/{len(got)} | {len(got)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -197,9 +216,14 @@ def main() -> None:
     parser.add_argument("--first-turns", type=Path, default=None,
                         help="an --out file whose first-turn answers the follow-ups see (those first turns are not asked again)")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
+    parser.add_argument("--labels", type=Path, default=None, help="only print the table of hand labels in this file "
+                        "(benchmarks/data/followup_labels.json)")
     args = parser.parse_args()
     if args.report is not None:
         print(report(args.report))
+        return
+    if args.labels is not None:
+        print(label_table(args.labels))
         return
     if args.out is None:
         parser.error("--out is required")
