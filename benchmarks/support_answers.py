@@ -34,7 +34,7 @@ questions (``fresh_questions.json``) in ``fresh_answers.json``.
 - ``rules-conversation``: the rule rewrite asked in the ``conversation`` layout;
 - ``k2``: the ``conversation`` layout with k = 2 passages for follow-ups.
 
-``--first-turns FILE`` takes the first turns' answers from an earlier ``--out`` file (the first turn is the same
+``--first-turns FILE ...`` takes the first turns' answers from earlier ``--out`` files (the first turn is the same
 in every layout) instead of asking them again. The conversations of ``followup_conversations.json`` were
 written after the rules were frozen and before any answer to them was seen: the held-out part.
 
@@ -213,8 +213,8 @@ def main() -> None:
     parser.add_argument("--ids", default=None, help="only these conversations or single questions, comma-separated, in order")
     parser.add_argument("--layout", choices=LAYOUTS, default="conversation", help="how a follow-up is asked")
     parser.add_argument("--follow-ups-only", action="store_true", help="leave the first turns out (layout 'questions')")
-    parser.add_argument("--first-turns", type=Path, default=None,
-                        help="an --out file whose first-turn answers the follow-ups see (those first turns are not asked again)")
+    parser.add_argument("--first-turns", type=Path, nargs="+", default=None,
+                        help="--out files whose first-turn answers the follow-ups see (those first turns are not asked again)")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
     parser.add_argument("--labels", type=Path, default=None, help="only print the table of hand labels in this file "
                         "(benchmarks/data/followup_labels.json)")
@@ -230,7 +230,7 @@ def main() -> None:
     qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
                                unsupported="flag")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
-    first = ({r["id"]: r["text"] for r in json.loads(args.first_turns.read_text())["answers"] if r["turn"] == 1}
+    first = ({r["id"]: r["text"] for path in args.first_turns for r in json.loads(path.read_text())["answers"] if r["turn"] == 1}
              if args.first_turns else None)  # fmt: skip
     for conv_id, turns in workload(args.ids.split(",") if args.ids else None):
         skip_first = args.follow_ups_only or (first is not None and turns[0][0] in first)
