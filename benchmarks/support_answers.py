@@ -189,20 +189,20 @@ def report(paths: list[Path]) -> str:
 
 def label_table(path: Path) -> str:
     """A markdown table of the hand labels in ``path`` (``followup_labels.json``): per layout, its follow-ups
-    labelled right and partial, over the follow-ups labelled in every layout (so each row counts the same
-    turns), and the first turns of their conversations labelled right."""
+    labelled right and partial, the first layout's (the baseline's) on the same follow-ups, and the first
+    turns of their conversations labelled right (the first turn is asked alike in every layout)."""
     labels = json.loads(path.read_text())["labels"]
     layouts = list(dict.fromkeys(row["layout"] for row in labels))
     verdict = {(row["layout"], row["id"]): row["verdict"] for row in labels}
-    follow = [i for i in dict.fromkeys(row["id"] for row in labels if row["turn"] > 1)
-              if all((layout, i) in verdict for layout in layouts)]  # fmt: skip
-    firsts = {f"{i.rsplit('-', 1)[0]}-1" for i in follow}
-    first = [verdict.get((layouts[0], i)) for i in sorted(firsts)]
-    lines = ["| layout | first turns right | follow-ups right | follow-ups partial | n (follow-ups) |", "|---|---|---|---|---|"]
+    lines = ["| layout | follow-ups | right | partial | baseline on the same follow-ups: right | partial | "
+             "first turns of their conversations: right |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for layout in layouts:
+        follow = [i for (name, i) in verdict if name == layout and int(i.rsplit("-", 1)[1]) > 1 and (layouts[0], i) in verdict]
         got = [verdict[(layout, i)] for i in follow]
-        lines.append(f"| `{layout}` | {first.count('right')}/{len(first)} | {got.count('right')}/{len(got)} | "
-                     f"{got.count('partial')}/{len(got)} | {len(got)} |")  # fmt: skip
+        base = [verdict[(layouts[0], i)] for i in follow]
+        first = [verdict.get((layouts[0], f"{c}-1")) for c in sorted({i.rsplit("-", 1)[0] for i in follow})]
+        lines.append(f"| `{layout}` | {len(got)} | {got.count('right')} | {got.count('partial')} | {base.count('right')} | "
+                     f"{base.count('partial')} | {first.count('right')}/{len(first)} |")  # fmt: skip
     return "\n".join(lines)
 
 

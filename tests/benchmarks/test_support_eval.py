@@ -80,17 +80,17 @@ def test_support_answers_report_counts_gold_in_first_turns_and_follow_ups(tmp_pa
     assert support_answers.report([tmp_path / "a.json"]) == "first turns 1/1, follow-ups 1/2"
 
 
-def test_label_table_counts_each_layout_over_the_turns_labelled_in_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_label_table_counts_each_layout_beside_the_baseline_on_the_same_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from benchmarks import support_answers
 
-    rows = [("conversation", "a-1", 1, "right"), ("conversation", "a-2", 2, "right"), ("conversation", "a-3", 3, "partial"),
-            ("conversation", "b-1", 1, "wrong"), ("conversation", "b-2", 2, "wrong"),
-            ("rules", "a-2", 2, "wrong"), ("rules", "a-3", 3, "right"), ("rules", "b-2", 2, "right"),
-            ("rules", "c-2", 2, "right")]  # c-2: not labelled in every layout, so not counted  # fmt: skip
-    labels = [{"layout": layout, "id": i, "turn": turn, "verdict": v} for layout, i, turn, v in rows]
+    rows = [("conversation", "a-1", "right"), ("conversation", "a-2", "right"), ("conversation", "a-3", "partial"),
+            ("conversation", "b-1", "wrong"), ("conversation", "b-2", "wrong"),
+            ("rules", "a-2", "wrong"), ("rules", "a-3", "right"), ("rules", "b-2", "right"),
+            ("rules", "c-2", "right")]  # c-2: no baseline label, so not counted  # fmt: skip
+    labels = [{"layout": layout, "id": i, "verdict": v} for layout, i, v in rows]
     (tmp_path / "labels.json").write_text(json.dumps({"labels": labels}))
     assert support_answers.label_table(tmp_path / "labels.json").splitlines()[2:] == [
-        "| `conversation` | 1/2 | 1/3 | 1/3 | 3 |",
-        "| `rules` | 1/2 | 2/3 | 0/3 | 3 |",
+        "| `conversation` | 3 | 1 | 1 | 1 | 1 | 1/2 |",
+        "| `rules` | 3 | 2 | 0 | 1 | 1 | 1/2 |",
     ]
