@@ -94,3 +94,13 @@ def test_label_table_counts_each_layout_beside_the_baseline_on_the_same_turns(tm
         "| `conversation` | 3 | 1 | 1 | 1 | 1 | 1/2 |",
         "| `rules` | 3 | 2 | 0 | 1 | 1 | 1/2 |",
     ]
+
+
+def test_follow_up_labels_are_in_the_scheme_and_the_baseline_texts_are_the_stored_answers_cut() -> None:
+    labels = json.loads((REPO / "benchmarks/data/followup_labels.json").read_text())["labels"]
+    stored = {r["id"]: r["text"] for name in ("support_answers.json", "heldout_answers.json", "fresh_answers.json")
+              for r in json.loads((REPO / "benchmarks/data" / name).read_text())["answers"]}  # fmt: skip
+    assert {row["verdict"] for row in labels} <= {"right", "partial", "wrong", "no_answer"}
+    assert len({(row["layout"], row["id"]) for row in labels}) == len(labels)
+    baseline = [row for row in labels if row["layout"] == "conversation"]
+    assert len(baseline) >= 40 and all(stored[row["id"]].startswith(row["text"].rstrip()) for row in baseline)
