@@ -104,3 +104,13 @@ def test_follow_up_labels_are_in_the_scheme_and_the_baseline_texts_are_the_store
     assert len({(row["layout"], row["id"]) for row in labels}) == len(labels)
     baseline = [row for row in labels if row["layout"] == "conversation"]
     assert len(baseline) >= 40 and all(stored[row["id"]].startswith(row["text"].rstrip()) for row in baseline)
+
+
+@pytest.mark.timeout(300)
+def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path) -> None:
+    done = run_script("support_answers.py", "--labels", str(REPO / "benchmarks/data/followup_labels.json"), cwd=tmp_path,
+                      timeout=280)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
+    docs = (REPO / "docs/conversations.md").read_text()
+    assert len(rows) == 4 and all(row in docs for row in rows)  # the table in docs/conversations.md, as printed
