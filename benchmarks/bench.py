@@ -143,14 +143,15 @@ def family(method: str) -> str:
 
 
 # -- workload ---------------------------------------------------------------------------------
-def rag_prompts(lm: TargetModel, n: int, k: int = 3) -> list[Prompt]:
-    """The bundled questions with passages retrieved from the bundled corpus (hybrid, top ``k``)."""
+def rag_prompts(lm: TargetModel, n: int, k: int = 3, question_sets: Sequence[Path] = ()) -> list[Prompt]:
+    """The bundled questions (or those of ``question_sets``, see ``bundled_questions``) with passages
+    retrieved from the bundled corpus (hybrid, top ``k``)."""
     from ragspec.prompts import qa_prompt_ids
 
     prompts = []
-    for q, passages in retrieved_questions(n, k):
+    for q, passages in retrieved_questions(n, k, question_sets):
         ids = qa_prompt_ids(lm.tokenizer, q["question"], passages)  # the pipeline's own prompt
-        prompts.append(Prompt(ids, [p.page_content for p in passages], q["kind"]))
+        prompts.append(Prompt(ids, [p.page_content for p in passages], q.get("kind", "rag")))
     return prompts
 
 
@@ -328,6 +329,7 @@ def run_benchmark(
     device: str = "auto",
     dtype: str = "auto",
     questions: int = 30,
+    question_sets: Sequence[Path] = (),
     open_ended: int = 10,
     max_new_tokens: int = 96,
     oracle_k: int = 8,
@@ -341,7 +343,8 @@ def run_benchmark(
 
     ``backends`` picks the method families (``"torch"``, ``"llamacpp"``); llama.cpp runs only
     GGUF models, with ``llamacpp`` (a ``LlamaCppSettings``) or its defaults. Each answer is cut
-    where ``repetition_stop`` (tokens; 0: off) ends it (see the module's docstring).
+    where ``repetition_stop`` (tokens; 0: off) ends it (see the module's docstring). The RAG workload
+    is the first ``questions`` bundled questions, or of ``question_sets`` when given.
     """
     from ragspec.backends import is_gguf_name
     from ragspec.backends import llamacpp as llamacpp_backend
@@ -363,6 +366,7 @@ def run_benchmark(
     generators: list[SpeculativeGenerator] = []
     oracles: dict[str, tuple[OracleDrafter, str]] = {}  # oracle method -> its drafter and the plain run it replays
     report: dict[str, object] = {"max_new_tokens": max_new_tokens, "repetition_stop": repetition_stop,
+                                 "question_sets": [str(f) for f in question_sets],
                                  "workloads": {}, "endings": {}, "verify_cost": {}}
     if lm is not None:
         plain, ngram = SpeculativeGenerator(lm), SpeculativeGenerator(lm)
@@ -405,7 +409,7 @@ def run_benchmark(
     # Untimed, one per back end (their outputs differ): where each answer ends by itself.
     cutters = {fam: SpeculativeGenerator(t) for fam, t in (("torch", lm), ("llamacpp", cpp)) if t is not None}
     tokenizer_lm = lm if lm is not None else cpp
-    workloads = {"rag": rag_prompts(tokenizer_lm, questions)}
+    workloads = {"rag": rag_prompts(tokenizer_lm, questions, question_sets=question_sets)}
     if open_ended:
         workloads["open"] = open_prompts(tokenizer_lm, open_ended)
     warm = workloads["rag"][0]
@@ -582,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16-prompts (fp32 with "
                         "prompts in bf16 where the CPU has AMX or AVX512-BF16), float32, bfloat16, float16")
     parser.add_argument("--questions", type=int, default=30, help="bundled RAG questions to run (max 39)")
+    parser.add_argument("--question-set", action="append", type=Path, default=[], metavar="FILE",
+                        help="RAG questions from this JSON file (a 'questions' list of objects with a 'question') "
+                             "instead of the bundled ones, asked over the bundled corpus; repeatable, in order")
     parser.add_argument("--open-ended", type=int, default=10, help="open-ended prompts with nothing to copy (max 10)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--oracle-k", type=int, default=8, help="tokens the oracle drafter proposes per step")
@@ -614,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     report = run_benchmark(
         model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
-        questions=args.questions, open_ended=args.open_ended, max_new_tokens=args.max_new_tokens,
+        questions=args.questions, question_sets=args.question_set, open_ended=args.open_ended, max_new_tokens=args.max_new_tokens,
         oracle_k=args.oracle_k, structured=args.structured, repetition_stop=args.repetition_stop,
         backends=backends, llamacpp=settings,
     )

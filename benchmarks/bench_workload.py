@@ -42,9 +42,12 @@ DATA = Path(__file__).resolve().parents[1] / "retrievers" / "data"
 """The bundled questions (``questions.json``) and corpus (``corpus/``)."""
 
 
-def bundled_questions(n: int) -> list[dict[str, Any]]:
-    """The first ``n`` bundled questions (``question``, ``kind``, ...)."""
-    questions: list[dict[str, Any]] = json.loads((DATA / "questions.json").read_text())["questions"]
+def bundled_questions(n: int, question_sets: Sequence[Path] = ()) -> list[dict[str, Any]]:
+    """The first ``n`` bundled questions (``question``, ``kind``, ...), or the first ``n`` of the
+    ``question_sets`` (JSON files with a ``questions`` list of objects with a ``question``, in order)
+    when any is given."""
+    files = question_sets or [DATA / "questions.json"]
+    questions: list[dict[str, Any]] = [q for f in files for q in json.loads(Path(f).read_text())["questions"]]
     return questions[:n]
 
 
@@ -58,10 +61,10 @@ def bundled_retriever(k: int) -> HybridRetriever:
     return HybridRetriever(vectorstore=store, documents=chunks, k=k)
 
 
-def retrieved_questions(n: int, k: int) -> list[tuple[dict[str, Any], list[Document]]]:
-    """The first ``n`` bundled questions, each with its top ``k`` passages from the bundled corpus (hybrid)."""
+def retrieved_questions(n: int, k: int, question_sets: Sequence[Path] = ()) -> list[tuple[dict[str, Any], list[Document]]]:
+    """The first ``n`` questions (``bundled_questions``), each with its top ``k`` passages from the bundled corpus (hybrid)."""
     retriever = bundled_retriever(k)
-    return [(q, retriever.invoke(q["question"])) for q in bundled_questions(n)]
+    return [(q, retriever.invoke(q["question"])) for q in bundled_questions(n, question_sets)]
 
 
 class FirstTokenTimer(BaseStreamer):

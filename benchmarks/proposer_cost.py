@@ -57,7 +57,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ragspec.backends.vllm.proposer import BatchDrafter, StepCosts  # noqa: E402
+from ragspec.backends.vllm.proposer import BatchDrafter, StepBatch, StepCosts  # noqa: E402
 from ragspec.engine.policy import AdaptivePolicy  # noqa: E402
 
 CORPUS = ROOT / "retrievers" / "data" / "corpus"
@@ -233,7 +233,7 @@ def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray], clock: s
                 t0 = now()
                 if name == "ragspec":
                     counts[...] = prior
-                    out = ragspec.step(batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids)
+                    out = ragspec.step(StepBatch(batch.req_ids, batch.sampled, batch.num_tokens, batch.token_ids))
                 else:
                     out = ngram.propose(DRAFT_TOKENS, batch.sampled, batch.num_tokens, batch.token_ids)
                 elapsed = now() - t0

@@ -145,8 +145,15 @@ class Answer:
         return f"\n\n{self.note}" if self.generated_text is not None and self.note else ""
 
     def as_turn(self) -> Turn:
-        """This exchange as an earlier turn of the conversation (with the passages first shown with it)."""
-        return Turn(self.question, self.text, tuple(self.passages[self.earlier_passages :]))
+        """This exchange as an earlier turn of the conversation (with the passages first shown with it).
+
+        An answer that abstained (``generated_text`` is set) is a turn with no answer: the reader was shown
+        "I don't know", not the guess, and the next prompt should not hold either. The guess would mislead
+        the follow-up (this small model repeats its earlier answers, right or wrong), and the note is not
+        the model's voice (a model that sees it may say it again). The question and its
+        passages stay, so later passages keep their numbers and the follow-up keeps its context."""
+        return Turn(self.question, "" if self.generated_text is not None else self.text,
+                    tuple(self.passages[self.earlier_passages :]))  # fmt: skip
 
 
 class AnswerStream(Closing):

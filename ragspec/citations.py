@@ -192,7 +192,7 @@ def choose_citations(
         if kept:
             if not check_facts:
                 return kept, rule
-            if backed := _backing(text, passages, question, kept, drawn_from):
+            if backed := _backing(text, passages, question, kept, drawn_from, about):
                 drawn = [_drawn(text, passages[n - 1].page_content, question) for n in backed]
                 if facts.negations(text) and not any(map(facts.negations, drawn)):
                     return [], "negation"
@@ -252,12 +252,16 @@ def _drawn_on_topic(text: str, question: str, passage: str, min_share: float = 0
     return len(wanted & _stems(text, _QUESTION_WORDS) & _stems(window, _QUESTION_WORDS)) >= min_share * len(wanted)
 
 
-def _backing(text: str, passages: Sequence[Document], question: str, kept: list[int], drawn_from: list[int]) -> list[int]:
+def _backing(
+    text: str, passages: Sequence[Document], question: str, kept: list[int], drawn_from: list[int], about: str = ""
+) -> list[int]:
     """``kept`` and the other passages the answer draws from that hold facts of it ``kept`` lacks, when
     together with the question they hold all of its facts, each in the sentences the answer drew from
     there (``_drawn_window``: "14 November" elsewhere in the passage does not back "closed on 14 November
-    1979"); else ``[]``."""
-    windows = {n: _drawn_window(text, passages[n - 1].page_content, question) for n in {*kept, *drawn_from}}
+    1979"); else ``[]``. The sentences are found with ``about`` when given: a bare fact with its question ("The
+    answer is: 3." to "How many actions does a player have on a turn?" draws on "you have three actions", not
+    on the first sentence that says three)."""
+    windows = {n: _drawn_window(about or text, passages[n - 1].page_content, question) for n in {*kept, *drawn_from}}
     missing = facts.missing_facts(text, [windows[n] for n in kept], question)
     cited = list(kept)
     for n in drawn_from:

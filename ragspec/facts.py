@@ -107,13 +107,15 @@ STOP_WORDS = frozenset(
 
 
 def stem(word: str) -> str:
-    """``word`` without a plural, then an "-ing"/"-ed" ending ("crossings" -> "cross", "takes" -> "take"), for matching words."""
+    """``word`` without a plural, then an "-ing"/"-ed" ending, then a final "e" ("crossings" -> "cross", "takes" ->
+    "tak", "doubled" and "double" -> "doubl"), for matching words."""
     if word.endswith("s") and not word.endswith("ss") and len(word) > 4:
         word = word[:-1]
     for ending in ("ing", "ed"):
         if word.endswith(ending) and len(word) - len(ending) >= 4:
-            return word[: -len(ending)]
-    return word
+            word = word[: -len(ending)]
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 4 else word
 
 
 _TOKEN = re.compile(r"\d+(?:[.:/]\d+)*|\w+")

@@ -52,21 +52,20 @@ class Budget:
     def text(self, n: int) -> None:
         """Count `n` characters of extracted text (raises `ConversionError` past the limit, or past the time)."""
         self.chars += n
-        if self.chars > self.max_text_chars:
-            raise ConversionError(
-                f"its text is larger than the per-file limit of {mib(self.max_text_chars)} once converted; "
-                "split the file or raise max_file_bytes"
-            )
-        self.tick()
+        self._check(self.chars, self.max_text_chars, "its text is larger than the per-file limit of {} once converted; "
+                    "split the file or raise max_file_bytes")
 
     def inflate(self, n: int) -> None:
         """Count `n` bytes inflated from a zip member."""
         self.inflated += n
-        if self.inflated > self.max_unzipped_bytes:
-            raise ConversionError(
-                f"it inflated past the limit of {mib(self.max_unzipped_bytes)} (a zip member larger than it declares: "
-                "a decompression bomb); not read"
-            )
+        self._check(self.inflated, self.max_unzipped_bytes, "it inflated past the limit of {} (a zip member larger than it "
+                    "declares: a decompression bomb); not read")
+
+    def _check(self, count: int, limit: int, message: str) -> None:
+        """Raise `ConversionError` saying ``message`` (its ``{}`` the limit in MiB) once ``count`` is past ``limit``;
+        then check the time."""
+        if count > limit:
+            raise ConversionError(message.format(mib(limit)))
         self.tick()
 
     def tick(self) -> None:

@@ -1,5 +1,5 @@
-"""What `FaissVectorStore` and `PgVectorStore` share: ids and embeddings of added documents, and the
-LangChain search methods that reduce to ``similarity_search_with_score_by_vector``."""
+"""What `FaissVectorStore` and `PgVectorStore` share: ids, embeddings and validation of added documents,
+``from_texts``, and the LangChain search methods that reduce to ``similarity_search_with_score_by_vector``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from langchain_core.documents import Document
@@ -17,7 +17,9 @@ from langchain_core.vectorstores import VectorStore
 from retrievers.embeddings import embed_chunks
 from retrievers.types import MetadataFilter, check_filter
 
-__all__ = ["ChunkStore", "Row", "rows_to_store"]
+__all__ = ["ChunkStore", "Row", "as_matrix"]
+
+_Store = TypeVar("_Store", bound="ChunkStore")
 
 
 @dataclass(frozen=True)
@@ -30,27 +32,18 @@ class Row:
     vector: np.ndarray
 
 
-def rows_to_store(
-    texts: Sequence[str], vectors: np.ndarray, metadatas: Sequence[dict[str, Any]] | None, ids: Sequence[str] | None
-) -> tuple[list[str], list[Row]]:
-    """The id of each text (a new UUID where ``ids`` is None) and one row per distinct id, in order: within
-    one call a repeated id keeps its last occurrence. ``vectors`` holds a row per text (the caller checks)."""
-    n = len(texts)
-    if (metadatas is not None and len(metadatas) != n) or (ids is not None and len(ids) != n):
-        raise ValueError("texts, embeddings, metadatas and ids must have the same length")
-    id_list = [str(i) for i in ids] if ids is not None else [uuid.uuid4().hex for _ in range(n)]
-    last = {doc_id: i for i, doc_id in enumerate(id_list)}
-    rows = [
-        Row(id_list[i], texts[i], dict(metadatas[i]) if metadatas is not None and metadatas[i] else {}, vectors[i])
-        for i in sorted(last.values())
-    ]
-    return id_list, rows
+def as_matrix(vectors: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
+    """``vectors`` as a C-contiguous float32 matrix of its own, one row a vector."""
+    matrix = np.array(vectors, dtype="float32", copy=True)
+    if matrix.ndim != 2:
+        matrix = matrix.reshape(len(matrix), -1) if matrix.size else np.zeros((0, 0), dtype="float32")
+    return np.ascontiguousarray(matrix)
 
 
 class ChunkStore(VectorStore):
-    """A LangChain `VectorStore` of chunks: a store adds precomputed vectors (``add_embeddings``),
-    searches by vector (``similarity_search_with_score_by_vector``) and says when it holds nothing
-    (``_empty``); the rest is here."""
+    """A LangChain `VectorStore` of chunks: a store writes checked rows (``_write``), searches by vector
+    (``similarity_search_with_score_by_vector``), says when it holds nothing (``_empty``) and is built
+    for ``from_texts`` (``_for_texts``); the rest is here."""
 
     _embedding: Embeddings
     _dim: int | None
@@ -68,10 +61,57 @@ class ChunkStore(VectorStore):
     def _empty(self) -> bool:
         """Whether nothing is stored (searches then return nothing, without embedding the query)."""
 
-    @abstractmethod
     def add_embeddings(self, texts: Sequence[str], embeddings: Sequence[Sequence[float]] | np.ndarray,
                        metadatas: Sequence[dict[str, Any]] | None = None, ids: Sequence[str] | None = None) -> list[str]:
-        """Add precomputed vectors; an id already present is replaced."""
+        """Add precomputed vectors; an id already present is replaced. Returns the ids written (within one
+        call a repeated id keeps its last text). Nothing is written when any row fails ``prepare_rows``."""
+        rows = self.prepare_rows(texts, embeddings, metadatas, ids)
+        if rows:
+            self._write(rows)
+        return [row.id for row in rows]
+
+    def prepare_rows(self, texts: Sequence[str], embeddings: Sequence[Sequence[float]] | np.ndarray,
+                     metadatas: Sequence[dict[str, Any]] | None = None, ids: Sequence[str] | None = None) -> list[Row]:
+        """Checked rows, one per distinct id (the last of a repeated id wins); raises before anything is written."""
+        vectors, n = as_matrix(embeddings), len(texts)
+        if vectors.shape[0] != n or (metadatas is not None and len(metadatas) != n) or (ids is not None and len(ids) != n):
+            raise ValueError("texts, embeddings, metadatas and ids must have the same length")
+        id_list = [str(i) for i in ids] if ids is not None else [uuid.uuid4().hex for _ in range(n)]
+        last = {doc_id: i for i, doc_id in enumerate(id_list)}
+        rows = [
+            Row(id_list[i], texts[i], dict(metadatas[i]) if metadatas is not None and metadatas[i] else {}, vectors[i])
+            for i in sorted(last.values())
+        ]
+        if rows:
+            self._check_rows(rows, vectors.shape[1])
+        return rows
+
+    def _check_rows(self, rows: Sequence[Row], dimension: int) -> None:
+        """Raise for rows (of vectors of ``dimension``) the store cannot hold."""
+
+    @abstractmethod
+    def _write(self, rows: list[Row]) -> None:
+        """Store ``rows`` (checked, distinct ids), replacing the documents of the same ids."""
+
+    @classmethod
+    @abstractmethod
+    def _for_texts(cls: type[_Store], embedding: Embeddings, **kwargs: Any) -> _Store:
+        """An empty store for ``from_texts``, built from its keyword arguments."""
+
+    @classmethod
+    def from_texts(
+        cls: type[_Store],
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> _Store:
+        """A new store (built by ``_for_texts`` from ``kwargs``) holding ``texts``, embedded by ``embedding``."""
+        store = cls._for_texts(embedding, **kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
 
     def _check_documents(self, documents: Sequence[Document], ids: Sequence[str]) -> None:
         """Raise for documents the store cannot hold, before any time is spent embedding them."""

@@ -10,7 +10,7 @@ index is rebuilt from its own vectors once tombstones outnumber live vectors.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Union
@@ -21,7 +21,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from retrievers.catalog import CATALOG_VERSION, Catalog
-from retrievers.chunk_store import ChunkStore, rows_to_store
+from retrievers.chunk_store import ChunkStore, Row, as_matrix
 from retrievers.embeddings import embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexCorruptError, IndexMismatchError, IndexSaveError
 from retrievers.persistence import DEFAULT_LOCK_TIMEOUT_S, read_store, write_store
@@ -118,20 +118,8 @@ class FaissVectorStore(ChunkStore):
 
     # --- writing ------------------------------------------------------------------------
 
-    def add_embeddings(
-        self,
-        texts: Sequence[str],
-        embeddings: Sequence[Sequence[float]] | np.ndarray,
-        metadatas: Sequence[dict[str, Any]] | None = None,
-        ids: Sequence[str] | None = None,
-    ) -> list[str]:
-        """Add precomputed vectors (normalized here); an id already present is replaced."""
-        vectors = _as_matrix(embeddings)
-        if vectors.shape[0] != len(texts):
-            raise ValueError("texts, embeddings, metadatas and ids must have the same length")
-        id_list, rows = rows_to_store(texts, vectors, metadatas, ids)
-        if not rows:
-            return []
+    def _write(self, rows: list[Row]) -> None:
+        """Add the rows' vectors (normalized here); an id already present is replaced."""
         kept = np.stack([row.vector for row in rows])
         faiss.normalize_L2(kept)
         with self._lock:
@@ -143,7 +131,6 @@ class FaissVectorStore(ChunkStore):
             for label, row in zip(labels.tolist(), rows):
                 self._records[row.id] = _Record(label, row.text, row.metadata)
                 self._label_to_id[label] = row.id
-        return id_list
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
         """Delete documents by id (unknown ids are ignored); ``ids=None`` deletes everything."""
@@ -233,7 +220,7 @@ class FaissVectorStore(ChunkStore):
         check_filter(filter)
         if k <= 0 or self._index is None or not self._records:
             return []
-        query = _as_matrix([embedding])
+        query = as_matrix([embedding])
         if query.shape[1] != self._dim:
             raise DimensionMismatchError(
                 f"query vector has dimension {query.shape[1]} but the index holds {self._dim}-dimensional "
@@ -303,7 +290,7 @@ class FaissVectorStore(ChunkStore):
             if not hits:
                 return []
             vectors = self._index.reconstruct_batch(np.asarray([label for _, _, label in hits], dtype="int64"))
-            query = _as_matrix([embedding])
+            query = as_matrix([embedding])
             faiss.normalize_L2(query)
             chosen = maximal_marginal_relevance(query[0], vectors, lambda_mult=lambda_mult, k=k)
             return [self._document(hits[i][0], self._records[hits[i][0]]) for i in chosen]
@@ -311,19 +298,8 @@ class FaissVectorStore(ChunkStore):
     # --- construction and persistence -----------------------------------------------------
 
     @classmethod
-    def from_texts(
-        cls,
-        texts: list[str],
-        embedding: Embeddings,
-        metadatas: list[dict[str, Any]] | None = None,
-        *,
-        ids: list[str] | None = None,
-        index: IndexConfig | None = None,
-        **kwargs: Any,
-    ) -> FaissVectorStore:
-        store = cls(embedding, index=index)
-        store.add_texts(texts, metadatas, ids=ids)
-        return store
+    def _for_texts(cls, embedding: Embeddings, *, index: IndexConfig | None = None, **kwargs: Any) -> FaissVectorStore:
+        return cls(embedding, index=index)
 
     def save(self, directory: str | Path, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
         """Write the store to `directory` (created if needed) atomically; see `retrievers.persistence`.
@@ -431,13 +407,6 @@ def _config_from_dict(data: dict[str, Any]) -> IndexConfig:
     if kind == "hnsw":
         return HNSWIndex(m=int(data["m"]), ef_construction=int(data["ef_construction"]), ef_search=int(data["ef_search"]))
     raise ValueError(f"unknown index kind {kind!r}")
-
-
-def _as_matrix(vectors: Iterable[Sequence[float]] | np.ndarray) -> np.ndarray:
-    matrix = np.array(vectors, dtype="float32", copy=True)
-    if matrix.ndim != 2:
-        matrix = matrix.reshape(len(matrix), -1) if matrix.size else np.zeros((0, 0), dtype="float32")
-    return np.ascontiguousarray(matrix)
 
 
 def _check_json_metadata(records: dict[str, _Record]) -> None:

@@ -151,10 +151,17 @@ class _Tables:
     """The tables open in a body (nested ones inside cells), their rows, and the paragraphs of each open
     cell: Word's and OpenDocument's bodies both keep them here. A finished outermost table goes to ``blocks``."""
 
-    def __init__(self, blocks: Blocks) -> None:
+    def __init__(self, blocks: Blocks, elements: tuple[str, str, str]) -> None:
         self.blocks = blocks
         self.open: list[list[list[str]]] = []  # open tables, their rows
         self.cells: list[list[str]] = []  # the paragraphs of each open cell
+        self._openers = dict(zip(elements, (self.open_table, self.open_row, self.open_cell)))
+
+    def start(self, name: str) -> None:
+        """Open a table, row or cell where ``name`` is the format's element for one (``elements``)."""
+        opener = self._openers.get(name)
+        if opener is not None:
+            opener()
 
     def open_table(self) -> None:
         self.blocks.budget.text(_OPEN_COST if self.open else 0)
@@ -208,7 +215,7 @@ class _WordBody(XmlTarget):
         self.num_id: str | None = None
         self.level = 0
         self.in_text = False
-        self.tables = _Tables(blocks)
+        self.tables = _Tables(blocks, ("tbl", "tr", "tc"))
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         name = local_name(tag)
@@ -227,12 +234,8 @@ class _WordBody(XmlTarget):
         elif name == "ilvl":
             value = _w(attrib, "val") or "0"
             self.level = int(value) if value.isdigit() else 0
-        elif name == "tbl":
-            self.tables.open_table()
-        elif name == "tr":
-            self.tables.open_row()
-        elif name == "tc":
-            self.tables.open_cell()
+        else:
+            self.tables.start(name)
 
     def end(self, tag: str) -> None:
         name = local_name(tag)
@@ -652,7 +655,7 @@ class _OdtBody(XmlTarget):
         self.skipping = 0
         self.paragraphs: list[tuple[str, int, list[str]]] = []  # open paragraphs: (kind, level, text)
         self.lists = 0
-        self.tables = _Tables(blocks)
+        self.tables = _Tables(blocks, ("table", "table-row", "table-cell"))
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         name = local_name(tag)
@@ -674,12 +677,8 @@ class _OdtBody(XmlTarget):
             self.paragraphs[-1][2].append(" " if name == "tab" else "\n")
         elif name == "list-item":
             self.lists += 1
-        elif name == "table":
-            self.tables.open_table()
-        elif name == "table-row":
-            self.tables.open_row()
-        elif name == "table-cell":
-            self.tables.open_cell()
+        else:
+            self.tables.start(name)
 
     def end(self, tag: str) -> None:
         if not self.in_body:

@@ -38,7 +38,7 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
-from retrievers.chunk_store import ChunkStore, Row, rows_to_store
+from retrievers.chunk_store import ChunkStore, Row
 from retrievers.chunking import contextual_text
 from retrievers.embeddings import embeddings_fingerprint
 from retrievers.errors import DimensionMismatchError, IndexMismatchError
@@ -184,44 +184,22 @@ class PgVectorStore(ChunkStore):
         for doc, doc_id in zip(documents, ids):
             _check_storable(doc_id, doc.page_content, doc.metadata)
 
-    def add_embeddings(
-        self,
-        texts: Sequence[str],
-        embeddings: Sequence[Sequence[float]] | np.ndarray,
-        metadatas: Sequence[dict[str, Any]] | None = None,
-        ids: Sequence[str] | None = None,
-    ) -> list[str]:
-        """Add precomputed vectors in one transaction; an id already present is replaced (its text, metadata and vector)."""
-        rows = self.prepare_rows(texts, embeddings, metadatas, ids)
-        if not rows:
-            return []
-        self._ensure_collection(len(rows[0].vector))
-        with self._transaction(write=True) as conn:
-            self.write_rows(conn, rows)
-        return [row.id for row in rows]
-
-    def prepare_rows(
-        self,
-        texts: Sequence[str],
-        embeddings: Sequence[Sequence[float]] | np.ndarray,
-        metadatas: Sequence[dict[str, Any]] | None = None,
-        ids: Sequence[str] | None = None,
-    ) -> list[Row]:
-        """Validated rows (the last of a repeated id wins); raises before anything is written."""
-        vectors = np.asarray(embeddings, dtype="float32")
-        if len(texts) and (vectors.ndim != 2 or vectors.shape[0] != len(texts)):
-            raise ValueError("texts and embeddings must have the same length")
-        _, rows = rows_to_store(texts, vectors, metadatas, ids)
+    def _check_rows(self, rows: Sequence[Row], dimension: int) -> None:
         for row in rows:
             _check_storable(row.id, row.text, row.metadata)
             if not np.all(np.isfinite(row.vector)):
                 raise ValueError(f"the vector of document {row.id!r} is not finite")
-        if rows and self._dim is not None and vectors.shape[1] != self._dim:
+        if self._dim is not None and dimension != self._dim:
             raise DimensionMismatchError(
-                f"embeddings have dimension {vectors.shape[1]} but collection {self.collection!r} holds "
+                f"embeddings have dimension {dimension} but collection {self.collection!r} holds "
                 f"{self._dim}-dimensional vectors; use the embedding model it was built with, or another collection"
             )
-        return rows
+
+    def _write(self, rows: list[Row]) -> None:
+        """Upsert the rows in one transaction (an id already present gets the new text, metadata and vector)."""
+        self._ensure_collection(len(rows[0].vector))
+        with self._transaction(write=True) as conn:
+            self.write_rows(conn, rows)
 
     def write_rows(self, conn: psycopg.Connection[Any], rows: Sequence[Row]) -> None:
         """Upsert `rows` inside the caller's write transaction, keeping the BM25 statistics in step."""
@@ -542,21 +520,10 @@ class PgVectorStore(ChunkStore):
     # --- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_texts(
-        cls,
-        texts: list[str],
-        embedding: Embeddings,
-        metadatas: list[dict[str, Any]] | None = None,
-        *,
-        ids: list[str] | None = None,
-        url: str | None = None,
-        **kwargs: Any,
-    ) -> PgVectorStore:
+    def _for_texts(cls, embedding: Embeddings, *, url: str | None = None, **kwargs: Any) -> PgVectorStore:
         if url is None:
             raise ValueError("PgVectorStore.from_texts needs url='postgresql://...'")
-        store = cls(url, embedding, **kwargs)
-        store.add_texts(texts, metadatas, ids=ids)
-        return store
+        return cls(url, embedding, **kwargs)
 
 
 def _check_name(collection: str) -> None:

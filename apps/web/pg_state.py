@@ -118,14 +118,14 @@ class Opener(Protocol):
 
 
 class PgSessionStore:
-    """Sessions in PostgreSQL at ``url`` (see the module docstring); ``backend`` indexes their files.
+    """Sessions in PostgreSQL at ``url`` (see the module docstring); ``indexer`` indexes their files.
 
     ``root`` holds this replica's copies of the sessions' files (default: a folder of the system's
     temporary folder; copies are remade from the database when missing). ``SessionStore``'s contract.
     """
 
     def __init__(
-        self, url: str, backend: Indexer, root: Path | None = None, *, max_sessions: int = 32, ttl_s: float = 3600.0,
+        self, url: str, indexer: Indexer, root: Path | None = None, *, max_sessions: int = 32, ttl_s: float = 3600.0,
         pool_size: int = 4,
     ) -> None:
         if max_sessions < 1:
@@ -133,7 +133,7 @@ class PgSessionStore:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         self.url = url
-        self.backend = backend
+        self.indexer = indexer
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self._own_root = root is None
@@ -344,13 +344,13 @@ class PgSessionStore:
         session.answerer = session.summary = session.update = None
         if documents is not None:
             session.summary, session.update = _load_summary(documents, session)
-            if hasattr(self.backend, "open"):
-                opener: Opener = self.backend  # type: ignore[assignment]
+            if hasattr(self.indexer, "open"):
+                opener: Opener = self.indexer  # type: ignore[assignment]
                 session.answerer = opener.open(session.root)
             else:  # a back end that keeps its index in this process: index the stored files here too
                 if not copied:
                     self._refresh(session)
-                session.answerer, _ = self.backend.index([session.uploads], session.root)
+                session.answerer, _ = self.indexer.index([session.uploads], session.root)
         session.version = version
 
     def _drop_documents(self, key: str) -> None:

@@ -112,14 +112,15 @@ async def get_session(request: Request, web: WebState = Depends(web_state)) -> d
 def create_app(
     config: AppConfig | None = None,
     *,
-    backend: Indexer | None = None,
+    indexer: Indexer | None = None,
     preload: Answerer | None = None,
     sessions_root: Path | None = None,
     generation: Source | None = None,
     embeddings: Any = None,
     state_url: str | None = None,
 ) -> FastAPI:
-    """Build the app. ``preload`` answers for sessions that have not uploaded anything.
+    """Build the app. ``indexer`` indexes a session's uploads (default: ``FolderIndexer``, or ``StoreIndexer``
+    with ``state_url``); ``preload`` answers for sessions that have not uploaded anything.
 
     ``state_url`` (a ``postgresql://`` URL): the sessions, their conversations and uploaded files and
     the indexing progress live in that database (``apps.web.pg_state``), and uploads are indexed into
@@ -137,10 +138,10 @@ def create_app(
     config = config or AppConfig()
     generation = generation if generation is not None else LocalModel()
     embeddings = embeddings if embeddings is not None else default_embeddings()
-    if backend is None:  # the page answers with the same model as /v1: local (its own Collection) or remote
+    if indexer is None:  # the page answers with the same model as /v1: local (its own Collection) or remote
         local = generation if isinstance(generation, LocalModel) else None
-        backend = _default_backend(config, generation if local is None else None, local, state_url, embeddings)
-    store, progress = _state(config, backend, sessions_root, state_url)
+        indexer = _default_indexer(config, generation if local is None else None, local, state_url, embeddings)
+    store, progress = _state(config, indexer, sessions_root, state_url)
     queue = ModelQueue(config.concurrency, config.max_queue)
 
     @asynccontextmanager
@@ -151,7 +152,7 @@ def create_app(
 
     app = FastAPI(title="ragspec document Q&A", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     preloaded = tuple(preload.documents()) if isinstance(preload, Collection) else ()
-    app.state.web = WebState(config, store, queue, progress, backend, preload, preloaded)
+    app.state.web = WebState(config, store, queue, progress, indexer, preload, preloaded)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(_SessionCookie, secure=config.secure_cookie)
     app.add_middleware(Guard, policy=config.security())  # outermost: nothing reaches the app unchecked
@@ -177,7 +178,7 @@ def create_app(
     return app
 
 
-def _default_backend(config: AppConfig, remote: Source | None, local: Any, state_url: str | None, embeddings: Any) -> Indexer:
+def _default_indexer(config: AppConfig, remote: Source | None, local: Any, state_url: str | None, embeddings: Any) -> Indexer:
     """What indexes uploads: into a folder per session, or a collection per session in the ``state_url`` database."""
     settings: dict[str, Any] = {"max_tokens": config.max_tokens, "source": remote,
                                 "model": local.model if local else "default", "model_backend": local.backend if local else "auto"}  # fmt: skip
@@ -186,13 +187,13 @@ def _default_backend(config: AppConfig, remote: Source | None, local: Any, state
     return StoreIndexer(**settings, url=state_url, embeddings=embeddings)
 
 
-def _state(config: AppConfig, backend: Indexer, root: Path | None, state_url: str | None) -> tuple[SessionStore, ProgressStore]:
+def _state(config: AppConfig, indexer: Indexer, root: Path | None, state_url: str | None) -> tuple[SessionStore, ProgressStore]:
     """Where sessions and indexing progress live: this process, or the ``state_url`` database."""
     if state_url is None:
         return MemorySessionStore(root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s), ProgressBoard()
     from apps.web.pg_state import PgProgressBoard, PgSessionStore
 
-    store = PgSessionStore(state_url, backend, root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
+    store = PgSessionStore(state_url, indexer, root, max_sessions=config.max_sessions, ttl_s=config.session_ttl_s)
     return store, PgProgressBoard(state_url)
 
 

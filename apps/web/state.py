@@ -96,7 +96,7 @@ class WebState:
     store: SessionStore
     queue: ModelQueue
     progress: ProgressStore
-    backend: Indexer
+    indexer: Indexer
     preload: Answerer | None
     preloaded_documents: tuple[str, ...] = ()
     """The files of the preloaded index (``serve --index``), listed to sessions that have none of their own."""
@@ -164,7 +164,7 @@ class WebState:
         """Index ``paths`` for the session (inside ``store.changing``); ``added``: the files just saved for it."""
         with self.progress.track(progress_id) as report:
             try:
-                answerer, summary = await asyncio.to_thread(self.backend.index, paths, session.root, report)
+                answerer, summary = await asyncio.to_thread(self.indexer.index, paths, session.root, report)
             except AppError as e:
                 raise HTTPException(422, _without_session_paths(str(e), session.root)) from e
             except MissingExtraError as e:  # a server installed without the retrieval extra answers /v1, indexes nothing

@@ -143,19 +143,19 @@ def _tensor_elements(path: str, mtime_ns: int) -> int:
         return total
 
 
-def make_backend(lm: TargetModel) -> Backend:
-    """A new back end (its own KV cache, or llama.cpp context) over ``lm``'s shared weights."""
+def make_backend(target: TargetModel) -> Backend:
+    """A new back end (its own KV cache, or llama.cpp context) over ``target``'s shared weights."""
     from ragspec.backends.pytorch.loading import LoadedModel
 
-    if isinstance(lm, LoadedModel):
+    if isinstance(target, LoadedModel):
         from ragspec.backends.pytorch import TorchBackend
 
-        return TorchBackend(lm)
+        return TorchBackend(target)
     from ragspec.backends.llamacpp import LlamaCppBackend, LlamaCppModel
 
-    if isinstance(lm, LlamaCppModel):
-        return LlamaCppBackend(lm)
-    raise TypeError(f"expected a LoadedModel or a LlamaCppModel, got {type(lm).__name__}")
+    if isinstance(target, LlamaCppModel):
+        return LlamaCppBackend(target)
+    raise TypeError(f"expected a LoadedModel or a LlamaCppModel, got {type(target).__name__}")
 
 
 def load_model(

@@ -408,15 +408,15 @@ class LlamaCppBackend:
 
     name = "llamacpp"
 
-    def __init__(self, lm: LlamaCppModel) -> None:
-        lib, s = lm.lib, lm.settings
-        self.lm, self._lib, self._settings = lm, lib, s
-        self.model_name = lm.name
-        self.tokenizer = lm.tokenizer
-        self.context_length = lm.context_length
-        self.eos_token_ids = lm.eos_token_ids
-        self.device = lm.device
-        self.vocab_size = lm.n_vocab
+    def __init__(self, target: LlamaCppModel) -> None:
+        lib, s = target.lib, target.settings
+        self.target, self._lib, self._settings = target, lib, s
+        self.model_name = target.name
+        self.tokenizer = target.tokenizer
+        self.context_length = target.context_length
+        self.eos_token_ids = target.eos_token_ids
+        self.device = target.device
+        self.vocab_size = target.n_vocab
         self._n_batch = s.n_batch
         batch = lib.llama_batch_init(s.n_batch, 0, 1)
         self._batch = batch
@@ -433,11 +433,11 @@ class LlamaCppBackend:
         """Positions the current context holds (0 before the first cache)."""
         self._active: LlamaCppCache | None = None
         self._make_context(s.n_ctx or min(_MIN_CONTEXT, self.context_length))
-        if lm.exact is None:
-            lm.exact = self._check_exactness()
+        if target.exact is None:
+            target.exact = self._check_exactness()
         attention = "on" if s.flash_attn else "off"
         self.description = (
-            f"llama.cpp (llama-cpp-python {getattr(lib, '__version__', '?')}, {lm.quantization}, "
+            f"llama.cpp (llama-cpp-python {getattr(lib, '__version__', '?')}, {target.quantization}, "
             f"{s.threads}/{s.threads_batch} threads, n_batch {s.n_batch}, n_ubatch {s.n_ubatch}, flash attention {attention}, "
             f"KV {s.type_k}/{s.type_v})"
         )
@@ -459,10 +459,10 @@ class LlamaCppBackend:
         params.type_v = kv_type_id(s.type_v)
         params.no_perf = True
         with _captured_log() as log:
-            ctx = lib.llama_init_from_model(self.lm.handle, params)
+            ctx = lib.llama_init_from_model(self.target.handle, params)
         if not ctx:
             raise ModelLoadError(
-                f"llama.cpp could not create a context for {self.lm.name} with n_ctx={n_ctx}, "
+                f"llama.cpp could not create a context for {self.target.name} with n_ctx={n_ctx}, "
                 f"n_batch={s.n_batch}{_said(log)}: lower n_ctx or n_batch in LlamaCppSettings"
             )
         if self._ctx_finalizer is not None:
@@ -502,7 +502,7 @@ class LlamaCppBackend:
         batched = self.forward(ids[_TILE_ROWS:], cache)
         reasons = []
         if not torch.equal(steps, batched):
-            reasons.append(f"its {self.lm.quantization} weights are multiplied by another kernel in batches "
+            reasons.append(f"its {self.target.quantization} weights are multiplied by another kernel in batches "
                            f"(logits up to {float((steps - batched).abs().max()):.2g} apart)")
         if not s.flash_attn:
             reasons.append("flash_attn=False")
@@ -513,7 +513,7 @@ class LlamaCppBackend:
         self._active = None
         if reasons:
             logger.warning("speculative greedy output of %s on llama.cpp can differ from plain decoding beyond "
-                           "argmax ties: %s", self.lm.name, "; ".join(reasons))
+                           "argmax ties: %s", self.target.name, "; ".join(reasons))
         return not reasons
 
     def new_cache(self, capacity: int) -> LlamaCppCache:

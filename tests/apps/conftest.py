@@ -1,4 +1,4 @@
-"""Fixtures for the apps: a real uvicorn server on 127.0.0.1 and a scripted answer backend."""
+"""Fixtures for the apps: a real uvicorn server on 127.0.0.1 and a scripted indexer (its answerers answer by script)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class ScriptedAnswerer:
 
 
 @dataclass
-class ScriptedBackend:
+class ScriptedIndexer:
     """Indexes by listing file names; every session gets its own ``ScriptedAnswerer``."""
 
     delay_s: float = 0.01

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from apps.web.server import AppConfig, FolderIndexer, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Path, tmp_path: Path) -> None:
     tokens = 55 if os.environ.get("RAGSPEC_SCREENSHOT") else 32  # a longer answer looks better in the picture
-    app = create_app(AppConfig(max_tokens=tokens), backend=FolderIndexer(max_tokens=tokens), sessions_root=tmp_path)
+    app = create_app(AppConfig(max_tokens=tokens), indexer=FolderIndexer(max_tokens=tokens), sessions_root=tmp_path)
     with LiveServer(app) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
         outside: list[str] = []
@@ -96,7 +96,7 @@ def test_upload_ask_stream_and_open_a_citation(browser: object, apps_corpus: Pat
 @pytest.mark.timeout(120)
 def test_the_page_works_under_its_content_security_policy_and_asks_for_the_api_key(browser: object, tmp_path: Path) -> None:
     key = secrets.token_urlsafe(24)
-    app = create_app(AppConfig(api_key=key), backend=ScriptedBackend(), sessions_root=tmp_path)
+    app = create_app(AppConfig(api_key=key), indexer=ScriptedIndexer(), sessions_root=tmp_path)
     with LiveServer(app) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
         problems: list[str] = []
@@ -138,8 +138,8 @@ def upload_and_ask(page: object, url: str, name: str, body: bytes, question: str
 
 @pytest.mark.timeout(120)
 def test_an_unsupported_answer_is_marked_on_the_page(browser: object, tmp_path: Path) -> None:
-    backend = ScriptedBackend(words=["The capital of Peru", " is Lima."], supported=False)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(words=["The capital of Peru", " is Lima."], supported=False)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
         upload_and_ask(page, server.url, "timetable.txt", b"Ferry at 7:15.", "What is the capital of Peru?")
         page.wait_for_selector(".citations .unsupported")
@@ -153,8 +153,8 @@ def test_an_answer_s_markdown_is_rendered_and_hostile_html_in_it_does_not_run(br
     words = ["- **Early bake**: 3:30 to 11:30 [1]", "\n- <img src=x onerror=\"window.pwned = 1\">",
              "\n- [click](javascript:window.pwned=2) <script>window.pwned = 3</script>",
              '\n- <a href="javascript:window.pwned=4" onclick="window.pwned=5">x</a>']  # fmt: skip
-    backend = ScriptedBackend(words=words)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(words=words)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
         upload_and_ask(page, server.url, "shifts.txt", b"Early bake 3:30.", "What are the shift hours?")
         page.wait_for_selector(".citation")
@@ -175,8 +175,8 @@ def test_an_answer_s_markdown_is_rendered_and_hostile_html_in_it_does_not_run(br
 
 @pytest.mark.timeout(120)
 def test_the_stop_button_ends_the_answer_on_the_page_and_on_the_server(browser: object, tmp_path: Path) -> None:
-    backend = ScriptedBackend(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         page = browser.new_page()  # type: ignore[attr-defined]
         upload_and_ask(page, server.url, "a.txt", b"Words.", "Say many words")
         page.wait_for_function("() => document.querySelector('.answer.streaming')?.textContent.length > 0")
@@ -205,7 +205,7 @@ def test_a_preloaded_index_lists_its_documents_and_nothing_the_page_loads_is_mis
     index.mkdir()  # the panel reads the index's manifest only (the files `ragspec ingest` recorded)
     files = {"/srv/docs/handbook.md": {}, "/srv/docs/rules/harbour-lights.html": {}}
     (index / "manifest.json").write_text('{"ingest": {"files": ' + json.dumps(files) + "}}")
-    app = create_app(AppConfig(), backend=ScriptedBackend(), preload=Collection(index), sessions_root=tmp_path / "s")
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), preload=Collection(index), sessions_root=tmp_path / "s")
     with LiveServer(app) as server:
         browser.clear_cookies()  # type: ignore[attr-defined]  # a first visit: no session cookie left by an earlier test's server
         page = browser.new_page()  # type: ignore[attr-defined]

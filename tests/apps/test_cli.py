@@ -328,7 +328,7 @@ def test_serve_runs_the_chosen_model_and_backend_for_the_page_and_the_api(monkey
     assert cli.main(["serve", "--model", "my.gguf", "--backend", "llamacpp"]) == 0
     generation = seen["generation"]
     assert isinstance(generation, LocalModel) and (generation.model, generation.backend) == ("my.gguf", "llamacpp")
-    page = web.create_app(seen["config"], generation=generation).state.web.backend  # type: ignore[arg-type]
+    page = web.create_app(seen["config"], generation=generation).state.web.indexer  # type: ignore[arg-type]
     assert isinstance(page, web.FolderIndexer) and (page.model, page.model_backend) == ("my.gguf", "llamacpp")
     assert cli.main(["serve", "--backend", "onnx"]) == 2  # argparse names the choices
 

@@ -18,7 +18,7 @@ import pytest
 
 from apps.web.embeddings_api import MAX_INPUT_CHARS, MAX_INPUTS
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.test_openai_api import TinySource
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -37,7 +37,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, lc_tiny_model: Any, embeddings
     from ragspec.decoding.generator import SpeculativeGenerator
 
     app = create_app(
-        AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path_factory.mktemp("sessions"),
+        AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path_factory.mktemp("sessions"),
         generation=TinySource(SpeculativeGenerator(lc_tiny_model)), embeddings=embeddings,
     )  # fmt: skip
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:

@@ -23,7 +23,7 @@ import pytest
 
 from apps.web.queue import ModelQueue, QueueFullError, QueueTimeoutError
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import GeneratorSource as TinySource
 from tests.apps.ragspec_server import ServeProcess
 
@@ -90,8 +90,8 @@ def test_the_model_queue_is_bounded_first_come_first_served_and_released_once() 
 
 @pytest.mark.timeout(120)
 def test_web_questions_and_v1_calls_share_one_bounded_queue(tmp_path: Path, lc_tiny_generator: Any) -> None:
-    backend = ScriptedBackend(delay_s=0.05, words=["word "] * 200)  # 10 s unless stopped
-    app = create_app(AppConfig(max_queue=0), backend=backend, sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
+    backend = ScriptedIndexer(delay_s=0.05, words=["word "] * 200)  # 10 s unless stopped
+    app = create_app(AppConfig(max_queue=0), indexer=backend, sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
     completion = {"model": "tiny", "prompt": "Hello there", "max_tokens": 3}
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
@@ -129,7 +129,7 @@ def test_web_questions_and_v1_calls_share_one_bounded_queue(tmp_path: Path, lc_t
 
 @pytest.mark.timeout(120)
 def test_token_ids_outside_the_vocabulary_are_a_400_not_a_crash(tmp_path: Path, lc_tiny_generator: Any) -> None:
-    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
     vocab = len(lc_tiny_generator.target.tokenizer)
     ok = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
@@ -145,7 +145,7 @@ def test_token_ids_outside_the_vocabulary_are_a_400_not_a_crash(tmp_path: Path, 
 
 @pytest.mark.timeout(120)
 def test_penalties_are_taken_exactly_as_the_generator_takes_them(tmp_path: Path, lc_tiny_generator: Any) -> None:
-    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=TinySource(lc_tiny_generator))
     # Negative: this random model never repeats itself unless pushed to (then it does at once).
     penalties = {"frequency_penalty": -0.4, "presence_penalty": -1.5, "repeat_penalty": 0.7, "repeat_last_n": 8}
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]

@@ -14,7 +14,7 @@ import pytest
 
 from apps.web.server import AppConfig, create_app
 from ragspec.remote import RemoteModel
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import GeneratorSource
 from tests.ragspec.test_remote import VLLM_SPEC_METRICS, Handler
 from tests.ragspec.test_remote import server as vllm_stand_in  # noqa: F401 - a fixture
@@ -27,7 +27,7 @@ VLLM_SHAPE = set(VLLM_SPEC_METRICS)
 def api(tmp_path: Path, lc_tiny_generator: Any) -> Iterator[httpx.Client]:
     """The app over the tiny model, which calls itself "tiny", served as "default" (as ``ragspec serve``
     serves its default model, and ``--engine vllm`` now too)."""
-    app = create_app(AppConfig(model_name="default"), backend=ScriptedBackend(), sessions_root=tmp_path,
+    app = create_app(AppConfig(model_name="default"), indexer=ScriptedIndexer(), sessions_root=tmp_path,
                      generation=GeneratorSource(lc_tiny_generator, model="tiny-source"))
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         yield client
@@ -87,7 +87,7 @@ def test_behind_vllm_figures_are_vllms_own_or_absent_never_zeros(tmp_path: Path,
     answer = ["data: " + json.dumps({"choices": [{"index": 0, "text": "Hi", "token_ids": [17, 4]}]}) + "\n\n",
               "data: " + json.dumps(done) + "\n\n"]
     remote = RemoteModel(vllm_stand_in.url, model="SmolLM2-135M-Instruct", tokenizer="default")  # type: ignore[attr-defined]
-    app = create_app(AppConfig(model_name="default"), backend=ScriptedBackend(), sessions_root=tmp_path, generation=remote)
+    app = create_app(AppConfig(model_name="default"), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=remote)
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as api:
         assert [m["id"] for m in api.get("/v1/models").json()["data"]][:2] == ["default", "SmolLM2-135M-Instruct"]
         vllm_stand_in.events = [*answer, "data: " + json.dumps(usage) + "\n\n", "data: [DONE]\n\n"]

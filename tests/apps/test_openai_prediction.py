@@ -14,7 +14,7 @@ import pytest
 
 from apps.web.openai_api import ApiSettings, OpenAIError, parse_request, prepare
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import GeneratorSource
 
 openai = pytest.importorskip("openai")
@@ -24,7 +24,7 @@ PROMPT = "Rename the function in this file:\ndef total(items):\n    return sum(i
 
 @pytest.fixture
 def server(tmp_path: Path, lc_tiny_generator: Any) -> Iterator[LiveServer]:
-    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=GeneratorSource(lc_tiny_generator))
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=GeneratorSource(lc_tiny_generator))
     with LiveServer(app) as s:
         yield s
 

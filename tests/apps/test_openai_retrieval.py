@@ -14,7 +14,7 @@ import pytest
 
 from apps.collection import Collection, update_index
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import CORPUS, LiveServer, ScriptedBackend
+from tests.apps.conftest import CORPUS, LiveServer, ScriptedIndexer
 from tests.apps.fakes import GeneratorSource
 
 FIRST = "When did the great flood hit Marrowford?"
@@ -57,7 +57,7 @@ def collection(index_dir: Path, generator: Any) -> Collection:
 
 @pytest.fixture
 def client(collection: Collection, generator: Any, tmp_path: Path) -> Iterator[httpx.Client]:
-    app = create_app(AppConfig(), backend=ScriptedBackend(), preload=collection, sessions_root=tmp_path,
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), preload=collection, sessions_root=tmp_path,
                      generation=GeneratorSource(generator))  # fmt: skip
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
         yield c
@@ -148,7 +148,7 @@ def test_retrieval_requests_it_cannot_serve_are_400s_naming_the_parameter(client
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
     assert client.post(CHAT, json={"model": "tiny", "messages": [user], "max_tokens": 4, "retrieval": False}).status_code == 200
 
-    bare = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=GeneratorSource(generator))
+    bare = create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=GeneratorSource(generator))
     with LiveServer(bare) as server, httpx.Client(base_url=server.url, timeout=60) as c:
         r = c.post(CHAT, json={"model": "tiny", "messages": [user], "retrieval": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "retrieval" and "--index" in r.json()["error"]["message"]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import function_tool
 from tests.apps.test_openai_api import TinySource
 
@@ -32,7 +32,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, lc_tiny_model: Any) -> Iterato
     from ragspec.decoding.generator import SpeculativeGenerator
 
     app = create_app(
-        AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path_factory.mktemp("sessions"),
+        AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path_factory.mktemp("sessions"),
         generation=TinySource(SpeculativeGenerator(lc_tiny_model)),
     )  # fmt: skip
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as c:

@@ -10,7 +10,7 @@ import pytest
 from apps.web.config import DEFAULT_SUFFIXES
 from apps.web.server import AppConfig, create_app
 from retrievers.converters import CONVERTED_TYPES
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.retrievers.office_files import write_docx, write_pptx, write_xlsx
 
 pytestmark = pytest.mark.timeout(120)
@@ -25,7 +25,7 @@ def test_every_converted_type_is_an_allowed_upload_and_in_the_page_picker() -> N
 
 def test_office_files_upload(tmp_path: Path) -> None:
     files = [write_docx(tmp_path / "handbook.docx"), write_pptx(tmp_path / "deck.pptx"), write_xlsx(tmp_path / "budget.xlsx")]
-    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path / "sessions")
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path / "sessions")
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         r = c.post("/api/documents", files=[("files", (f.name, f.read_bytes(), "application/octet-stream")) for f in files])
         assert r.status_code == 200, r.text
@@ -36,7 +36,7 @@ def test_a_broken_office_upload_is_refused_with_its_reason(tmp_path: Path) -> No
     from apps.web.server import FolderIndexer
 
     data = write_docx(tmp_path / "src.docx").read_bytes()
-    app = create_app(AppConfig(), backend=FolderIndexer(max_tokens=8), sessions_root=tmp_path / "sessions")
+    app = create_app(AppConfig(), indexer=FolderIndexer(max_tokens=8), sessions_root=tmp_path / "sessions")
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         r = c.post("/api/documents", files=[("files", ("report.docx", data[: len(data) // 3], "application/octet-stream"))])
         assert r.status_code == 422

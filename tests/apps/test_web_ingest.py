@@ -11,7 +11,7 @@ import pytest
 
 from apps.web.server import AppConfig, FolderIndexer, ProgressBoard, create_app
 from retrievers.ingest import SyncProgress
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import counting_embeddings
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,8 +25,8 @@ def test_progress_of_a_folder_being_indexed_can_be_polled(tmp_path: Path, apps_c
         SyncProgress("embed", chunks_done=16, chunks_total=32, elapsed_s=2.0),
         SyncProgress("embed", chunks_done=32, chunks_total=32, elapsed_s=4.0),
     ]
-    backend = ScriptedBackend(progress_steps=steps, progress_delay_s=0.4)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(progress_steps=steps, progress_delay_s=0.4)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             result: dict[str, httpx.Response] = {}
             post = threading.Thread(
@@ -82,8 +82,8 @@ def test_the_page_shows_indexing_progress(tmp_path: Path, apps_corpus: Path) -> 
     from playwright.sync_api import sync_playwright
 
     steps = [SyncProgress("embed", chunks_done=16, chunks_total=32, elapsed_s=2.0)] * 8
-    backend = ScriptedBackend(progress_steps=steps, progress_delay_s=0.25)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path / "s")) as server, sync_playwright() as p:
+    backend = ScriptedIndexer(progress_steps=steps, progress_delay_s=0.25)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path / "s")) as server, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, chromium_sandbox=False, args=["--no-sandbox"])
         try:
             page = browser.new_page()

@@ -9,7 +9,7 @@ import pytest
 
 from apps.web.markdown import render_answer
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.test_web_server import ask, client_for, upload
 
 ALLOWED = {"a", "p", "br", "hr", "strong", "em", "del", "code", "pre", "blockquote", "ul", "ol", "li",
@@ -94,8 +94,8 @@ def test_raw_html_in_an_answer_shows_as_text() -> None:
 @pytest.mark.timeout(60)
 def test_the_done_event_carries_the_sanitized_html(tmp_path: Path) -> None:
     words = ["- **Sick", " leave**: 5 days", "\n- <img src=x onerror=alert(1)>", " [1]"]
-    backend = ScriptedBackend(words=words)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(words=words)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         with client_for(server) as c:
             upload(c, "a.md")
             event, done = ask(c, "sick leave?")[-1]

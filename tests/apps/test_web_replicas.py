@@ -103,7 +103,7 @@ class Replicas:
 def replicas(pg_url: str, tmp_path: Path) -> Iterator[Replicas]:
     heard = Heard()
     backends = tuple(ReplicaIndexer(url=pg_url, embeddings=EMBEDDINGS, replica=name, heard=heard) for name in "ab")
-    apps = [create_app(AppConfig(), backend=backend, sessions_root=tmp_path / backend.replica, state_url=pg_url)
+    apps = [create_app(AppConfig(), indexer=backend, sessions_root=tmp_path / backend.replica, state_url=pg_url)
             for backend in backends]  # fmt: skip
     with LiveServer(apps[0]) as a, LiveServer(apps[1]) as b:
         yield Replicas(a, b, backends, heard, pg_url)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The web app's HTTP behaviour, over a real uvicorn server on 127.0.0.1 with a scripted backend."""
+"""The web app's HTTP behaviour, over a real uvicorn server on 127.0.0.1 with a scripted indexer."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from apps.web.documents import _safe_name
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 
 
 def events(response: httpx.Response) -> Iterator[tuple[str, dict]]:
@@ -41,13 +41,13 @@ def upload(client: httpx.Client, name: str, body: bytes = b"# Notes\n\nThe trial
 
 
 @pytest.fixture
-def backend() -> ScriptedBackend:
-    return ScriptedBackend()
+def backend() -> ScriptedIndexer:
+    return ScriptedIndexer()
 
 
 @pytest.fixture
-def server(backend: ScriptedBackend, tmp_path: Path) -> Iterator[LiveServer]:
-    with LiveServer(create_app(AppConfig(max_file_bytes=2000, max_request_bytes=10_000), backend=backend, sessions_root=tmp_path)) as s:
+def server(backend: ScriptedIndexer, tmp_path: Path) -> Iterator[LiveServer]:
+    with LiveServer(create_app(AppConfig(max_file_bytes=2000, max_request_bytes=10_000), indexer=backend, sessions_root=tmp_path)) as s:
         yield s
 
 
@@ -69,7 +69,7 @@ def test_page_is_served_and_the_first_upload_sets_an_httponly_session_cookie(ser
         assert again.json()["documents"] == ["notes.md"] and "set-cookie" not in again.headers  # same session kept
 
 
-def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: LiveServer, backend: ScriptedBackend) -> None:
+def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: LiveServer, backend: ScriptedIndexer) -> None:
     with client_for(server) as c:
         r = upload(c, "notes.md")
         assert r.status_code == 200, r.text
@@ -96,8 +96,8 @@ def test_ask_streams_tokens_then_citations_and_stats_and_keeps_history(server: L
 
 
 def test_an_unsupported_answer_is_marked_and_cites_nothing(tmp_path: Path) -> None:
-    backend = ScriptedBackend(words=["The capital of Peru", " is Lima."], supported=False)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server, client_for(server) as c:
+    backend = ScriptedIndexer(words=["The capital of Peru", " is Lima."], supported=False)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server, client_for(server) as c:
         upload(c, "timetable.md", b"Ferry departures: 7:15 and 9:40.")
         kind, done = ask(c, "What is the capital of Peru?")[-1]
     assert kind == "done" and done["supported"] is False and done["citations"] == []
@@ -146,8 +146,8 @@ def test_sessions_do_not_see_each_other(server: LiveServer) -> None:
 
 @pytest.mark.timeout(60)
 def test_answers_are_serialized_and_the_second_is_queued(tmp_path: Path) -> None:
-    backend = ScriptedBackend(delay_s=0.05)
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(delay_s=0.05)
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         clients = [client_for(server) for _ in range(2)]
         for i, c in enumerate(clients):
             upload(c, f"doc{i}.md")
@@ -175,9 +175,9 @@ def test_answers_are_serialized_and_the_second_is_queued(tmp_path: Path) -> None
 
 @pytest.mark.timeout(60)
 def test_queue_wait_and_answer_time_are_limited(tmp_path: Path) -> None:
-    backend = ScriptedBackend(delay_s=0.25)
+    backend = ScriptedIndexer(delay_s=0.25)
     config = AppConfig(queue_timeout_s=0.2, answer_timeout_s=0.6)
-    with LiveServer(create_app(config, backend=backend, sessions_root=tmp_path)) as server:
+    with LiveServer(create_app(config, indexer=backend, sessions_root=tmp_path)) as server:
         a, b = client_for(server), client_for(server)
         upload(a, "a.md")
         upload(b, "b.md")
@@ -200,8 +200,8 @@ def test_queue_wait_and_answer_time_are_limited(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_closed_client_stops_its_generation_and_frees_the_model(tmp_path: Path) -> None:
-    backend = ScriptedBackend(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path)) as server:
+    backend = ScriptedIndexer(delay_s=0.05, words=["word "] * 400)  # 20 s if never stopped
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path)) as server:
         a, b = client_for(server), client_for(server)
         upload(a, "a.md")
         upload(b, "b.md")
@@ -220,12 +220,12 @@ def test_a_closed_client_stops_its_generation_and_frees_the_model(tmp_path: Path
 
 
 def test_folders_only_when_allowed(tmp_path: Path, apps_corpus: Path) -> None:
-    backend = ScriptedBackend()
-    with LiveServer(create_app(AppConfig(allow_folders=False), backend=backend, sessions_root=tmp_path / "s1")) as s:
+    backend = ScriptedIndexer()
+    with LiveServer(create_app(AppConfig(allow_folders=False), indexer=backend, sessions_root=tmp_path / "s1")) as s:
         with client_for(s) as c:
             r = c.post("/api/folder", json={"path": str(apps_corpus)})
             assert r.status_code == 403
-    with LiveServer(create_app(AppConfig(), backend=backend, sessions_root=tmp_path / "s2")) as s:
+    with LiveServer(create_app(AppConfig(), indexer=backend, sessions_root=tmp_path / "s2")) as s:
         with client_for(s) as c:
             assert c.post("/api/folder", json={"path": str(tmp_path / "missing")}).status_code == 404
             r = c.post("/api/folder", json={"path": str(apps_corpus)})
@@ -246,7 +246,7 @@ def test_an_upload_with_no_text_is_refused_without_naming_server_paths(tmp_path:
     """The message names the files, not the server's session folder (which holds the session id)."""
     from apps.web.server import FolderIndexer
 
-    app = create_app(AppConfig(), backend=FolderIndexer(max_tokens=8), sessions_root=tmp_path)
+    app = create_app(AppConfig(), indexer=FolderIndexer(max_tokens=8), sessions_root=tmp_path)
     with LiveServer(app) as server, client_for(server) as c:
         r = c.post("/api/documents", files=[("files", ("a.md", b"   \n", "text/markdown"))])
         assert r.status_code == 422

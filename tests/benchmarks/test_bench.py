@@ -136,3 +136,40 @@ def test_plot_draws_each_workload_and_the_verify_cost_curves(tmp_path, monkeypat
     titles = drawn[0]
     assert titles.get("verify cost r(k)") == 3  # two back ends and the k+1 line
     assert sum("workload" in t for t in titles) == 2
+
+
+def test_a_question_set_replaces_the_bundled_questions_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--question-set FILE`` (repeatable): the RAG workload asks those files' questions, in order, cut at ``--questions``."""
+    from benchmarks import bench
+    from benchmarks.bench_workload import bundled_questions
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text('{"questions": [{"question": "q1"}, {"question": "q2"}]}')
+    second.write_text('{"questions": [{"question": "q3", "kind": "extractive"}]}')
+    assert [q["question"] for q in bundled_questions(3, [first, second])] == ["q1", "q2", "q3"]
+    assert [q["question"] for q in bundled_questions(2, [second, first])] == ["q3", "q1"]
+    assert len(bundled_questions(39)) == 39  # no set: the bundled questions
+    seen: dict[str, object] = {}
+
+    def stop(**kwargs: object) -> dict[str, object]:
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bench, "run_benchmark", stop)
+    with pytest.raises(SystemExit):
+        main(["--question-set", str(first), "--question-set", str(second), "--questions", "3"])
+    assert seen["question_sets"] == [first, second] and seen["questions"] == 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_the_torch_methods_run_on_a_question_set() -> None:
+    """One unseen question end to end on PyTorch (shape and exactness, not speed)."""
+    from benchmarks.bench import run_benchmark
+
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+    report = run_benchmark(model="default", backends=("torch",), questions=1, open_ended=0, max_new_tokens=6,
+                           question_sets=[data / "fresh_questions.json"], progress=lambda _: None)
+    rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
+    assert rows["ragspec_ngram"]["identical"] == 1 and rows["oracle_k8"]["identical"] == 1
+    assert report["question_sets"] == [str(data / "fresh_questions.json")]

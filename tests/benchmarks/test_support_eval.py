@@ -26,11 +26,13 @@ def test_every_label_matches_an_answer_and_every_answer_is_labelled() -> None:
     assert _keys("heldout_answers.json", "answers") == held_out
     fresh = _keys("fresh_labels.json", "labels")
     assert _keys("fresh_answers.json", "answers") == fresh
-    parts = [{i for _, i in part} for part in (labelled, held_out, fresh)]
-    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])  # an answer is in one part only
+    fresh2 = _keys("fresh2_labels.json", "labels")
+    assert _keys("fresh2_answers.json", "answers") == fresh2
+    parts = [{i for _, i in part} for part in (labelled, held_out, fresh, fresh2)]
+    assert all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1 :])  # an answer is in one part only
     cases = support_eval.cases()
-    assert len(cases) == 51 + len(labelled) + len(held_out) + len(fresh) >= 100  # a label counts only for its exact text
-    assert {c.part for c in cases} == {"tuned", "held-out", "fresh"}
+    assert len(cases) == 51 + len(labelled) + len(held_out) + len(fresh) + len(fresh2) >= 100  # a label counts only for its exact text
+    assert {c.part for c in cases} == {"tuned", "held-out", "fresh", "fresh2"}
 
 
 def test_measure_counts_against_a_brute_force_tally() -> None:
@@ -53,7 +55,8 @@ def test_measure_counts_against_a_brute_force_tally() -> None:
 def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
     done = run_script("support_eval.py", "--limit", "5", "--json", str(tmp_path / "r.json"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 20 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
+    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 25 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
+    assert "| after | fresh2 | 5 |" in done.stdout and "| after | fresh + fresh2 | 10 |" in done.stdout
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}
 
 

@@ -248,3 +248,13 @@ def test_every_rule_without_citations_has_its_own_reason_in_the_note():
     notes = [unsupported_note(rule) for rule in rules]
     assert len(set(notes)) == len(rules) and all(n.startswith("I don't know: no passage backs this answer (") for n in notes)
     assert "2 oven" in unsupported_note("missing_facts", ["2 oven"])  # the facts it states win over the rule
+
+
+def test_a_bare_fact_is_backed_where_its_question_points() -> None:
+    """"The answer is: 3." to "How many actions ...?" draws on the sentence about actions, not on the first one that
+    says three (the fresh2 part's fq-18)."""
+    passage = Document("A round has three phases. The keepers' phase comes first. Players take turns in any order. "
+                       "On your turn you have three actions.")  # fmt: skip
+    question = "How many actions does a player have on a turn?"
+    assert choose_citations("The answer is: 3.", [passage], question) == ([1], "facts")
+    assert choose_citations("The answer is: 4.", [passage], question)[0] == []

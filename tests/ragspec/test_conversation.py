@@ -10,7 +10,7 @@ import pytest
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.documents import Document
-from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -21,7 +21,7 @@ from ragspec.pipeline import ContextBudgetWarning, DocumentQA
 from ragspec.engine.text import whole_words
 from ragspec.prompts import Turn, chat_prompt_ids, conversation_messages
 
-from tests.ragspec.test_pipeline import PASSAGES, doc
+from tests.ragspec.test_pipeline import MERCURY, PASSAGES, FixedChat, FixedRetriever, doc
 
 KHAN = doc("Genghis Khan named his third son Ögedei as his successor. He died in August 1227.", "/docs/khan.txt",
            start_index=0)
@@ -185,6 +185,49 @@ def test_runnable_with_message_history_keeps_the_conversation(retriever, lc_tiny
     assert turns[0].passages == tuple(PASSAGES[:2]) and turns[1].passages == ()
     third = chat.invoke({"question": "Who runs the bakery?"}, config=config)
     assert len(third.response_metadata[PASSAGES_KEY]) == 1  # the library passage; the bakery's was shown before
+
+
+class RecordingChat(FixedChat):
+    """``FixedChat`` that records the messages of every prompt it is given."""
+
+    prompts: list[list[BaseMessage]] = []
+
+    def _stream(self, messages: list[BaseMessage], stop: object = None, run_manager: object = None, **kwargs: object):  # type: ignore[no-untyped-def, override]
+        self.prompts.append(list(messages))
+        yield from super()._stream(messages, stop, run_manager, **kwargs)
+
+
+def _prompt_text(messages: list[BaseMessage]) -> str:
+    return "\n".join(str(m.content) for m in messages)
+
+
+def test_an_abstained_answer_reaches_the_next_prompt_as_no_answer() -> None:
+    """Under ``unsupported="abstain"`` the reader was shown "I don't know", not the guess: the next turn's prompt
+    holds the earlier question with an empty answer, neither the note (not the model's words) nor the guess."""
+    model = RecordingChat(text=MERCURY)
+    qa = DocumentQA(FixedRetriever(passages=PASSAGES), model)
+    question, follow_up = "What is the boiling point of mercury?", "And of water?"
+    chat = qa.conversation()
+    first = chat.ask(question)
+    assert first.text == first.note and first.generated_text == MERCURY  # abstained
+    assert chat.turns[-1] == Turn(question, "", tuple(PASSAGES))
+    chat.ask(follow_up)
+    runnable = qa.as_chat_runnable()
+    invoked = runnable.invoke({"question": question})
+    runnable.invoke({"question": follow_up, "history": [HumanMessage(question), invoked]})
+    streamed = None
+    for chunk in runnable.stream({"question": question}):
+        streamed = chunk if streamed is None else streamed + chunk
+    runnable.invoke({"question": follow_up, "history": [HumanMessage(question), streamed]})
+    follow_ups = [p for p in model.prompts if follow_up in _prompt_text(p)]
+    assert len(follow_ups) == 3
+    for prompt in follow_ups:
+        assert question in _prompt_text(prompt) and "4.1875" not in _prompt_text(prompt)
+        assert "I don't know" not in _prompt_text(prompt)
+    # Under "flag" the reader saw the model's words (flagged): they stay in the conversation.
+    flag = DocumentQA(FixedRetriever(passages=PASSAGES), model, unsupported="flag").conversation()
+    flag.ask(question)
+    assert flag.turns[-1].answer == MERCURY
 
 
 # -- async, token by token ------------------------------------------------------------------------

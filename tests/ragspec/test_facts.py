@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragspec.facts import answer_facts, missing_facts, normalize_numbers, words
+from ragspec.facts import answer_facts, missing_facts, normalize_numbers, stem, words
 
 UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
 TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -105,7 +105,7 @@ def test_missing_facts_compares_digits_with_number_words():
 def test_number_units_pair_each_count_with_what_it_counts():
     from ragspec.facts import number_units, unheld_units
 
-    assert number_units("The bakery has 2 ovens and 5 arches; in 1871 the flood came on 14 November.") == [("2", "oven"), ("5", "arche")]
+    assert number_units("The bakery has 2 ovens and 5 arches; in 1871 the flood came on 14 November.") == [("2", "oven"), ("5", "arch")]
     assert number_units("The answer is: 4.", "How many bakers founded it?") == [("4", "baker")]
     assert number_units("From 3:30 to 11:30.", "What are the hours?") == []  # a word like "to" counts nothing
     assert unheld_units([("2", "oven")], ["A bakery with two shops. It has ovens."]) == ["2 oven"]
@@ -120,3 +120,9 @@ def test_asks_number_and_counts():
     assert not counts("It gave way on 14 November 1871.", "How many days of rain came?")  # a date counts nothing
     assert counts("It opened in 1874.", "In what year did the bridge open?")
     assert negations("It can't.") and negations("Never on Sundays") and not negations("Nothing" [1:] + " notable")
+
+
+def test_stem_matches_a_word_with_its_endings() -> None:
+    """"doubled" matches "double" ("The population doubled" answers "did the population double?")."""
+    assert {stem(w) for w in ("double", "doubled", "doubles", "doubling")} == {"doubl"}
+    assert stem("crossings") == "cross" and stem("arches") == stem("arch") == "arch" and stem("the") == "the"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from apps.web.server import AppConfig, create_app
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import GeneratorSource
 from tests.slow_forward import slow_generator
 
@@ -34,7 +34,7 @@ def watch_health(url: str, slow: Any, stop: threading.Event, seen: list[tuple[bo
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_abandoned_long_prompt_stops_in_the_prefill_and_holds_its_slot_until_then(tmp_path: Path, stream: bool) -> None:
     gen, slow = slow_generator(PER_TOKEN_S)
-    app = create_app(AppConfig(max_queue=4), backend=ScriptedBackend(), sessions_root=tmp_path, generation=GeneratorSource(gen))
+    app = create_app(AppConfig(max_queue=4), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=GeneratorSource(gen))
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": stream}
     with LiveServer(app) as server:
         seen: list[tuple[bool, bool]] = []

@@ -16,7 +16,7 @@ import pytest
 from apps.web.documents import _safe_name
 from apps.web.server import AppConfig, create_app
 from retrievers.loaders import load_documents, load_file
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 from tests.apps.fakes import GeneratorSource
 
 
@@ -67,7 +67,7 @@ def test_pdfs_that_break_the_parser_are_skipped_with_their_reason_and_the_rest_l
 
 
 @dataclass
-class FailingOn(ScriptedBackend):
+class FailingOn(ScriptedIndexer):
     """Indexing fails unexpectedly when a file called ``poison`` is among the uploads."""
 
     poison: str = "poison.md"
@@ -80,7 +80,7 @@ class FailingOn(ScriptedBackend):
 
 @pytest.mark.timeout(120)
 def test_an_upload_whose_indexing_fails_leaves_no_file_behind(tmp_path: Path) -> None:
-    with LiveServer(create_app(AppConfig(), backend=FailingOn(), sessions_root=tmp_path)) as server:
+    with LiveServer(create_app(AppConfig(), indexer=FailingOn(), sessions_root=tmp_path)) as server:
         with httpx.Client(base_url=server.url, timeout=20) as c:
             files = lambda name: [("files", (name, b"# Notes\n\nSix months.\n", "text/markdown"))]  # noqa: E731
             assert c.post("/api/documents", files=files("notes.md")).status_code == 200
@@ -96,7 +96,7 @@ def test_an_upload_whose_indexing_fails_leaves_no_file_behind(tmp_path: Path) ->
 
 @pytest.mark.timeout(180)
 def test_v1_bodies_and_schemas_that_were_500s_are_400s_naming_the_parameter(tmp_path: Path, lc_tiny_generator: Any) -> None:
-    app = create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path, generation=GeneratorSource(lc_tiny_generator))
+    app = create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path, generation=GeneratorSource(lc_tiny_generator))
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
         digits = b'{"model": "tiny", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"
         r = c.post("/v1/completions", content=digits, headers={"Content-Type": "application/json"})
@@ -180,7 +180,7 @@ def test_long_non_ascii_upload_names_fit_the_file_system(name: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_long_names_upload_and_a_suffix_in_capitals_is_named_as_such(tmp_path: Path) -> None:
-    with LiveServer(create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path)) as server:
+    with LiveServer(create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path)) as server:
         with httpx.Client(base_url=server.url, timeout=20) as c:
             names = ["\U0001d400" * 130 + ".md", "文" * 100 + ".txt", "name.TXT"]
             r = c.post("/api/documents", files=[("files", (n, b"text", "text/plain")) for n in names])
@@ -196,7 +196,7 @@ def test_long_names_upload_and_a_suffix_in_capitals_is_named_as_such(tmp_path: P
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("path", "status"), [("~nosuchuser_ragspec/docs", 404), ("/" + "d" * 3000, 422), ("x" * 5000, 422)])
 def test_unusable_folder_paths_are_clear_4xx_not_500(tmp_path: Path, path: str, status: int) -> None:
-    with LiveServer(create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path)) as server:
+    with LiveServer(create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path)) as server:
         with httpx.Client(base_url=server.url, timeout=20) as c:
             r = c.post("/api/folder", json={"path": path})
     assert r.status_code == status, r.text
@@ -209,7 +209,7 @@ def test_unusable_folder_paths_are_clear_4xx_not_500(tmp_path: Path, path: str, 
 def test_a_client_that_drops_mid_body_is_not_an_error_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import time
 
-    with LiveServer(create_app(AppConfig(), backend=ScriptedBackend(), sessions_root=tmp_path)) as server:
+    with LiveServer(create_app(AppConfig(), indexer=ScriptedIndexer(), sessions_root=tmp_path)) as server:
         caplog.set_level(logging.DEBUG)
         for _ in range(3):
             with socket.create_connection(("127.0.0.1", server.port)) as s:

@@ -48,7 +48,7 @@ class VaultAnswerer:
 
 
 @dataclass
-class VaultBackend:
+class VaultIndexer:
     generator: Any
     answerers: list[VaultAnswerer] = field(default_factory=list)
 
@@ -86,7 +86,7 @@ def test_a_web_sessions_document_cannot_be_guessed_through_the_cache_from_v1(
     tmp_path: Path, lc_tiny_generator: Any, shared: bool
 ) -> None:
     tokenizer = lc_tiny_generator.tokenizer
-    app = create_app(AppConfig(shared_prefix_cache=shared), backend=VaultBackend(lc_tiny_generator), sessions_root=tmp_path,
+    app = create_app(AppConfig(shared_prefix_cache=shared), indexer=VaultIndexer(lc_tiny_generator), sessions_root=tmp_path,
                      generation=GeneratorSource(lc_tiny_generator))  # fmt: skip
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as web, \
             httpx.Client(base_url=server.url, timeout=120) as api:  # fmt: skip
@@ -109,7 +109,7 @@ def test_a_v1_clients_system_prompt_cannot_be_guessed_by_another_client(tmp_path
 
     secret = "The PIN is 4821. Never say it."
     victim_salt, attacker_salt = "victim-" + "a" * 40, "attacker-" + "b" * 40
-    app = create_app(AppConfig(), backend=VaultBackend(lc_tiny_generator), sessions_root=tmp_path,
+    app = create_app(AppConfig(), indexer=VaultIndexer(lc_tiny_generator), sessions_root=tmp_path,
                      generation=GeneratorSource(lc_tiny_generator))  # fmt: skip
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
         assert cached(c.post("/v1/chat/completions", json=chat(secret, cache_salt=victim_salt))) == 0
@@ -150,7 +150,7 @@ def post_raw(c: httpx.Client, path: str, body: str) -> httpx.Response:
 
 @pytest.mark.timeout(240)
 def test_the_probes_500s_are_400s_naming_the_parameter(tmp_path: Path, lc_tiny_generator: Any) -> None:
-    app = create_app(AppConfig(), backend=VaultBackend(lc_tiny_generator), sessions_root=tmp_path,
+    app = create_app(AppConfig(), indexer=VaultIndexer(lc_tiny_generator), sessions_root=tmp_path,
                      generation=GeneratorSource(lc_tiny_generator), embeddings=NoEmbeddings())  # fmt: skip
     hi = [{"role": "user", "content": "hi"}]
     with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
@@ -198,7 +198,7 @@ def test_tools_and_json_schemas_reach_vllm_as_its_own_parameters(tmp_path: Path)
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     with fake_openai_server("vllm", call) as vllm:
         remote = RemoteModel(vllm.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
-        app = create_app(AppConfig(), backend=VaultBackend(None), sessions_root=tmp_path, generation=remote,
+        app = create_app(AppConfig(), indexer=VaultIndexer(None), sessions_root=tmp_path, generation=remote,
                          embeddings=NoEmbeddings())  # fmt: skip
         with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
             r = c.post("/v1/chat/completions", json={"model": "m", "messages": ask, "tools": [weather]})
@@ -217,7 +217,7 @@ def test_tools_and_json_schemas_reach_vllm_as_its_own_parameters(tmp_path: Path)
             assert vllm.request["response_format"]["json_schema"]["schema"]["properties"] == schema["properties"]  # type: ignore[attr-defined]
     with fake_openai_server("someone", call) as other:  # a server that takes JSON Schemas only: a 400, not a 500
         remote = RemoteModel(other.url, model="m", tokenizer="default")  # type: ignore[attr-defined]
-        app = create_app(AppConfig(), backend=VaultBackend(None), sessions_root=tmp_path / "b", generation=remote,
+        app = create_app(AppConfig(), indexer=VaultIndexer(None), sessions_root=tmp_path / "b", generation=remote,
                          embeddings=NoEmbeddings())  # fmt: skip
         with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=120) as c:
             r = c.post("/v1/chat/completions", json={"model": "m", "messages": ask, "tools": [weather]})

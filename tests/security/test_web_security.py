@@ -23,18 +23,18 @@ import pytest
 from apps import cli
 from apps.web.security import InsecureBindError, trusted_hosts_for
 from apps.web.server import AppConfig, create_app, serve
-from tests.apps.conftest import LiveServer, ScriptedBackend
+from tests.apps.conftest import LiveServer, ScriptedIndexer
 
 DOC = b"# Notes\n\nThe trial lasts six months.\n"
 
 
 @pytest.fixture
-def backend() -> ScriptedBackend:
-    return ScriptedBackend()
+def backend() -> ScriptedIndexer:
+    return ScriptedIndexer()
 
 
-def live(config: AppConfig, backend: ScriptedBackend, root: Path) -> LiveServer:
-    return LiveServer(create_app(config, backend=backend, sessions_root=root))
+def live(config: AppConfig, backend: ScriptedIndexer, root: Path) -> LiveServer:
+    return LiveServer(create_app(config, indexer=backend, sessions_root=root))
 
 
 def client(server: LiveServer, **kwargs: Any) -> httpx.Client:
@@ -56,7 +56,7 @@ def answer(c: httpx.Client, question: str, **kwargs: Any) -> str:
 
 
 @pytest.mark.timeout(180)
-def test_a_rebound_host_name_is_refused(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_a_rebound_host_name_is_refused(backend: ScriptedIndexer, tmp_path: Path) -> None:
     private = tmp_path / "private"
     private.mkdir()
     (private / "diary.md").write_text("my secrets")
@@ -73,7 +73,7 @@ def test_a_rebound_host_name_is_refused(backend: ScriptedBackend, tmp_path: Path
 
 
 @pytest.mark.timeout(180)
-def test_cross_site_state_changing_requests_are_refused(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_cross_site_state_changing_requests_are_refused(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(), backend, tmp_path) as server, client(server) as c:
         own = server.url  # http://127.0.0.1:PORT, the page's own origin
         for headers in (
@@ -94,7 +94,7 @@ def test_cross_site_state_changing_requests_are_refused(backend: ScriptedBackend
 
 
 @pytest.mark.timeout(180)
-def test_every_response_carries_the_security_headers(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_every_response_carries_the_security_headers(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(max_body_bytes=100), backend, tmp_path) as server, client(server) as c:
         responses = [
             c.get("/"),
@@ -115,7 +115,7 @@ def test_every_response_carries_the_security_headers(backend: ScriptedBackend, t
         assert not re.search(r"\son[a-z]+=", page)
 
 
-class FailingBackend(ScriptedBackend):
+class FailingBackend(ScriptedIndexer):
     def index(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a detail of /srv/secret that must not reach the page")
 
@@ -137,7 +137,7 @@ def test_a_websocket_is_refused_before_any_route() -> None:
     from starlette.testclient import TestClient
     from starlette.websockets import WebSocketDisconnect
 
-    with TestClient(create_app(AppConfig(), backend=ScriptedBackend())) as c, pytest.raises(WebSocketDisconnect) as closed:
+    with TestClient(create_app(AppConfig(), indexer=ScriptedIndexer())) as c, pytest.raises(WebSocketDisconnect) as closed:
         with c.websocket_connect("/api/session"):
             pass
     assert closed.value.code == 1008
@@ -158,7 +158,7 @@ def test_trusting_any_host_needs_an_api_key(monkeypatch: pytest.MonkeyPatch, cap
 
 
 @pytest.mark.timeout(180)
-def test_a_burst_of_cookieless_requests_does_not_evict_a_session(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_a_burst_of_cookieless_requests_does_not_evict_a_session(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(), backend, tmp_path) as server, client(server) as owner:
         assert upload(owner, "mine.md").status_code == 200
         for _ in range(40):
@@ -171,7 +171,7 @@ def test_a_burst_of_cookieless_requests_does_not_evict_a_session(backend: Script
 
 
 @pytest.mark.timeout(180)
-def test_a_full_server_refuses_new_sessions_with_a_503_and_keeps_the_old_ones(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_a_full_server_refuses_new_sessions_with_a_503_and_keeps_the_old_ones(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(max_sessions=2), backend, tmp_path) as server:
         a, b, c = client(server), client(server), client(server)
         assert upload(a, "a.md").status_code == 200 and upload(b, "b.md").status_code == 200
@@ -184,7 +184,7 @@ def test_a_full_server_refuses_new_sessions_with_a_503_and_keeps_the_old_ones(ba
 
 
 @pytest.mark.timeout(180)
-def test_uploads_are_bounded_per_session_and_a_refused_upload_leaves_no_session(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_uploads_are_bounded_per_session_and_a_refused_upload_leaves_no_session(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(max_sessions=1, max_session_bytes=100), backend, tmp_path) as server:
         with client(server) as greedy:
             r = upload(greedy, "big.md", body=b"x" * 101)
@@ -198,8 +198,8 @@ def test_uploads_are_bounded_per_session_and_a_refused_upload_leaves_no_session(
 
 
 @pytest.mark.timeout(180)
-def test_an_expired_session_is_reported_as_expired(backend: ScriptedBackend, tmp_path: Path) -> None:
-    app = create_app(AppConfig(session_ttl_s=0.5), backend=backend, sessions_root=tmp_path)
+def test_an_expired_session_is_reported_as_expired(backend: ScriptedIndexer, tmp_path: Path) -> None:
+    app = create_app(AppConfig(session_ttl_s=0.5), indexer=backend, sessions_root=tmp_path)
     now = [0.0]
     app.state.web.store.clock = lambda: now[0]  # the sessions' clock, moved on by hand instead of sleeping
 
@@ -276,10 +276,10 @@ def raw_request(port: int, head: str, chunks: Iterator[bytes]) -> tuple[bytes, i
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("route", ["/api/documents", "/api/ask"])
-def test_a_chunked_body_over_the_limit_is_cut_while_it_streams(route: str, backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_a_chunked_body_over_the_limit_is_cut_while_it_streams(route: str, backend: ScriptedIndexer, tmp_path: Path) -> None:
     limit = 64 * 1024
     config = AppConfig(max_file_bytes=limit, max_request_bytes=limit, max_body_bytes=limit)
-    app = Counting(create_app(config, backend=backend, sessions_root=tmp_path / "sessions"))
+    app = Counting(create_app(config, indexer=backend, sessions_root=tmp_path / "sessions"))
     total = 32 * 2**20  # 500 times the limit, no Content-Length
 
     def body() -> Iterator[bytes]:
@@ -305,7 +305,7 @@ def test_a_chunked_body_over_the_limit_is_cut_while_it_streams(route: str, backe
 
 
 @pytest.mark.timeout(180)
-def test_a_declared_length_over_the_limit_is_refused_before_the_body(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(max_request_bytes=10_000), backend, tmp_path) as server:
         for route, length in (("/api/ask", 2 * 2**20), ("/api/folder", 2 * 2**20), ("/api/documents", 10_001)):
             with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
@@ -320,7 +320,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(backend: Sc
 
 
 @pytest.mark.timeout(180)
-def test_the_api_key_is_required_on_every_api_route(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_the_api_key_is_required_on_every_api_route(backend: ScriptedIndexer, tmp_path: Path) -> None:
     key = secrets.token_urlsafe(24)
     with live(AppConfig(api_key=key), backend, tmp_path) as server, client(server) as c:
         assert c.get("/").status_code == 200 and c.get("/static/app.js").status_code == 200  # the page asks for the key
@@ -377,7 +377,7 @@ def test_trusted_hosts_for_a_bind_address() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_odd_and_repeated_upload_names_keep_every_file(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_odd_and_repeated_upload_names_keep_every_file(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(), backend, tmp_path) as server, client(server) as c:
         r = c.post(
             "/api/documents",
@@ -408,7 +408,7 @@ def test_odd_and_repeated_upload_names_keep_every_file(backend: ScriptedBackend,
 
 
 @pytest.mark.timeout(180)
-def test_a_lone_surrogate_question_is_a_clear_400_not_a_500(backend: ScriptedBackend, tmp_path: Path) -> None:
+def test_a_lone_surrogate_question_is_a_clear_400_not_a_500(backend: ScriptedIndexer, tmp_path: Path) -> None:
     with live(AppConfig(), backend, tmp_path) as server, client(server) as c:
         assert upload(c, "notes.md").status_code == 200
         json_headers = {"Content-Type": "application/json"}

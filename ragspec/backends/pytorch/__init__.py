@@ -29,19 +29,20 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, lm: LoadedModel) -> None:
-        self.lm = lm
-        self._forward = make_forward(lm.model, lm.device, lm.dtype, lm.prompt_dtype)
+    def __init__(self, target: LoadedModel) -> None:
+        self.target = target
+        """The loaded target model whose weights this back end runs."""
+        self._forward = make_forward(target.model, target.device, target.dtype, target.prompt_dtype)
         self.description = self._forward.description
-        self.model_name = lm.name
-        self.tokenizer = lm.tokenizer
-        self.context_length = lm.context_length
-        self.device = lm.device
-        self.vocab_size = int(lm.model.config.vocab_size)
-        eos = lm.model.generation_config.eos_token_id
+        self.model_name = target.name
+        self.tokenizer = target.tokenizer
+        self.context_length = target.context_length
+        self.device = target.device
+        self.vocab_size = int(target.model.config.vocab_size)
+        eos = target.model.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if lm.tokenizer.eos_token_id is not None:
-            ids.add(lm.tokenizer.eos_token_id)
+        if target.tokenizer.eos_token_id is not None:
+            ids.add(target.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(ids)
 
     prefill_chunk = 1024

@@ -34,12 +34,12 @@ seeded sample from run to run).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ragspec.backends.vllm.proposer import BatchDrafter, draft_lists
+from ragspec.backends.vllm.proposer import BatchDrafter, StepBatch, draft_lists
 from ragspec.engine.ngram_batch import CAP, LAST_BUCKET, LAST_GROUP, LAST_K, NONE, OUTPUT_SOURCE
 from ragspec.engine.planning import MAX_BUCKET, MAX_Q, MODEL, OUTPUT, REFERENCE, CostCurve, plan_sources, rates
 
@@ -99,14 +99,7 @@ class HybridDrafter(BatchDrafter):
         self._waited = 0  # steps an exploration has waited for a row to try the model on
         self._holes: set[str] = set()  # requests in the batch whose draft-model KV cache has holes
 
-    def candidates(
-        self,
-        req_ids: Sequence[str],
-        sampled: Sequence[Sequence[int]],
-        num_tokens: Sequence[int] | np.ndarray,
-        token_ids: np.ndarray,
-        seeded_rows: Collection[int] = (),
-    ) -> None:
+    def candidates(self, batch: StepBatch) -> None:
         """Index the tokens each row sampled and find its n-gram candidate (``index.cand``,
         ``index.drafts``); rows that may draft get ``caps`` > 0, and ``model_caps`` > 0 where the
         draft model's cache is whole. Where no row's is (the model left, its requests holed), the
@@ -114,7 +107,7 @@ class HybridDrafter(BatchDrafter):
         a step costs what the proposer's does."""
         last_ids, last_time = self._last_ids, self._last_time
         began = self.requests_seen + self.undrafted_seen
-        ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
+        ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(batch)
         admitted = self.requests_seen + self.undrafted_seen > began  # a prompt ended: its catch-up is a prefill
         if all_sampled and ids == last_ids and last_time is not None:  # ``_begin_step`` timed the last step
             self.timed_steps[self._last_source] += 1
@@ -126,7 +119,7 @@ class HybridDrafter(BatchDrafter):
         self._earned = self._count_accepted(n_new) if by_row else False
         curve = self.costs.plannable(rows) if self._ngram_only else None
         _, accepted, restarted = self.index.step(
-            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
+            self._slots, n_new, num_tokens, batch.token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
             curve, self.policy.margin)
         self.accepted += accepted
         if not by_row:

@@ -34,6 +34,7 @@ from ragspec.backends.vllm.proposer import (
     DEFAULT_MIN_MATCH,
     HISTORY_ENV,
     MIN_MATCH_ENV,
+    StepBatch,
     _env_int,
     request_cap,
 )
@@ -94,7 +95,7 @@ class HybridProposer(DraftModelProposer):
         if not appended:  # before the runner's bookkeeping: this step's tokens are not in its arrays yet
             token_ids = self._with_sampled(token_ids, num_tokens, sampled, rows)
             num_tokens = num_tokens + [len(s) for s in sampled]
-        self.hybrid.candidates(batch.req_ids, sampled, num_tokens, token_ids, batch.generators)
+        self.hybrid.candidates(StepBatch(batch.req_ids, sampled, num_tokens, token_ids, batch.generators))
         steps = min(self.hybrid.plan(), num_speculative_tokens)
         model_tokens: list[list[int]] = []
         if self.hybrid.catch_up:  # else the draft model does not run at all this step

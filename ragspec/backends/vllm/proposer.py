@@ -45,6 +45,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from operator import ne
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,20 @@ Each entry rebuilds the history's automaton; from about 100 rows some request en
 step, so entries are batched: an answer waits at most 8 steps (a few hundred ms on a GPU) before
 later requests can draft from it. A batch of a few rows, whose requests end tens of steps apart,
 still enters every answer at once, so a user's next question drafts from the previous answer."""
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What vLLM's model runner hands a proposer at a step, a row per request of the batch."""
+
+    req_ids: Sequence[str]
+    sampled: Sequence[Sequence[int]]
+    """The tokens each row sampled in the step that just ran (empty: a prompt not finished yet)."""
+    num_tokens: Sequence[int] | np.ndarray
+    token_ids: np.ndarray
+    """Each row's tokens so far (vLLM's ``token_ids_cpu``), the first ``num_tokens`` of the row."""
+    seeded_rows: Collection[int] = ()
+    """Rows of requests sampled with a seed (vLLM's ``input_batch.generators``)."""
 
 
 class StepCosts:
@@ -194,23 +209,16 @@ class BatchDrafter:
     def history(self) -> AnswerHistory:
         return self.index.history
 
-    def step(
-        self,
-        req_ids: Sequence[str],
-        sampled: Sequence[Sequence[int]],
-        num_tokens: Sequence[int] | np.ndarray,
-        token_ids: np.ndarray,
-        seeded_rows: Collection[int] = (),
-    ) -> list[list[int]]:
+    def step(self, batch: StepBatch) -> list[list[int]]:
         """Each row's draft for the next step. Rows in ``seeded_rows`` (requests sampled with a
         seed) get none: vLLM's rejection sampler draws its random numbers per drafted token, so
         drafts that depend on timing and on other requests would make a seeded sample differ
         from run to run; without drafts it is the sample vLLM gives without speculation."""
-        ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(req_ids, sampled, num_tokens, seeded_rows)
+        ids, n_new, num_tokens, seeded, all_sampled = self._begin_step(batch)
         rows = len(ids)
         curve = self.costs.plannable(rows)
         drafted, accepted, restarted = self.index.step(
-            self._slots, n_new, num_tokens, token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
+            self._slots, n_new, num_tokens, batch.token_ids, seeded, self.policy.acceptance.counts, self.policy.decay,
             curve, self.policy.margin,
         )  # fmt: skip
         drafts = draft_lists(self.index.drafts[:rows], self.index.ks[:rows]) if drafted else [[] for _ in ids]
@@ -223,20 +231,18 @@ class BatchDrafter:
         self._last_time = self.clock()
         return drafts
 
-    def _begin_step(
-        self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]], num_tokens: Sequence[int] | np.ndarray,
-        seeded_rows: Collection[int],
-    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, bool]:
+    def _begin_step(self, batch: StepBatch) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, bool]:
         """What every step does before drafting: follow the batch's requests (``_regroup``,
         ``_admit``), time the step that just ran, and mark the seeded rows. Returns the rows' ids,
         new tokens, token counts, seeded flags, and whether every row sampled."""
         now = self.clock()
+        sampled, seeded_rows = batch.sampled, batch.seeded_rows
         rows = len(sampled)
-        ids = req_ids[:rows]
+        ids = batch.req_ids[:rows]
         if not isinstance(ids, list):
             ids = list(ids)
         n_new = np.fromiter(map(len, sampled), np.int64, rows)
-        num_tokens = np.asarray(num_tokens)[:rows]
+        num_tokens = np.asarray(batch.num_tokens)[:rows]
         if ids != self._ids:
             self._regroup(ids)
         if self._pending:
@@ -369,7 +375,7 @@ class RagspecProposer:
     ) -> list[list[int]]:
         """Drafts for every row of the batch (an empty list: no draft for that request)."""
         batch = self._runner.input_batch
-        return self.drafter.step(batch.req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, batch.generators)
+        return self.drafter.step(StepBatch(batch.req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, batch.generators))
 
     def _request_cap(self, rid: str) -> int:
         return request_cap(self._runner, rid, self.drafter.max_draft, self._warned)

@@ -57,6 +57,7 @@ def test_without_a_model_it_is_plan() -> None:
 # -- the hybrid drafter on fake batches (vLLM's draft model stood in for by a function) -------------
 
 from ragspec.backends.vllm.hybrid import EXPLORE_TOKENS, HybridDrafter  # noqa: E402
+from ragspec.backends.vllm.proposer import StepBatch  # noqa: E402
 from ragspec.engine.planning import MODEL  # noqa: E402
 from tests.ragspec.backends.vllm.test_proposer import MAX_LEN, PASSAGE, flat_costs  # noqa: E402
 
@@ -67,7 +68,7 @@ def _step(drafter: HybridDrafter, rows: dict[str, list[int]], new: dict[str, lis
     token_ids = np.zeros((len(ids), MAX_LEN), np.int32)
     for i, rid in enumerate(ids):
         token_ids[i, : len(rows[rid])] = rows[rid]
-    drafter.candidates(ids, [new[r] for r in ids], np.array([len(rows[r]) for r in ids]), token_ids)
+    drafter.candidates(StepBatch(ids, [new[r] for r in ids], np.array([len(rows[r]) for r in ids]), token_ids))
     steps = drafter.plan()
     if drafter.catch_up:  # else the model does not run (as in ``HybridProposer.propose``)
         drafter.record_model(steps, model_s * (1 + steps))
@@ -117,7 +118,7 @@ def test_seeded_rows_and_rows_that_asked_for_no_speculation_get_nothing() -> Non
     ids = ["seeded", "off"]
     token_ids = np.zeros((2, MAX_LEN), np.int32)
     token_ids[:, :16] = PASSAGE + [1, 2, 3, 101]
-    drafter.candidates(ids, [[101], [101]], np.array([16, 16]), token_ids, seeded_rows={0})
+    drafter.candidates(StepBatch(ids, [[101], [101]], np.array([16, 16]), token_ids, seeded_rows={0}))
     assert drafter.plan() == 0 and drafter.compose([]) == [[], []]
 
 
@@ -215,7 +216,7 @@ def _generate(drafter, prompt: list[int], answer: list[int], clock: _Clock, righ
         token_ids = np.zeros((1, max_len), np.int32)
         token_ids[0, : len(context)] = context
         if isinstance(drafter, HybridDrafter):
-            drafter.candidates(["r"], [new], np.array([len(context)]), token_ids)
+            drafter.candidates(StepBatch(["r"], [new], np.array([len(context)]), token_ids))
             steps = drafter.plan()
             if drafter.catch_up:
                 clock.t += forward_s * max(steps, 1)
@@ -223,7 +224,7 @@ def _generate(drafter, prompt: list[int], answer: list[int], clock: _Clock, righ
             idle_forwards.append(drafter.catch_up and not drafter.from_model.any())
             draft = drafter.compose([answer[pos : pos + steps] if right else [1] * steps])[0]
         else:
-            draft = drafter.step(["r"], [new], np.array([len(context)]), token_ids)[0]
+            draft = drafter.step(StepBatch(["r"], [new], np.array([len(context)]), token_ids))[0]
         kept = 0
         while kept < len(draft) and draft[kept] == answer[pos + kept]:
             kept += 1
@@ -300,7 +301,7 @@ def _serve(drafter, work: list[tuple[list[int], list[int]]], clients: int, right
         new = [live[rid][2] for rid in ids]
         if isinstance(drafter, HybridDrafter):
             before = drafter.explorations
-            drafter.candidates(ids, new, lengths, token_ids)
+            drafter.candidates(StepBatch(ids, new, lengths, token_ids))
             steps = drafter.plan()
             model: list[list[int]] = []
             if drafter.catch_up:
@@ -316,7 +317,7 @@ def _serve(drafter, work: list[tuple[list[int], list[int]]], clients: int, right
                 counts["exploring_steps"].append(counts["steps"])
             drafts = drafter.compose(model)
         else:
-            drafts = drafter.step(ids, new, lengths, token_ids)
+            drafts = drafter.step(StepBatch(ids, new, lengths, token_ids))
         counts["steps"] += 1
         clock.t += TARGET_STEP_S + DRAFTED_TOKEN_S * sum(map(len, drafts))
         for rid, draft in zip(ids, drafts):

@@ -14,6 +14,7 @@ from ragspec.backends.vllm.proposer import (
     STATS_ENV,
     BatchDrafter,
     RagspecProposer,
+    StepBatch,
     StepCosts,
     draft_lists,
 )
@@ -59,7 +60,7 @@ class FakeBatch:
         for i, rid in enumerate(ids):
             token_ids[i, : len(self.rows[rid])] = self.rows[rid]
         counts = np.array([len(self.rows[rid]) for rid in ids], dtype=np.int32)
-        drafts = drafter.step(ids, [self.new[rid] for rid in ids], counts, token_ids)
+        drafts = drafter.step(StepBatch(ids, [self.new[rid] for rid in ids], counts, token_ids))
         return dict(zip(ids, drafts))
 
 
@@ -114,7 +115,7 @@ def test_rows_still_prefilling_get_no_draft_and_no_state() -> None:
     drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[0, :3] = [5, 6, 5]
-    drafts = drafter.step(["a", "b"], [[5], []], np.array([3, 40]), token_ids)
+    drafts = drafter.step(StepBatch(["a", "b"], [[5], []], np.array([3, 40]), token_ids))
     assert drafts[1] == [] and set(drafter.index.slot_of) == {"a"}
 
 
@@ -122,7 +123,7 @@ def test_seeded_rows_get_no_draft_but_stay_indexed() -> None:
     drafter = BatchDrafter(4, max_model_len=MAX_LEN, policy=cheap_drafts_policy(4), costs=flat_costs(), clock=Clock())
     token_ids = np.zeros((2, MAX_LEN), dtype=np.int32)
     token_ids[:, :14] = [*PASSAGE, 7, 101]
-    drafts = drafter.step(["a", "b"], [[101], [101]], np.array([14, 14]), token_ids, seeded_rows={0})
+    drafts = drafter.step(StepBatch(["a", "b"], [[101], [101]], np.array([14, 14]), token_ids, seeded_rows={0}))
     assert drafts == [[], [102, 103, 104, 105]]
     assert drafter.index.tokens("a").tolist() == token_ids[0, :14].tolist()
 

@@ -1,0 +1,119 @@
+"""The drafting replay's arithmetic (``benchmarks/drafter_replay.py``) against brute force, on synthetic answers."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks.drafter_replay import (SELF, Lever, accepted_in_tree, copy_oracle, occurrences, oracle, recorded_costs,
+                                       replay, replay_lever, tree_size)
+from ragspec.engine.ngram import NgramDrafter
+from tests.benchmarks.scripts import run_script
+
+COST = {0: 1.0} | {k: 1.1 + 0.05 * k for k in range(1, 40)}
+
+
+def synthetic_rows(seed: int, answers: int = 5) -> list[dict[str, list[int]]]:
+    """Answers that copy spans of 3 random passages half of the time, with a small vocabulary (many repeats)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(answers):
+        refs = [[rng.randrange(40) for _ in range(60)] for _ in range(3)]
+        answer: list[int] = []
+        while len(answer) < 30:
+            if rng.random() < 0.5:
+                ref, j = rng.choice(refs), rng.randrange(50)
+                answer += ref[j : j + rng.randrange(1, 9)]
+            else:
+                answer.append(rng.randrange(40))
+        rows.append({"prompt": [1, 2, *sum(refs, []), 3], "references": refs, "answer": answer})
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_default_lever_replays_exactly_the_default_drafter(seed: int) -> None:
+    rows = synthetic_rows(seed)
+    assert replay_lever(rows, COST.get, Lever()) == replay(rows, COST.get, NgramDrafter(history_tokens=2048))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_more_branches_never_accept_fewer_tokens_per_forward(seed: int) -> None:
+    """A tree holds the policy's draft plus others: per forward it accepts at least as much as the draft alone."""
+    rows = synthetic_rows(seed)
+    base, _ = replay_lever(rows, COST.get, Lever())
+    tree, _ = replay_lever(rows, COST.get, Lever(3, 3, 8, also_without_draft=True))
+    assert tree >= base
+
+
+def test_occurrences_are_those_of_the_longest_suffix_with_a_continuation() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        refs = [[rng.randrange(5) for _ in range(rng.randrange(0, 17))] for _ in range(rng.randrange(1, 4))]
+        context = [rng.randrange(5) for _ in range(rng.randrange(2, 13))]
+        n, found = occurrences(refs, context, longest=5, max_tokens=3)
+        pool = [*enumerate(refs), (SELF, context[:-1])]
+        naive = lambda m: sorted((i, j + m - 1, tuple(r[j + m : j + m + 3])) for i, r in pool  # noqa: E731
+                                 for j in range(len(r) - m) if r[j : j + m] == context[-m:])
+        lengths = [m for m in range(1, min(5, len(context) - 1) + 1) if naive(m)]
+        assert n == max(lengths, default=0)
+        assert sorted((o.reference, o.end, o.following) for o in found) == (naive(n) if n else [])
+
+
+def test_a_tree_accepts_its_best_path_and_counts_shared_prefixes_once() -> None:
+    branches = [(5, 6, 7), (5, 6, 9, 1), (8,)]
+    assert tree_size(branches) == 6  # 5, 5-6, 5-6-7, 5-6-9, 5-6-9-1, 8
+    assert accepted_in_tree(branches, [5, 6, 9, 2]) == 3
+    assert accepted_in_tree(branches, [8, 8]) == 1
+    assert accepted_in_tree(branches, [4]) == 0
+    assert tree_size([]) == 0
+
+
+def test_the_oracle_yields_k_plus_one_tokens_a_forward_up_to_the_end() -> None:
+    rows = [{"prompt": [1], "references": [], "answer": list(range(20))}]  # 19 tokens after the prefill's
+    per_forward, speedup = oracle(rows, COST.get, k=8)
+    assert per_forward == pytest.approx(19 / 3)  # 9 + 9 + 1
+    assert speedup == pytest.approx(19 / (COST[8] * 2 + COST[1]))
+
+
+def test_recorded_costs_interpolate_a_quiet_measurement(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"verify_cost": {"torch": {"1": 1.2, "2": 1.3, "4": 1.5, "8": 1.9, "12": 2.3, "16": 2.7}}}))
+    costs = recorded_costs(report)
+    assert costs[0] == 1.0 and costs[1] == 1.2 and costs[3] == pytest.approx(1.4) and costs[6] == pytest.approx(1.7)
+    assert costs[20] == pytest.approx(3.1) and len(costs) == 33
+
+
+@pytest.mark.timeout(300)
+def test_the_script_prints_the_table_from_a_recording(tmp_path: Path) -> None:
+    rows = synthetic_rows(0, answers=2)
+    (tmp_path / "answers.json").write_text(json.dumps({"rows": rows, "relative_cost": COST}))
+    done = run_script("drafter_replay.py", "--record", "answers.json", cwd=tmp_path, timeout=280)
+    assert done.returncode == 0, done.stderr
+    assert "| oracle drafter, 8 tokens a step |" in done.stdout
+    assert "| default (n-gram + earlier answers, adaptive policy) |" in done.stdout
+    assert "tree: +2 other continuation(s)" in done.stdout
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_copy_ceiling_is_above_every_lever(seed: int) -> None:
+    """Choosing the best-agreeing span with hindsight beats any drafter's tokens per forward."""
+    rows = synthetic_rows(seed)
+    ceiling, _ = copy_oracle(rows, COST.get)
+    assert copy_oracle(rows, COST.get, anchored=False)[0] >= ceiling
+    for lever in (Lever(), Lever(2, 2, 2, also_without_draft=True), Lever(recent_passage=True)):
+        assert replay_lever(rows, COST.get, lever)[0] <= ceiling
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_figures_come_from_the_recorded_unseen_answers() -> None:
+    """The README's default row of the unseen-question replay is what the committed recording gives."""
+    repo = Path(__file__).resolve().parents[2]
+    data = json.loads((repo / "docs" / "bench" / "replay-unseen.json").read_text())
+    table = {int(k): v for k, v in data["relative_cost"].items()}
+    per_forward, speedup = replay(data["rows"], table.get, NgramDrafter(history_tokens=2048))
+    row = f"| **default (n-gram + earlier answers, adaptive policy)** | **{per_forward:.2f}** | **{speedup:.2f}x** |"
+    assert row in (repo / "README.md").read_text()
+    assert len(data["rows"]) == 41 and sum(len(r["answer"]) for r in data["rows"]) == 1339
