@@ -81,3 +81,39 @@ def test_support_answers_report_counts_gold_in_first_turns_and_follow_ups(tmp_pa
     rows.append({"id": "nq-01", "turn": 1, "text": "anything"})  # not a conversations.json turn: not counted
     (tmp_path / "a.json").write_text(json.dumps({"answers": rows}))
     assert support_answers.report([tmp_path / "a.json"]) == "first turns 1/1, follow-ups 1/2"
+
+
+def test_label_table_counts_each_layout_beside_the_baseline_on_the_same_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from benchmarks import support_answers
+
+    rows = [("conversation", "a-1", "right"), ("conversation", "a-2", "right"), ("conversation", "a-3", "partial"),
+            ("conversation", "b-1", "wrong"), ("conversation", "b-2", "wrong"),
+            ("rules", "a-2", "wrong"), ("rules", "a-3", "right"), ("rules", "b-2", "right"),
+            ("rules", "c-2", "right")]  # c-2: no baseline label, so not counted  # fmt: skip
+    labels = [{"layout": layout, "id": i, "verdict": v} for layout, i, v in rows]
+    (tmp_path / "labels.json").write_text(json.dumps({"labels": labels}))
+    assert support_answers.label_table(tmp_path / "labels.json").splitlines()[2:] == [
+        "| `conversation` | 3 | 1 | 1 | 1 | 1 | 1/2 |",
+        "| `rules` | 3 | 2 | 0 | 1 | 1 | 1/2 |",
+    ]
+
+
+def test_follow_up_labels_are_in_the_scheme_and_the_baseline_texts_are_the_stored_answers_cut() -> None:
+    labels = json.loads((REPO / "benchmarks/data/followup_labels.json").read_text())["labels"]
+    stored = {r["id"]: r["text"] for name in ("support_answers.json", "heldout_answers.json", "fresh_answers.json")
+              for r in json.loads((REPO / "benchmarks/data" / name).read_text())["answers"]}  # fmt: skip
+    assert {row["verdict"] for row in labels} <= {"right", "partial", "wrong", "no_answer"}
+    assert len({(row["layout"], row["id"]) for row in labels}) == len(labels)
+    baseline = [row for row in labels if row["layout"] == "conversation"]
+    assert len(baseline) >= 40 and all(stored[row["id"]].startswith(row["text"].rstrip()) for row in baseline)
+
+
+@pytest.mark.timeout(300)
+def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path) -> None:
+    done = run_script("support_answers.py", "--labels", str(REPO / "benchmarks/data/followup_labels.json"), cwd=tmp_path,
+                      timeout=280)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
+    docs = (REPO / "docs/conversations.md").read_text()
+    assert len(rows) == 4 and all(row in docs for row in rows)  # the table in docs/conversations.md, as printed
