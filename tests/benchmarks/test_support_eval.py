@@ -109,11 +109,27 @@ def test_follow_up_labels_are_in_the_scheme_and_the_baseline_texts_are_the_store
     assert len(baseline) >= 40 and all(stored[row["id"]].startswith(row["text"].rstrip()) for row in baseline)
 
 
+HELD_OUT_LAYOUTS = ("conversation", "rules", "k2", "no-answers")
+"""The layouts asked on the held-out conversations (``followup_conversations.json``), the baseline first."""
+
+
+def test_held_out_follow_up_labels_label_every_committed_answer_as_it_was_generated() -> None:
+    labels = json.loads((REPO / "benchmarks/data/followup_heldout_labels.json").read_text())["labels"]
+    convs = json.loads((REPO / "benchmarks/data/followup_conversations.json").read_text())["conversations"]
+    turns = {f"{c['id']}-{i + 1}" for c in convs for i in range(len(c["turns"]))}
+    assert {row["verdict"] for row in labels} <= {"right", "partial", "wrong", "no_answer"}
+    for layout in HELD_OUT_LAYOUTS:
+        answers = json.loads((REPO / f"benchmarks/data/followup_{layout}_answers.json").read_text())["answers"]
+        labelled = {row["id"]: row["text"] for row in labels if row["layout"] == layout}
+        assert labelled == {r["id"]: r["text"] for r in answers} and set(labelled) <= turns, layout
+    assert len({(row["layout"], row["id"]) for row in labels}) == len(labels)
+
+
 @pytest.mark.timeout(300)
-def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path) -> None:
-    done = run_script("support_answers.py", "--labels", str(REPO / "benchmarks/data/followup_labels.json"), cwd=tmp_path,
-                      timeout=280)  # fmt: skip
+@pytest.mark.parametrize("labels", ["followup_labels.json", "followup_heldout_labels.json"])
+def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path, labels: str) -> None:
+    done = run_script("support_answers.py", "--labels", str(REPO / "benchmarks/data" / labels), cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
     docs = (REPO / "docs/conversations.md").read_text()
-    assert len(rows) == 4 and all(row in docs for row in rows)  # the table in docs/conversations.md, as printed
+    assert len(rows) == 4 and all(row in docs for row in rows)  # the tables in docs/conversations.md, as printed
