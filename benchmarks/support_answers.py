@@ -190,9 +190,10 @@ def report(paths: list[Path]) -> str:
 
 
 def label_table(path: Path) -> str:
-    """A markdown table of the hand labels in ``path`` (``followup_labels.json``): per layout, its follow-ups
-    labelled right and partial, the first layout's (the baseline's) on the same follow-ups, and the first
-    turns of their conversations labelled right (the first turn is asked alike in every layout)."""
+    """A markdown table of the hand labels in ``path`` (``followup_labels.json``, ``followup_heldout_labels.json``):
+    per layout, its follow-ups labelled right and partial, the first layout's (the baseline's) on the same
+    follow-ups, and the first turns of their conversations labelled right (the first turn is asked alike in
+    every layout)."""
     labels = json.loads(path.read_text())["labels"]
     layouts = list(dict.fromkeys(row["layout"] for row in labels))
     verdict = {(row["layout"], row["id"]): row["verdict"] for row in labels}
@@ -219,7 +220,7 @@ def main() -> None:
                         help="--out files whose first-turn answers the follow-ups see (those first turns are not asked again)")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
     parser.add_argument("--labels", type=Path, default=None, help="only print the table of hand labels in this file "
-                        "(benchmarks/data/followup_labels.json)")
+                        "(benchmarks/data/followup_labels.json, followup_heldout_labels.json)")
     args = parser.parse_args()
     if args.report is not None:
         print(report(args.report))
