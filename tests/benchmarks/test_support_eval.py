@@ -109,7 +109,7 @@ def test_follow_up_labels_are_in_the_scheme_and_the_baseline_texts_are_the_store
     assert len(baseline) >= 40 and all(stored[row["id"]].startswith(row["text"].rstrip()) for row in baseline)
 
 
-HELD_OUT_LAYOUTS = ("conversation", "rules", "k2", "no-answers")
+HELD_OUT_LAYOUTS = ("conversation", "rules", "k2", "no-answers", "last")
 """The layouts asked on the held-out conversations (``followup_conversations.json``), the baseline first."""
 
 
@@ -126,10 +126,10 @@ def test_held_out_follow_up_labels_label_every_committed_answer_as_it_was_genera
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("labels", ["followup_labels.json", "followup_heldout_labels.json"])
-def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path, labels: str) -> None:
+@pytest.mark.parametrize(("labels", "layouts"), [("followup_labels.json", 4), ("followup_heldout_labels.json", len(HELD_OUT_LAYOUTS))])
+def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path, labels: str, layouts: int) -> None:
     done = run_script("support_answers.py", "--labels", str(REPO / "benchmarks/data" / labels), cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
     docs = (REPO / "docs/conversations.md").read_text()
-    assert len(rows) == 4 and all(row in docs for row in rows)  # the tables in docs/conversations.md, as printed
+    assert len(rows) == layouts and all(row in docs for row in rows)  # the tables in docs/conversations.md, as printed
