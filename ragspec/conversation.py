@@ -64,7 +64,7 @@ def _entry(item: BaseMessage | tuple[str, str]) -> tuple[str, str, tuple[Documen
         role = _ROLES.get(item.type)
         text = item.content if isinstance(item.content, str) else item.text
         passages = read_passages(item.response_metadata.get(PASSAGES_KEY)) if isinstance(item, AIMessage) else ()
-        if _abstained(item):
+        if _abstained(item, text):
             text = ""  # as ``Answer.as_turn``: an abstained answer is no answer in the next prompt
     elif isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
         role, text, passages = _ROLES.get(item[0].lower()), item[1], ()
@@ -79,11 +79,10 @@ def _entry(item: BaseMessage | tuple[str, str]) -> tuple[str, str, tuple[Documen
     return role, text, passages
 
 
-def _abstained(message: BaseMessage) -> bool:
-    """Whether ``message`` is an answer of ``ChatQARunnable`` that abstained: its metadata says unsupported and its
-    text ends with its note (``invoke``: the note alone; ``stream``: the model's words, then the note)."""
+def _abstained(message: BaseMessage, text: str) -> bool:
+    """Whether ``message`` (its ``text``) is an answer of ``ChatQARunnable`` that abstained: its metadata says
+    unsupported and its text ends with its note (``invoke``: the note alone; ``stream``: the model's words, then the note)."""
     note = message.response_metadata.get("note") if isinstance(message, AIMessage) else None
-    text = message.content if isinstance(message.content, str) else message.text
     return message.response_metadata.get("supported") is False and bool(note) and text.rstrip().endswith(str(note))
 
 
