@@ -1,4 +1,4 @@
-"""``benchmarks/dtype_quality.py`` and ``benchmarks/public_prefix_bench.py`` run as documented, at a tiny size."""
+"""``benchmarks/dtype_quality.py`` (generating or counting saved answers) and ``benchmarks/public_prefix_bench.py`` run as documented, at a tiny size."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks import dtype_quality
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
@@ -27,6 +29,40 @@ def test_dtype_quality_counts_labelled_answers_per_setting(tmp_path: Path) -> No
     assert sum(report["float32"]["verdicts"].values()) == sum(report["bf16-prompts"]["verdicts"].values()) == 1
     if not report["cpu_bf16"]:  # bf16 prompts are fp32 on such a CPU
         assert report["bf16-prompts"]["same_as_float32"] == 1
+
+
+
+def _label(name: str, turn_id: str) -> tuple[str, str]:
+    row = next(r for r in json.loads((REPO / "benchmarks" / "data" / name).read_text())["labels"] if r["id"] == turn_id)
+    return row["text"], row["verdict"]
+
+
+@pytest.mark.timeout(300)
+def test_dtype_quality_counts_saved_answers_without_the_model(tmp_path: Path) -> None:
+    right, right_verdict = _label("qa_labels.json", "kl-02")
+    wrong, wrong_verdict = _label("support_labels.json", "un-01")
+    assert (right_verdict, wrong_verdict) == ("right", "wrong")
+    lines = ["Loading weights: 100%", json.dumps({"id": "kl-02", "float32": right, "bf16-prompts": right + " No label has this."}),
+             json.dumps({"id": "un-01", "float32": wrong, "bf16-prompts": wrong}), 'float32 {"verdicts": {}}']  # fmt: skip
+    (tmp_path / "answers.log").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "q.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dtype_quality.py"), "--answers", "answers.log", "--out", str(out)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=280)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["answers"] == 2
+    assert report["float32"]["verdicts"] == {"right": 1, "wrong": 1} and report["float32"]["same_as_float32"] == 2
+    assert report["bf16-prompts"]["verdicts"] == {"unlabelled": 1, "wrong": 1} and report["bf16-prompts"]["same_as_float32"] == 1
+    assert [u["id"] for u in report["bf16-prompts"]["unlabelled"]] == ["kl-02"]
+    assert report["bf16-prompts"]["unlabelled"][0]["question"].startswith("How long is the trial period")
+    assert report["bf16-prompts vs float32"] == {"answers_differ": 1, "bf16-prompts_right_float32_not": 0, "float32_right_bf16-prompts_not": 1}
+    (tmp_path / "empty.log").write_text("Loading weights: 100%\n")
+    with pytest.raises(SystemExit, match="no answer lines"):
+        dtype_quality.saved([tmp_path / "empty.log"])
+    (tmp_path / "other.log").write_text(json.dumps({"id": "un-01", "float32": wrong, "bf16-prompts": right}) + "\n")
+    with pytest.raises(SystemExit, match="other answers to un-01"):
+        dtype_quality.saved([tmp_path / "answers.log", tmp_path / "other.log"])
+    assert dtype_quality.questions(3, start=1) == dtype_quality.questions(None)[1:3]
 
 
 @pytest.mark.integration
