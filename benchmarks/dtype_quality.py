@@ -3,15 +3,20 @@
 Asks every labelled question over the bundled corpus as the labelled answers were made (``DocumentQA``,
 k=3, ``max_tokens=96``, the default model, greedy, ``QA_DEFAULTS``): the bundled questions and the 12
 the corpus cannot answer (labels: ``benchmarks/data/qa_labels.json``) and the questions and
-conversations of ``benchmarks/support_answers.py`` (``support_labels.json``, ``heldout_labels.json``),
-once per dtype setting, the settings interleaved per question. A label counts only for an answer with
+conversations of ``benchmarks/support_answers.py`` (``support_labels.json``, ``heldout_labels.json``, the
+fresh and follow-up label files: ``LABELS``), once per dtype setting, the settings interleaved per question. A label counts only for an answer with
 exactly its text; answers no label covers are labelled in ``benchmarks/data/dtype_labels.json`` (same
 scheme, written from the passages and the question before the counts were taken) or listed as
 unlabelled. Per setting it reports right / partial / wrong / unlabelled and how many answers equal
-fp32's. The counts do not depend on timing (the answers are greedy), so a busy machine gives the same
-report (about 25 minutes on 2 cores):
+fp32's, and, on the turns whose answers differ, how often one setting's is right and the other's not. The
+counts do not depend on timing (the answers are greedy), so a busy machine gives the same
+report (about 25 minutes on 2 quiet cores):
 
     python benchmarks/dtype_quality.py --out docs/bench/dtype_quality.json
+
+It prints one line per turn (its id and each setting's answer): saved to a file, ``--answers FILE...``
+counts them again against the labels present then, without the model (e.g. after labelling the answers
+the run listed as unlabelled), and ``--start N`` continues a run that stopped after N conversations.
 
 On a CPU without AMX or AVX512-BF16 ``"bf16-prompts"`` runs fp32 and both columns are equal.
 """
