@@ -7,11 +7,14 @@ Started by vLLM with ``--speculative-config '{"method": "draft_model", "model": 
 model, gives it a KV cache beside the target's and runs it batched on the target's device; the
 worker (vLLM's own CPU or GPU worker, subclassed) only replaces that proposer, once the model
 runner exists and before the models load, by ``HybridProposer``: the same class with
-``propose`` wrapped. Each step it asks ``ragspec.backends.vllm.hybrid.HybridDrafter`` for every
+``propose`` wrapped. Each step, in the hook where the runner hands it the step's sampled tokens
+(``prepare_next_token_ids_*``), it asks ``ragspec.backends.vllm.hybrid.HybridDrafter`` for every
 row's n-gram candidate and the plan (which rows take which source, how many draft-model steps
-the batch runs), runs vLLM's own ``propose`` for that many steps (none: only the catch-up forward
-that keeps the draft model's KV cache whole, and not even that when the drafter does not keep the
-model, ``HybridDrafter.model.catch_up``), and hands vLLM the chosen drafts; vLLM's rejection
+the batch runs, and whether the model runs at all, ``HybridDrafter.model.catch_up``); where the
+model does not run, vLLM's preparation of its inputs (next tokens, ``prepare_inputs_padded``) is
+skipped too, so such a step costs what ragspec's n-gram proposer's does. ``propose`` then runs
+vLLM's own ``propose`` for the planned steps (none: only the catch-up forward that keeps the draft
+model's KV cache whole) where the model runs, and hands vLLM the chosen drafts; vLLM's rejection
 sampler verifies them, so the output is vLLM's without speculation.
 
 docs/scale-out.md ("The hybrid: n-gram drafts and a draft model inside vLLM") says why this seam,
@@ -103,9 +106,10 @@ class HybridProposer(DraftModelProposer):
         self.hybrid.model.inputs_prepared += 1
         return super().prepare_next_token_ids_cpu(sampled_token_ids, requests, gpu_input_batch, num_scheduled_tokens)
 
+    # Where the model does not run, the runner only slices its own buffers with what these return.
     def prepare_inputs_padded(self, common_attn_metadata: Any, spec_decode_metadata: Any,
-                              valid_sampled_tokens_count: torch.Tensor) -> tuple[Any, torch.Tensor | None, torch.Tensor | None]:
-        if not self.hybrid.model.catch_up:  # the runner only slices its own buffers with it; ``propose`` skips the model
+                              valid_sampled_tokens_count: torch.Tensor) -> tuple[Any, Any, Any]:
+        if not self.hybrid.model.catch_up:
             return common_attn_metadata, None, None
         return super().prepare_inputs_padded(common_attn_metadata, spec_decode_metadata, valid_sampled_tokens_count)
 
