@@ -124,9 +124,10 @@ class PrefixCache:
         n = len(self.public)
         return n > 0 and shared_prefix(self.public, tokens) == n and not any(e.public for e in self._entries.values())
 
-    def add_public(self, saved: SavedPrefix) -> None:
-        """Keep ``saved`` (the keys and values of ``public``) as the entry every scope reuses."""
-        self._keep(Entry(list(self.public), saved, SHARED, public=True))
+    def add_public(self, saved: SavedPrefix, length: int) -> None:
+        """Keep ``saved`` (the keys and values of the first ``length`` public ids: all of them, or fewer where
+        the back end keeps whole prompt chunks only) as the entry every scope reuses."""
+        self._keep(Entry(self.public[:length], saved, SHARED, public=True))
 
     def _keep(self, entry: Entry) -> None:
         if entry.saved.nbytes > self.max_bytes or not entry.tokens:

@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from retrievers.embeddings import BF16_FLAGS, cpu_flags
+from ragspec.backends.pytorch.forward import PROMPT_CHUNK
 from ragspec.backends.models import (
     COMPLETE_MARKER,
     DEFAULT_MODEL,
@@ -45,8 +46,15 @@ class LoadedModel:
     dtype: torch.dtype
     prompt_dtype: torch.dtype | None = None
     """The dtype prompts are evaluated in, when it is not ``dtype`` (``prompt_dtype``); decoding steps run in ``dtype``."""
+    prompt_chunk: int = PROMPT_CHUNK
+    """Prompt positions per forward, counted from position 0 (``ragspec.backends.pytorch.forward.PROMPT_CHUNK``);
+    a prefix-cache hit reuses whole chunks only."""
     backend: ClassVar[str] = "torch"
     """What runs it (``ragspec.backends``); a GGUF file in llama.cpp is a ``LlamaCppModel``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt_chunk, bool) or not isinstance(self.prompt_chunk, int) or self.prompt_chunk < 1:
+            raise ValueError(f"prompt_chunk must be a positive number of positions, got {self.prompt_chunk!r}")
 
     @property
     def context_length(self) -> int:
