@@ -13,8 +13,9 @@ from ragspec.backends.pytorch.forward import LlamaForward
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
-from ragspec.prompts import qa_messages
+from ragspec.prompts import qa_messages, qa_prefix_ids
 from retrievers.embeddings import BF16_FLAGS, cpu_flags
+from tests.ragspec.engine.test_prefix_cache import assert_hit_is_a_cold_prefill
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +95,20 @@ def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> 
         return logits[0]
 
     check_speculative_equals_plain(gen, logits_after)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bf16-prompts", marks=pytest.mark.skipif(
+    not cpu_flags() & BF16_FLAGS, reason="this CPU has no native bf16 (AMX, AVX512-BF16): 'bf16-prompts' is fp32 here"))])
+def test_a_prefix_hit_equals_a_cold_prefill_bit_for_bit(dtype: str) -> None:
+    """A RAG prompt after a kept prefix (the template's public part, about half, all but its last token) gives
+    a cold prefill's last logits and keys and values exactly, in fp32 and with bf16 prompts."""
+    gen = SpeculativeGenerator("default", device="cpu", dtype=dtype, prefix_cache=False)
+    question, passages = document_prompts(1)[0]
+    prompt = gen.encode(chat_prompt(gen, question, passages), special_tokens=True)
+    public = len(qa_prefix_ids(gen.target.tokenizer))
+    with torch.inference_mode():
+        assert_hit_is_a_cold_prefill(gen.backend, prompt, [public, len(prompt) // 2, len(prompt) - 1])
 
 
 def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGenerator) -> None:

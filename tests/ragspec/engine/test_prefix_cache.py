@@ -308,8 +308,8 @@ def test_a_prompt_is_evaluated_in_chunks_ending_at_multiples_of_the_chunk() -> N
         rows.append((cache.get_seq_length(), len(ids)))  # type: ignore[attr-defined]
         return forward(ids, cache, last_only)  # type: ignore[arg-type]
 
-    backend._forward = recording  # type: ignore[assignment]
     cache = backend.new_cache(80)
+    backend._forward = recording  # type: ignore[assignment]
     backend.forward(list(range(5)), cache, last_only=True)
     backend.forward(list(range(40)), cache, last_only=True)
     backend.forward([1, 2, 3], cache)  # a verify pass: one forward, wherever it starts
