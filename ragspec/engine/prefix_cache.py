@@ -18,7 +18,8 @@ request of this process used the default prompt).
 
 Only prompt positions are kept (a request's answer positions are cropped before it is stored):
 they were all computed by a prefill, so a hit gives what a cold prefill of the same prompt gives
-(the tests compare both on each back end). Entries are opaque ``SavedPrefix`` objects made by the
+(the tests compare both on each back end; a back end may reuse fewer positions than are shared to keep
+it so: ``Backend.load``). Entries are opaque ``SavedPrefix`` objects made by the
 back end (``Backend.save``): the PyTorch cache itself, llama.cpp's sequence state copied out of its
 context.
 """
