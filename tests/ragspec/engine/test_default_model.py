@@ -81,8 +81,6 @@ def test_speculative_greedy_is_token_identical_on_document_questions(generator: 
 def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> None:
     """On a CPU with native bf16, dtype "bf16-prompts" runs prompts in bf16 over fp32 steps; speculative greedy
     equals plain greedy at those settings (a divergence only at a tie of the generator's own logits)."""
-    # Every prompt from an empty cache: a prefix hit computes the prompt's rest in other shapes, which
-    # in bf16 may move logits by more than a tie (docs/backends.md, "bf16 prompts").
     gen = SpeculativeGenerator("default", device="cpu", dtype="bf16-prompts", prefix_cache=False)
     assert gen.target.dtype == torch.float32 and gen.target.prompt_dtype == torch.bfloat16
 
