@@ -23,7 +23,12 @@ greedy, ``QA_DEFAULTS``):
   third round wrote and left unanswered, and ``benchmarks/data/fresh2_questions.json``: easy extractive questions
   written for a held-out part with enough right answers), made and labelled after the same freeze, blind to
   the rules' verdicts: the "fresh2" part ("fresh + fresh2" together: all that is held out of the
-  load-bearing checks).
+  load-bearing checks);
+- ``benchmarks/data/fresh3_labels.json``: the answers of ``benchmarks/data/fresh3_answers.json``
+  (``benchmarks/data/fresh3_questions.json``, written before any of its answers was generated), made after
+  the clause and subject checks (``unbacked_clause``, ``swapped_subject``) were frozen and labelled blind to
+  the rules' verdicts: the "fresh3" part, the only one held out of those checks ("fresh + fresh2 + fresh3":
+  all that is held out of the load-bearing checks).
 
 Each label says whether the answer is right (it says what a passage says and nothing false; "partial"
 and "wrong" are not right) and which passage holds the answer. For the citation rules before and after
@@ -80,7 +85,8 @@ class Case:
     """The passage (1-based) that holds the answer, when one does."""
     part: str = "tuned"
     """"tuned" (the rules were designed against its label), "held-out" (answered and labelled after the fact
-    check was frozen) or "fresh" / "fresh2" (answered and labelled after the load-bearing checks were frozen)."""
+    check was frozen), "fresh" / "fresh2" (answered and labelled after the load-bearing checks were frozen) or
+    "fresh3" (after the clause and subject checks were frozen)."""
 
 
 def _stored_cases() -> list[Case]:
@@ -130,6 +136,12 @@ def _fresh2_cases() -> list[Case]:
     return _matched(json.loads((DATA / "fresh2_labels.json").read_text())["labels"], _new_answers("fresh2_answers.json"), "fresh2")
 
 
+def _fresh3_cases() -> list[Case]:
+    """The answers of fresh3_answers.json (the fifth round's, made after the clause and subject checks were frozen)
+    with their fresh3_labels.json labels."""
+    return _matched(json.loads((DATA / "fresh3_labels.json").read_text())["labels"], _new_answers("fresh3_answers.json"), "fresh3")
+
+
 def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str) -> list[Case]:
     """A case per label whose answer has its text (a new answer exactly, a stored one up to where the stop cut it)."""
     cases = []
@@ -145,7 +157,7 @@ def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str
 def cases(limit: int | None = None) -> list[Case]:
     """Every labelled answer (the first ``limit`` of each file's labels)."""
     return (_stored_cases()[:limit] + _labelled_cases()[:limit] + _held_out_cases()[:limit] + _fresh_cases()[:limit]
-            + _fresh2_cases()[:limit])
+            + _fresh2_cases()[:limit] + _fresh3_cases()[:limit])
 
 
 _DIGITS = re.compile(r"\d+(?:[.:,]\d+)*")
@@ -185,14 +197,17 @@ def measure(rows: list[Case], check_facts: bool) -> dict[str, str]:
 
 
 def report(rows: list[Case]) -> dict[str, dict[str, dict[str, str]]]:
-    """``{rule set: {group: measures}}``, the groups being "all", each part ("tuned", "held-out", "fresh", "fresh2"),
-    "fresh + fresh2" (what the load-bearing checks never saw), each group of the cases ("bundled", "new questions",
-    "first turns", "follow-ups"), and each group of the held-out and fresh parts apart ("held-out follow-ups")."""
+    """``{rule set: {group: measures}}``, the groups being "all", each part ("tuned", "held-out", "fresh", "fresh2",
+    "fresh3"), "fresh + fresh2" (what the load-bearing checks never saw when fresh2 was labelled), "fresh + fresh2 +
+    fresh3", each group of the cases ("bundled", "new questions", "first turns", "follow-ups"), and each group of the
+    held-out and fresh parts apart ("held-out follow-ups")."""
     parts = {g: [c for c in rows if c.part == g] for g in dict.fromkeys(c.part for c in rows)}
     parts["fresh + fresh2"] = [c for c in rows if c.part in ("fresh", "fresh2")]
+    parts["fresh + fresh2 + fresh3"] = [c for c in rows if c.part in ("fresh", "fresh2", "fresh3")]
     groups = {g: [c for c in rows if c.group == g] for g in dict.fromkeys(c.group for c in rows)}
     held = {f"{p} {g}": [c for c in rows if c.part == p and c.group == g]
-            for p in ("held-out", "fresh", "fresh2") for g in dict.fromkeys(c.group for c in rows if c.part == p)}  # fmt: skip
+            for p in ("held-out", "fresh", "fresh2", "fresh3")
+            for g in dict.fromkeys(c.group for c in rows if c.part == p)}  # fmt: skip
     sets = {"all": rows} | parts | groups | held
     return {name: {g: measure(cases, check) for g, cases in sets.items()} for name, check in RULES.items()}
 

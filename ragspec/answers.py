@@ -38,6 +38,8 @@ _REASONS = {
     "no_number": "the question asks for a number and it states none",
     "negation": "the passages it draws on do not say what it denies",
     "repeats": "it goes round in circles",
+    "unbacked_clause": "one of its sentences says what no sentence of the passages it cites says",
+    "swapped_subject": "it copies a passage's sentence about something else",
 }
 """Why an answer is unsupported, by its citation rule (``ragspec.citations.choose_citations``)."""
 

@@ -41,7 +41,16 @@ cited only when
   counts bakers: ``facts.number_units``). Another passage the rules found the answer drawing on is cited too when it
   holds a fact the first lacks; when the facts are still not all held, the rule is ``"missing_facts"``;
 - an answer that denies something ("not", "never", "no", "can't") draws on a sentence that denies something
-  too (``"negation"`` otherwise: "verify checks that the pool is not locked" drawn from "the lock stays behind").
+  too (``"negation"`` otherwise: "verify checks that the pool is not locked" drawn from "the lock stays behind");
+- every finished clause of it (a sentence, or a part of one between ";" or ":") that adds at least four content words
+  to the question has at least a quarter of them in one sentence of the cited passages (``"unbacked_clause"``
+  otherwise: a right clause with an invented reason attached, "The reason is that the log is stored on a disk that
+  is designed to hold a large amount of data"); an unfinished tail is not judged;
+- a clause that copies a passage sentence from a verb on keeps that sentence's subject (``"swapped_subject"``
+  otherwise: "The top of the market cross is a copy made in 1958" from "the weathervane on top of it is a copy made
+  in 1958"; "The guide is not a sync tool" from "tidepool is not a sync tool"): the clause's subject, when its head
+  differs from the sentence's, is neither a word of the sentence's subject phrase nor a word the sentence lacks
+  (a synonym the sentence also uses is not a swap; a pronoun subject is not judged).
 
 ``benchmarks/support_eval.py`` measures the rules, with and without these checks, against hand labels
 (README, "Answers you can check").
@@ -65,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cite", "cited_answer", "choose_citations", "cited_numbers", "copied_numbers", "fact_numbers", "on_topic_numbers",
-    "overlap_numbers", "repeats",
+    "overlap_numbers", "repeats", "restates", "swapped_subject", "unbacked_clause",
 ]
 
 _WORD = re.compile(r"\w+")
@@ -167,7 +176,8 @@ def choose_citations(
     ``"restates"`` (the answer adds nothing to the question), ``"no_number"`` (the question asks for a
     number, the answer states none), ``"repeats"`` (it says the same words twice), ``"missing_facts"``
     (on-topic passages were found but none held the facts), ``"negation"`` (it denies what the sentences
-    it drew from do not), ``"off_topic"`` (rules found passages but none on topic),
+    it drew from do not), ``"unbacked_clause"`` (a clause of it is in no sentence of the cited passages),
+    ``"swapped_subject"`` (it copies a sentence about something else), ``"off_topic"`` (rules found passages but none on topic),
     ``"unsupported"`` (no rule found any)."""
     if check_facts and question and restates(text, question):
         return [], "restates"
@@ -196,6 +206,11 @@ def choose_citations(
                 drawn = [_drawn(text, passages[n - 1].page_content, question) for n in backed]
                 if facts.negations(text) and not any(map(facts.negations, drawn)):
                     return [], "negation"
+                cited_texts = [passages[n - 1].page_content for n in backed]
+                if unbacked_clause(text, question, cited_texts):
+                    return [], "unbacked_clause"
+                if swapped_subject(text, cited_texts):
+                    return [], "swapped_subject"
                 return backed, rule
             lacking = True
     if lacking:
@@ -208,8 +223,105 @@ _FILLER = frozenset("answer question passage passages document documents".split(
 
 def restates(text: str, question: str) -> bool:
     """Whether ``text`` adds no word to ``question`` but question and filler words ("The answer is: Ada
-    Pellow." to "Who was Ada Pellow?")."""
-    return not _stems(text, _QUESTION_WORDS | _FILLER) - _stems(question, _QUESTION_WORDS)
+    Pellow." to "Who was Ada Pellow?"), a word with an "s" the question's without it counting as the
+    question's ("runs" to "What does the museum run?": ``facts.stem`` keeps a short word's "s")."""
+    asked = _stems(question, _QUESTION_WORDS)
+    return all(w in asked or (w.endswith("s") and w[:-1] in asked) for w in _stems(text, _QUESTION_WORDS | _FILLER))
+
+
+_CLAUSE_BREAK = re.compile(r"[;:](?=\s)")
+
+
+def _clauses(text: str) -> list[tuple[str, bool]]:
+    """``(clause, complete)`` for each sentence of ``text`` (``sentence_spans``) cut at ";" and ":": complete when it
+    ends with ".", "!", "?" or is followed by ";" or ":" (not a cut tail, a heading or a file name line)."""
+    found = []
+    for start, end in sentence_spans(text):
+        pieces = _CLAUSE_BREAK.split(text[start:end])
+        for i, piece in enumerate(pieces):
+            if piece.strip():
+                found.append((piece.strip(), i < len(pieces) - 1 or piece.rstrip()[-1] in ".!?"))
+    return found
+
+
+def unbacked_clause(text: str, question: str, passages: Sequence[str], min_share: float = 0.25, min_words: int = 4) -> str:
+    """The first complete clause of ``text`` (``_clauses``) adding at least ``min_words`` content words to ``question``
+    of which no sentence of ``passages`` holds ``min_share``: a right clause with an invented one attached ("…the
+    last 10 milliseconds of the log. The reason is that the log is stored on a disk that is designed to hold a
+    large amount of data…"); ``""`` when there is none. Word matching is loose on purpose (a paraphrase keeps a
+    quarter of its words); an unfinished tail is not judged."""
+    asked = _stems(question, _QUESTION_WORDS | _FILLER)
+    sentences = [_stems(p[s:e], _QUESTION_WORDS | _FILLER) for p in passages for s, e in sentence_spans(p)]
+    for clause, complete in _clauses(text):
+        added = _stems(clause, _QUESTION_WORDS | _FILLER) - asked
+        best = max((len(added & s) for s in sentences), default=0)
+        if complete and len(added) >= min_words and best < min_share * len(added):
+            return clause
+    return ""
+
+
+_AUXILIARIES = frozenset("is are was were has have had can cannot may must will would should does do did".split())
+_JOINERS = frozenset("although though and but while whereas because so since when if during".split())
+_PRONOUNS = frozenset("it they you we he she i this these those there".split())
+_POSTMODIFIERS = frozenset(
+    "of on in at to for from with by about into over under near after before between that which who whose where".split()
+)
+_TOKENS = re.compile(r"\w+")
+
+
+def _subject(prefix: str) -> tuple[str, set[str]]:
+    """The head word of the noun phrase that ends ``prefix`` (the words before a copied verb), stemmed, and the
+    stems of that phrase: after its last comma, semicolon or colon and a leading "although", "and"..., the last
+    content word before a preposition or relative word ("although the weathervane on top of it" -> "weathervane");
+    ``""`` when the phrase is a pronoun ("during which you") or holds no content word."""
+    words = _words(re.split(r"[,;:()]", prefix)[-1])
+    while words and (words[0] in _JOINERS or words[0] in _POSTMODIFIERS):
+        words = words[1:]
+    if not words or words[0] in _PRONOUNS:
+        return "", set()
+    cut = next((i for i, w in enumerate(words) if w in _POSTMODIFIERS), len(words))
+    content = [w for w in words[:cut] if w not in _STOP_WORDS]
+    return (facts.stem(content[-1]) if content else ""), {facts.stem(w) for w in words if w not in _STOP_WORDS}
+
+
+def swapped_subject(text: str, passages: Sequence[str], min_run: int = 4) -> str:
+    """The first clause of ``text`` that copies a passage sentence's words from a verb on ("is a copy made in 1958")
+    with another subject; ``""`` when there is none. The copy is the longest run of at least ``min_run`` words, two
+    of them not stop words, that clause and sentence share, starting with an auxiliary ("is", "can", "must"...)
+    after some words of the clause. The subjects are the noun phrases before the copy (``_subject``): the clause's
+    head differs from the sentence's and is either a word of the sentence's subject phrase ("The top of the market
+    cross" from "the weathervane on top of it") or absent from the sentence ("The guide is not a sync tool" from
+    "tidepool is not a sync tool"). A pronoun subject on either side is not judged."""
+    sentences = [facts.normalize_numbers(p[s:e]).lower() for p in passages for s, e in sentence_spans(p)]
+    for clause, _ in _clauses(text):
+        normalized = facts.normalize_numbers(clause).lower()
+        mine = list(_TOKENS.finditer(normalized))
+        for sentence in sentences:
+            theirs = list(_TOKENS.finditer(sentence))
+            i, j, n = _longest_run([m.group() for m in mine], [m.group() for m in theirs])
+            run = [m.group() for m in mine[i : i + n]]
+            if n < min_run or sum(w not in _STOP_WORDS for w in run) < 2 or run[0] not in _AUXILIARIES or i == 0:
+                continue
+            head, phrase = _subject(sentence[: theirs[j].start()])
+            own, _ = _subject(normalized[: mine[i].start()])
+            if head and own and own != head and (own in phrase or own not in {facts.stem(m.group()) for m in theirs}):
+                return clause
+    return ""
+
+
+def _longest_run(a: list[str], b: list[str]) -> tuple[int, int, int]:
+    """``(i, j, n)``: the longest run ``a[i:i+n] == b[j:j+n]`` (the first of the longest)."""
+    best = (0, 0, 0)
+    previous = [0] * (len(b) + 1)
+    for i in range(len(a)):
+        current = [0] * (len(b) + 1)
+        for j in range(len(b)):
+            if a[i] == b[j]:
+                current[j + 1] = previous[j] + 1
+                if current[j + 1] > best[2]:
+                    best = (i - current[j + 1] + 1, j - current[j + 1] + 1, current[j + 1])
+        previous = current
+    return best
 
 
 def repeats(text: str, run: int = 6) -> bool:

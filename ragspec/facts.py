@@ -190,7 +190,7 @@ def number_units(text: str, question: str = "") -> list[tuple[str, str]]:
     directly follows, the thing it counts or measures ("2 ovens" -> ``("2", "oven")``, the unit stemmed);
     not years (a year followed by a word is not a count: "1871 flood") nor days of a month. A number
     with no word after it answering "how many W" counts the question's W ("4." to "How many bakers ...?"
-    -> ``("4", "baker")``)."""
+    -> ``("4", "baker")``), unless it is a time or a decimal ("3:30 to 11:30." counts no shifts)."""
     given = set(words(question))
     asked = _COUNTED.search(question)
     counted = stem(asked.group(1).lower()) if asked and asked.group(1).lower() not in STOP_WORDS else ""
@@ -201,7 +201,7 @@ def number_units(text: str, question: str = "") -> list[tuple[str, str]]:
             continue
         if unit and unit not in STOP_WORDS and not unit.isdigit():
             found.append((number, stem(unit)))
-        elif counted and not unit:
+        elif counted and not unit and number.isdigit():  # a time or a decimal ("11:30", "4.5") counts nothing
             found.append((number, counted))
     return list(dict.fromkeys(found))
 

@@ -28,11 +28,14 @@ def test_every_label_matches_an_answer_and_every_answer_is_labelled() -> None:
     assert _keys("fresh_answers.json", "answers") == fresh
     fresh2 = _keys("fresh2_labels.json", "labels")
     assert _keys("fresh2_answers.json", "answers") == fresh2
-    parts = [{i for _, i in part} for part in (labelled, held_out, fresh, fresh2)]
+    fresh3 = _keys("fresh3_labels.json", "labels")
+    assert _keys("fresh3_answers.json", "answers") == fresh3
+    parts = [{i for _, i in part} for part in (labelled, held_out, fresh, fresh2, fresh3)]
     assert all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1 :])  # an answer is in one part only
     cases = support_eval.cases()
-    assert len(cases) == 51 + len(labelled) + len(held_out) + len(fresh) + len(fresh2) >= 100  # a label counts only for its exact text
-    assert {c.part for c in cases} == {"tuned", "held-out", "fresh", "fresh2"}
+    held = len(held_out) + len(fresh) + len(fresh2) + len(fresh3)
+    assert len(cases) == 51 + len(labelled) + held >= 100  # a label counts only for its exact text
+    assert {c.part for c in cases} == {"tuned", "held-out", "fresh", "fresh2", "fresh3"}
 
 
 def test_measure_counts_against_a_brute_force_tally() -> None:
@@ -55,8 +58,9 @@ def test_measure_counts_against_a_brute_force_tally() -> None:
 def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
     done = run_script("support_eval.py", "--limit", "5", "--json", str(tmp_path / "r.json"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 25 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
+    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 30 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
     assert "| after | fresh2 | 5 |" in done.stdout and "| after | fresh + fresh2 | 10 |" in done.stdout
+    assert "| after | fresh3 | 5 |" in done.stdout and "| after | fresh + fresh2 + fresh3 | 15 |" in done.stdout
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}
 
 

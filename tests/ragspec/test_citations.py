@@ -6,6 +6,9 @@ from langchain_core.documents import Document
 
 from ragspec.citations import (
     repeats,
+    restates,
+    swapped_subject,
+    unbacked_clause,
     choose_citations,
     cited_numbers,
     copied_numbers,
@@ -244,7 +247,8 @@ def test_an_answer_going_round_in_circles_is_not_supported():
 def test_every_rule_without_citations_has_its_own_reason_in_the_note():
     from ragspec.answers import unsupported_note
 
-    rules = ["restates", "no_number", "repeats", "missing_facts", "negation", "off_topic", "unsupported"]
+    rules = ["restates", "no_number", "repeats", "missing_facts", "negation", "unbacked_clause", "swapped_subject",
+             "off_topic", "unsupported"]
     notes = [unsupported_note(rule) for rule in rules]
     assert len(set(notes)) == len(rules) and all(n.startswith("I don't know: no passage backs this answer (") for n in notes)
     assert "2 oven" in unsupported_note("missing_facts", ["2 oven"])  # the facts it states win over the rule
@@ -258,3 +262,51 @@ def test_a_bare_fact_is_backed_where_its_question_points() -> None:
     question = "How many actions does a player have on a turn?"
     assert choose_citations("The answer is: 3.", [passage], question) == ([1], "facts")
     assert choose_citations("The answer is: 4.", [passage], question)[0] == []
+
+
+def test_an_answer_restating_the_question_with_a_verb_ending_restates() -> None:
+    question = "What does the museum run for visitors on the first Saturday?"
+    assert restates("The museum runs for visitors on the first Saturday.", question)
+    assert not restates("The museum runs a fulling hammer for visitors on the first Saturday.", question)
+
+
+def test_every_finished_clause_must_be_backed_by_one_sentence_of_the_cited_passage() -> None:
+    """A right clause with an invented one attached (the fresh2 part's "…the last 10 milliseconds of the log. The reason
+    is that the log is stored on a disk designed to hold a large amount of data…")."""
+    question = "When does the Larkspur ferry leave?"
+    right = "The ferry leaves Dunmore harbour at 7:15 every morning."
+    invented = " The reason is that the captain likes an early breakfast and the harbour master locks the gates at night."
+    assert choose_citations(right, PASSAGES, question) == ([1], "copied")
+    assert unbacked_clause(right + invented, question, [FERRY]) == invented.strip()
+    assert choose_citations(right + invented, PASSAGES, question) == ([], "unbacked_clause")
+    # A paraphrase keeping a quarter of its words in one sentence passes; an unfinished tail is not judged.
+    loose = " The trip across to Gannet Island then takes about forty minutes of sailing."
+    assert not unbacked_clause(right + loose, question, [FERRY])
+    assert not unbacked_clause(right + " The reason is that the captain likes an early breakfast and", question, [FERRY])
+    # A clause drawing on two sentences passes when one of them holds a quarter of its words; words spread one per
+    # sentence back nothing.
+    assert unbacked_clause("It crosses at 7:15 from Dunmore to Gannet Island harbour every forty minutes.", "", [FERRY]) == ""
+    spread = "Gannet morning crossing harbour captains sail slowly."
+    assert unbacked_clause(spread, "", ["Gannet is far. The morning is cold. The crossing is long. The harbour is small."]) == spread
+
+
+def test_a_copied_sentence_must_keep_its_subject() -> None:
+    """"The top of the market cross is a copy made in 1958" copies "the weathervane on top of it is a copy made in 1958";
+    "The guide is not a sync tool" copies "tidepool is not a sync tool" (held-out hc-cross-2, nq-13)."""
+    hall = "The market hall in Low Street dates from 1502, although the clock on top of it is a copy made in 1958."
+    question = "What is on top of the market hall?"
+    assert swapped_subject("The top of the market hall is a copy made in 1958.", [hall])
+    assert choose_citations("The top of the market hall is a copy made in 1958.", [doc(hall, "h")], question) == (
+        [], "swapped_subject")
+    assert choose_citations("The clock on top of the market hall is a copy made in 1958.", [doc(hall, "h")], question)[0] == [1]
+    tool = "tidepool is not a sync tool: it never changes the folder it protects. This guide covers version 2.4."
+    assert swapped_subject("The guide is not a sync tool: it never changes the folder.", [tool])
+    assert not swapped_subject("tidepool is not a sync tool.", [tool])  # the copy starts the clause
+    # A pronoun subject is not judged; a synonym the sentence also holds elsewhere is not a swap.
+    assert not swapped_subject("The hall is a copy made in 1958.", ["It is a copy made in 1958, they say."])
+    line = "Trains stopped in 1963, when the line was closed as part of a review of unprofitable railways."
+    assert not swapped_subject("Trains stopped in 1963, when the railway was closed as part of a review of unprofitable railways.",
+                               [line])
+    # A subject the copied words follow in the passage through "during which you" is a pronoun.
+    assert not swapped_subject("Staff are paid the same hourly rate as members.",
+                               ["The trial lasts six months, during which you are paid the same hourly rate as members."])

@@ -108,6 +108,9 @@ def test_number_units_pair_each_count_with_what_it_counts():
     assert number_units("The bakery has 2 ovens and 5 arches; in 1871 the flood came on 14 November.") == [("2", "oven"), ("5", "arch")]
     assert number_units("The answer is: 4.", "How many bakers founded it?") == [("4", "baker")]
     assert number_units("From 3:30 to 11:30.", "What are the hours?") == []  # a word like "to" counts nothing
+    # A time with no word after it counts nothing the question asks about (fresh3's f3-61: "runs three shifts:
+    # ... 3:30 to 11:30. Bread ...").
+    assert number_units("It runs 3 shifts: 3:30 to 11:30. Day: 9:00 to 17:00.", "How many shifts are there?") == [("3", "shift")]
     assert unheld_units([("2", "oven")], ["A bakery with two shops. It has ovens."]) == ["2 oven"]
     assert unheld_units([("2", "oven"), ("6:15", "sharp")], ["Two deck ovens.", "It leaves at 6:15 sharp."]) == []
 
