@@ -104,12 +104,11 @@ def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozense
 
     A prompt is compute-bound and runs several times faster in bf16 there, while a decoding step is
     memory-bound and was the faster in fp32 (docs/backends.md, "bf16 prompts"), so steps stay fp32
-    and plain and speculative decoding stay exactly as in fp32 after the same prompt. It is opt-in, not
-    what ``"auto"`` does: a prefix-cache hit evaluates the rest of a prompt in other shapes than a cold
-    prefill, and in bf16 that can move a logit by more than a float tie, so an answer after a hit could
-    differ from a cold prefill's (the design promises they are the same), and half of the answers
-    measured differ from fp32's; whether they are as often right is counted against the hand labels by
-    ``benchmarks/dtype_quality.py`` (docs/backends.md, "bf16 prompts").
+    and plain and speculative decoding stay exactly as in fp32 after the same prompt; a prefix-cache hit
+    gives a cold prefill's logits bit for bit (prompts run in chunks aligned to positions:
+    ``ragspec.backends.pytorch.TorchBackend.forward``). It is opt-in, not what ``"auto"`` does: half of
+    the answers measured differ from fp32's; whether they are as often right is counted against the hand
+    labels by ``benchmarks/dtype_quality.py`` (docs/backends.md, "bf16 prompts").
     """
     if dtype != BF16_PROMPTS or device.type != "cpu":
         return None
