@@ -57,6 +57,8 @@ def test_the_model_as_its_own_draft_answers_as_vllm_and_its_drafts_are_accepted(
     drafted, accepted = stats["drafted_by_source"], stats["accepted_by_source"]
     assert drafted["ngram"] > 0 and accepted["ngram"] > 0  # the passages still drafted
     assert drafted["model"] > 0 and accepted["model"] >= 0.8 * drafted["model"], stats  # the model's own tokens
+    # vLLM prepares the draft model's inputs (next tokens, attention metadata) on the steps it runs, only.
+    assert stats["model_inputs_prepared"] == stats["model_forwards"] > 0, stats
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,8 @@ def test_a_weak_draft_answers_as_vllm_and_the_policy_leaves_it(weak_server, refe
     # not run at all (no catch-up forward on steps where no row takes its draft, beyond exploring).
     assert stats["model_steps"] <= stats["steps"] // 4, stats
     assert stats["model_forwards"] <= stats["steps"] // 4 and stats["plans"]["ngram"] > 0, stats
+    # Nor does vLLM prepare its inputs on a step it does not run on (HybridProposer skips them there).
+    assert stats["model_inputs_prepared"] == stats["model_forwards"], stats
     # Its tries back off (64, 128, ... steps apart), so it took few prompts in: not one per request.
     longest = max(len(ids) for ids in rag_ids[:PROMPTS])
     assert stats["model_tokens"] <= (stats["explorations"] + 1) * (longest + 64) and stats["explorations"] <= 3, stats

@@ -50,6 +50,7 @@ class DraftModelState:
         self.tokens = 0  # tokens the model's forwards took in (prompts, catch-ups, its drafting steps)
         self.explorations = 0  # tries of the model, and tries that found no row to try it on
         self.skipped_catch_ups = 0
+        self.inputs_prepared = 0  # steps on which vLLM prepared the model's inputs (its next tokens, metadata)
         self.explore_interval = policy.explore_every  # steps from one try of the model to the next
         self.since_tried = policy.explore_every  # steps since last tried or chosen (the first chance measures it)
         self.idle = MODEL_IDLE_STEPS  # steps since the model's drafts last earned tokens
@@ -146,4 +147,5 @@ class DraftModelState:
             "explorations": self.explorations,
             "explore_interval": self.explore_interval,
             "skipped_catch_ups": self.skipped_catch_ups,
+            "model_inputs_prepared": self.inputs_prepared,
         }

@@ -7,11 +7,14 @@ Started by vLLM with ``--speculative-config '{"method": "draft_model", "model": 
 model, gives it a KV cache beside the target's and runs it batched on the target's device; the
 worker (vLLM's own CPU or GPU worker, subclassed) only replaces that proposer, once the model
 runner exists and before the models load, by ``HybridProposer``: the same class with
-``propose`` wrapped. Each step it asks ``ragspec.backends.vllm.hybrid.HybridDrafter`` for every
+``propose`` wrapped. Each step, in the hook where the runner hands it the step's sampled tokens
+(``prepare_next_token_ids_*``), it asks ``ragspec.backends.vllm.hybrid.HybridDrafter`` for every
 row's n-gram candidate and the plan (which rows take which source, how many draft-model steps
-the batch runs), runs vLLM's own ``propose`` for that many steps (none: only the catch-up forward
-that keeps the draft model's KV cache whole, and not even that when the drafter does not keep the
-model, ``HybridDrafter.model.catch_up``), and hands vLLM the chosen drafts; vLLM's rejection
+the batch runs, and whether the model runs at all, ``HybridDrafter.model.catch_up``); where the
+model does not run, vLLM's preparation of its inputs (next tokens, ``prepare_inputs_padded``) is
+skipped too, so such a step costs what ragspec's n-gram proposer's does. ``propose`` then runs
+vLLM's own ``propose`` for the planned steps (none: only the catch-up forward that keeps the draft
+model's KV cache whole) where the model runs, and hands vLLM the chosen drafts; vLLM's rejection
 sampler verifies them, so the output is vLLM's without speculation.
 
 docs/scale-out.md ("The hybrid: n-gram drafts and a draft model inside vLLM") says why this seam,
@@ -45,6 +48,11 @@ else:
     from vllm.v1.worker.gpu_worker import Worker as _VllmWorker
 
 
+VLLM_HOOKS = ("prepare_next_token_ids_padded", "prepare_next_token_ids_cpu", "prepare_inputs_padded", "prepare_inputs")
+"""The methods of vLLM's draft-model proposer the runner calls before ``propose`` and the hybrid overrides:
+it plans the step in the first (or second) and skips vLLM's preparation where the model does not run."""
+
+
 class HybridProposer(DraftModelProposer):
     """vLLM's ``DraftModelProposer`` whose drafts per row are ragspec's n-gram drafts or the model's."""
 
@@ -57,6 +65,10 @@ class HybridProposer(DraftModelProposer):
         if getattr(runner, "use_async_scheduling", False):
             raise ValueError("ragspec's hybrid reads each step's tokens on the host: start vLLM with "
                              "--no-async-scheduling (ragspec serve --engine vllm does)")
+        missing = [name for name in VLLM_HOOKS if not callable(getattr(DraftModelProposer, name, None))]
+        if missing:
+            raise ValueError(f"ragspec's hybrid overrides {', '.join(missing)} of vLLM's DraftModelProposer, which this "
+                             "vLLM does not have: it was written for vLLM 0.32's (docs/scale-out.md)")
         self._runner = runner
         self._warned: set[str] = set()
         longest = int(spec.num_speculative_tokens)
@@ -68,61 +80,90 @@ class HybridProposer(DraftModelProposer):
             request_cap=lambda rid: request_cap(runner, rid, longest, self._warned),
             max_rows=int(vllm_config.scheduler_config.max_num_seqs),
         )
-        self._sampled: Any = None  # this step's sampled tokens, as the runner hands them to the proposer
+        self._steps: int | None = None  # this step's planned draft-model steps, until ``propose`` takes them
+        self._model_began = 0.0  # when vLLM began preparing the draft model's inputs, on a step it runs
+        self._idle_tokens = torch.zeros(self.max_batch_size, dtype=torch.int32, device=device)
         self._scratch = torch.zeros(0, dtype=torch.int32).numpy()
 
-    # The runner hands the step's sampled tokens to these two before ``propose``: keep them.
+    # The runner hands the step's sampled tokens to one of these two before ``propose``: the hybrid plans
+    # the step there, and vLLM prepares the draft model's inputs only on a step where the model runs.
     def prepare_next_token_ids_padded(self, sampled_token_ids: torch.Tensor, requests: Any, gpu_input_batch: Any,
                                       discard_request_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._sampled = (sampled_token_ids, discard_request_mask)
+        if not self._plan_step(self._padded_tokens(sampled_token_ids, discard_request_mask), appended=False):
+            if gpu_input_batch.prev_req_id_to_index:  # set only by asynchronous scheduling in 0.32
+                raise RuntimeError("vLLM reads the draft model's next tokens on the next step (prev_req_id_to_index "
+                                   "is set): ragspec's hybrid needs synchronous scheduling (--no-async-scheduling)")
+            idle = self._idle_tokens[: sampled_token_ids.shape[0]]
+            return idle, idle  # read by nothing: the model does not run, and scheduling is synchronous
+        self.hybrid.model.inputs_prepared += 1
         return super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
 
     def prepare_next_token_ids_cpu(self, sampled_token_ids: list[list[int]], requests: Any, gpu_input_batch: Any,
                                    num_scheduled_tokens: dict[str, int]) -> torch.Tensor:
-        self._sampled = sampled_token_ids
+        rows = self._runner.input_batch.num_reqs
+        if not self._plan_step([list(s) for s in sampled_token_ids[:rows]], appended=True):
+            return self._idle_tokens[: len(sampled_token_ids)]
+        self.hybrid.model.inputs_prepared += 1
         return super().prepare_next_token_ids_cpu(sampled_token_ids, requests, gpu_input_batch, num_scheduled_tokens)
+
+    # Where the model does not run, the runner only slices its own buffers with what these return.
+    def prepare_inputs_padded(self, common_attn_metadata: Any, spec_decode_metadata: Any,
+                              valid_sampled_tokens_count: torch.Tensor) -> tuple[Any, Any, Any]:
+        if not self.hybrid.model.catch_up:
+            return common_attn_metadata, None, None
+        return super().prepare_inputs_padded(common_attn_metadata, spec_decode_metadata, valid_sampled_tokens_count)
+
+    def prepare_inputs(self, common_attn_metadata: Any, sampled_token_ids: list[list[int]],
+                       num_draft_tokens: list[int]) -> tuple[Any, torch.Tensor]:
+        if not self.hybrid.model.catch_up:
+            return common_attn_metadata, self._idle_tokens[:0].long()
+        return super().prepare_inputs(common_attn_metadata, sampled_token_ids, num_draft_tokens)
 
     def take_last_draft_probs(self) -> None:
         """No draft probabilities: every draft is deterministic (greedy), so vLLM verifies it as one-hot."""
         return None
 
     def propose(self, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> list[list[int]]:  # type: ignore[override]
-        batch = self._runner.input_batch
-        rows = batch.num_reqs
-        sampled, appended = self._step_tokens(rows)
-        num_tokens = batch.num_tokens_no_spec[:rows]
-        token_ids = batch.token_ids_cpu
-        if not appended:  # before the runner's bookkeeping: this step's tokens are not in its arrays yet
-            token_ids = self._with_sampled(token_ids, num_tokens, sampled, rows)
-            num_tokens = num_tokens + [len(s) for s in sampled]
-        self.hybrid.candidates(StepBatch(batch.req_ids, sampled, num_tokens, token_ids, batch.generators))
-        steps = min(self.hybrid.plan(), num_speculative_tokens)
+        if self._steps is None:
+            raise RuntimeError("vLLM did not hand ragspec's hybrid this step's sampled tokens (prepare_next_token_ids_*): "
+                               "this vLLM's model runner is not the one it was written for (0.32)")
+        steps, self._steps = min(self._steps, num_speculative_tokens), None
         model_tokens: list[list[int]] = []
         if self.hybrid.model.catch_up:  # else the draft model does not run at all this step
-            began = time.perf_counter()
             tokens = super().propose(steps, *args, **kwargs)
             if steps:
                 model_tokens = tokens.tolist()  # waits for the device
             elif tokens.device.type == "cuda":  # the catch-up alone: its time is the model's, not the next step's
                 torch.cuda.synchronize(tokens.device)
             target = kwargs.get("target_token_ids", args[0] if args else None)
-            self.hybrid.record_model(steps, time.perf_counter() - began, 0 if target is None else int(target.shape[0]))
+            self.hybrid.record_model(steps, time.perf_counter() - self._model_began,
+                                     0 if target is None else int(target.shape[0]))
         return self.hybrid.compose(model_tokens)
 
-    def _step_tokens(self, rows: int) -> tuple[list[list[int]], bool]:
-        """Each row's tokens sampled this step (none for a row still in prefill), and whether the
-        runner has already appended them to its arrays (only when it drafts after bookkeeping)."""
-        got, self._sampled = self._sampled, None
-        if isinstance(got, list):
-            return [list(s) for s in got[:rows]], True
-        if got is None:
-            raise RuntimeError("vLLM did not hand ragspec's hybrid this step's sampled tokens (prepare_next_token_ids_*): "
-                               "this vLLM's model runner is not the one it was written for (0.32)")
-        tensor, discard = got
+    def _plan_step(self, sampled: list[list[int]], appended: bool) -> bool:
+        """Plans the step (each row's n-gram candidate, the plan, whether the draft model runs) from each
+        row's tokens sampled this step (none for a row still in prefill), ``appended`` when the runner has
+        already added them to its arrays (only when it drafts after bookkeeping); whether the model runs."""
+        batch = self._runner.input_batch
+        rows = batch.num_reqs
+        num_tokens = batch.num_tokens_no_spec[:rows]
+        token_ids = batch.token_ids_cpu
+        if not appended:  # before the runner's bookkeeping: this step's tokens are not in its arrays yet
+            token_ids = self._with_sampled(token_ids, num_tokens, sampled, rows)
+            num_tokens = num_tokens + [len(s) for s in sampled]
+        self.hybrid.candidates(StepBatch(batch.req_ids, sampled, num_tokens, token_ids, batch.generators))
+        self._steps = self.hybrid.plan()
+        if self.hybrid.model.catch_up:
+            self._model_began = time.perf_counter()
+        return self.hybrid.model.catch_up
+
+    def _padded_tokens(self, tensor: torch.Tensor, discard: torch.Tensor) -> list[list[int]]:
+        """Each row's tokens sampled this step from the runner's padded tensor (rejected positions are
+        out of the vocabulary; a discarded row, still in prefill, sampled none)."""
+        rows = self._runner.input_batch.num_reqs
         vocab = self._runner.input_batch.vocab_size
-        discarded = discard[:rows].tolist()
         return [[] if gone else [t for t in row if 0 <= t < vocab]
-                for row, gone in zip(tensor[:rows].tolist(), discarded)], False
+                for row, gone in zip(tensor[:rows].tolist(), discard[:rows].tolist())]
 
     def _with_sampled(self, token_ids: Any, num_tokens: Any, sampled: list[list[int]], rows: int) -> Any:
         """The runner's token array for the first ``rows`` rows with this step's tokens appended (a
