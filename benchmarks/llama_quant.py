@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown types {unknown}: use some of {', '.join(QUANT_TYPES)}")
 
     files = gguf_files(kinds)
-    reference = SpeculativeGenerator("default")  # fp32 PyTorch: the answers each type is compared with
+    reference = SpeculativeGenerator("default", dtype="float32")  # fp32 PyTorch: the answers each type is compared with
     prompts = [(p.ids, reference.generate(p.ids, max_new_tokens=args.max_new_tokens, speculation=False).token_ids)
                for p in rag_prompts(reference.target, args.questions)]  # bench.py's RAG prompts (hybrid retrieval)
     settings = LlamaCppSettings(n_threads=args.threads, n_threads_batch=args.threads)

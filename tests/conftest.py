@@ -38,7 +38,9 @@ def lc_tiny_model(lc_tokenizer):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         eos_token_id=lc_tokenizer.eos_token_id, bos_token_id=lc_tokenizer.bos_token_id,
     )
-    return LoadedModel(LlamaForCausalLM(config).eval(), lc_tokenizer, "tiny", torch.device("cpu"), torch.float32)
+    # prompt_chunk=1: every shared prefix is reused whole (ragspec.backends.pytorch.TorchBackend.load)
+    return LoadedModel(LlamaForCausalLM(config).eval(), lc_tokenizer, "tiny", torch.device("cpu"), torch.float32,
+                       prompt_chunk=1)
 
 
 @pytest.fixture

@@ -83,8 +83,10 @@ class Backend(Protocol):
         ...
 
     def load(self, saved: SavedPrefix, length: int, capacity: int) -> KVCache | None:
-        """A cache of room ``capacity`` holding the first ``length`` positions of ``saved``, bit for bit
-        (``saved`` stays valid); None when this back end cannot take a prefix of it (the caller starts cold)."""
+        """A cache of room ``capacity`` holding the first ``length`` positions of ``saved``, bit for bit, or
+        fewer where a cold prefill could not resume exactly after ``length`` (the PyTorch back end keeps
+        whole prompt chunks); ``saved`` stays valid. None when this back end cannot take a prefix of it
+        (the caller starts cold)."""
         ...
 
 

@@ -16,15 +16,16 @@ def take_cache(
     """A cache holding the longest prefix of this prompt that a kept entry of ``scope`` has, or a new one
     (``prefixes`` None: always a new one).
 
-    Returns the cache and how many prompt tokens it already holds. At least the last prompt
-    token is always computed again, since its logits give the first new token.
+    Returns the cache and how many prompt tokens it already holds: at most the shared prefix less the
+    last prompt token, which is always computed again since its logits give the first new token, and
+    fewer where the back end keeps only whole prompt chunks (``Backend.load``).
     """
     found = prefixes.best(prompt_ids, len(prompt_ids) - 1, scope) if prefixes is not None else None
     if found is not None:
         entry, shared = found
         cache = backend.load(entry.saved, shared, capacity)
         if cache is not None:
-            return cache, shared
+            return cache, cache.get_seq_length()
     return backend.new_cache(capacity), 0
 
 
@@ -39,8 +40,7 @@ def keep_cache(backend: Backend, prefixes: PrefixCache, cache: KVCache, prompt_i
         return
     prefixes.add(prompt_ids[:keep], saved, scope)
     if prefixes.lacks_public(prompt_ids[:keep]):  # the template's fixed part, for every scope: a copy of its positions
-        n = len(prefixes.public)
-        public = backend.load(saved, n, n)
+        public = backend.load(saved, len(prefixes.public), len(prefixes.public))
         copy = backend.save(public) if public is not None else None
         if copy is not None:
-            prefixes.add_public(copy)
+            prefixes.add_public(copy, public.get_seq_length())

@@ -18,7 +18,8 @@ request of this process used the default prompt).
 
 Only prompt positions are kept (a request's answer positions are cropped before it is stored):
 they were all computed by a prefill, so a hit gives what a cold prefill of the same prompt gives
-(the tests compare both on each back end). Entries are opaque ``SavedPrefix`` objects made by the
+(the tests compare both on each back end; a back end may reuse fewer positions than are shared to keep
+it so: ``Backend.load``). Entries are opaque ``SavedPrefix`` objects made by the
 back end (``Backend.save``): the PyTorch cache itself, llama.cpp's sequence state copied out of its
 context.
 """
@@ -124,9 +125,10 @@ class PrefixCache:
         n = len(self.public)
         return n > 0 and shared_prefix(self.public, tokens) == n and not any(e.public for e in self._entries.values())
 
-    def add_public(self, saved: SavedPrefix) -> None:
-        """Keep ``saved`` (the keys and values of ``public``) as the entry every scope reuses."""
-        self._keep(Entry(list(self.public), saved, SHARED, public=True))
+    def add_public(self, saved: SavedPrefix, length: int) -> None:
+        """Keep ``saved`` (the keys and values of the first ``length`` public ids: all of them, or fewer where
+        the back end keeps whole prompt chunks only) as the entry every scope reuses."""
+        self._keep(Entry(self.public[:length], saved, SHARED, public=True))
 
     def _keep(self, entry: Entry) -> None:
         if entry.saved.nbytes > self.max_bytes or not entry.tokens:

@@ -37,7 +37,8 @@ def generator(lc_tokenizer: Any) -> Any:
         num_key_value_heads=2, max_position_embeddings=4096, eos_token_id=lc_tokenizer.eos_token_id,
         bos_token_id=lc_tokenizer.bos_token_id,
     )  # fmt: skip
-    lm = LoadedModel(LlamaForCausalLM(config).eval(), lc_tokenizer, "tiny", torch.device("cpu"), torch.float32)
+    lm = LoadedModel(LlamaForCausalLM(config).eval(), lc_tokenizer, "tiny", torch.device("cpu"), torch.float32,
+                     prompt_chunk=1)  # every shared prefix reused whole
     return SpeculativeGenerator(lm)
 
 

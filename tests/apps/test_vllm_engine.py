@@ -100,7 +100,7 @@ def test_ragspec_through_vllm_answers_as_its_own_engine_does(spec_server, served
     from ragspec.remote import RemoteGenerator
 
     config = GenerationConfig(max_new_tokens=MAX_TOKENS, speculation=False)
-    local = SpeculativeGenerator("default", backend="torch")
+    local = SpeculativeGenerator("default", backend="torch", dtype="float32")
     remote = RemoteGenerator(spec_server.base_url, tokenizer=str(served_folder))
     for ids in rag_ids[:4]:
         here, there = local.generate(ids, config), remote.generate(ids, config)

@@ -168,7 +168,7 @@ def test_the_torch_methods_run_on_a_question_set() -> None:
     from benchmarks.bench import run_benchmark
 
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
-    report = run_benchmark(model="default", backends=("torch",), questions=1, open_ended=0, max_new_tokens=6,
+    report = run_benchmark(model="default", backends=("torch",), dtype="float32", questions=1, open_ended=0, max_new_tokens=6,
                            question_sets=[data / "fresh_questions.json"], progress=lambda _: None)
     rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
     assert rows["ragspec_ngram"]["identical"] == 1 and rows["oracle_k8"]["identical"] == 1

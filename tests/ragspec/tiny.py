@@ -24,8 +24,9 @@ def byte_tokenizer(vocab_size: int = 257) -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_model(vocab_size: int = 257, seed: int = 0, context: int = 256, layers: int = 2) -> LoadedModel:
-    """A random Llama with large weights, so its logits are far apart (no argmax ties in fp32)."""
+def tiny_model(vocab_size: int = 257, seed: int = 0, context: int = 256, layers: int = 2, prompt_chunk: int = 1) -> LoadedModel:
+    """A random Llama with large weights, so its logits are far apart (no argmax ties in fp32). Its prompts are
+    evaluated ``prompt_chunk`` positions per forward (1: a prefix-cache hit reuses every shared position)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
@@ -33,4 +34,5 @@ def tiny_model(vocab_size: int = 257, seed: int = 0, context: int = 256, layers:
         initializer_range=0.3, eos_token_id=EOS, bos_token_id=None, pad_token_id=EOS, tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
-    return LoadedModel(model, byte_tokenizer(vocab_size), f"tiny-{vocab_size}-{seed}", torch.device("cpu"), torch.float32)
+    return LoadedModel(model, byte_tokenizer(vocab_size), f"tiny-{vocab_size}-{seed}", torch.device("cpu"), torch.float32,
+                       prompt_chunk=prompt_chunk)

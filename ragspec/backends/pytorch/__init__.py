@@ -45,21 +45,24 @@ class TorchBackend:
             ids.add(target.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(ids)
 
-    prefill_chunk = 1024
-    """Prompt tokens per forward: a long prompt is evaluated in chunks so that a cancelled request
-    stops within one chunk (about a second for the default model on 2 CPU cores). Prompts up to
-    this length take one forward: a RAG prompt (500-1000 tokens) split at 512 cost ~10% more
-    (a second forward over the weights, and its attention over the first chunk through an explicit
-    mask instead of the causal kernel; docs/backends.md, "Prefill")."""
-
     def forward(
         self, ids: list[int], cache: DynamicCache, last_only: bool = False, cancel: threading.Event | None = None
     ) -> torch.Tensor:
+        """See ``Backend.forward``. A prompt (``last_only``) is evaluated in chunks that end where positions
+        reach a multiple of the model's ``prompt_chunk``: a cancelled request stops within one chunk, and a
+        prefix-cache hit (``load``, which keeps whole chunks) runs the very forwards a cold prefill of the
+        same prompt runs after it, so their logits and cached keys and values are bit for bit the same.
+        (Rounding depends on the rows a forward evaluates, even in fp32: torch's CPU attention splits its
+        work by the number of query and key positions; docs/backends.md, "Prefill".)"""
         if not last_only:
             return self._forward(ids, cache, False)
-        for start in range(0, len(ids), self.prefill_chunk):
+        chunk, start = self.target.prompt_chunk, 0
+        past = cache.get_seq_length()
+        while start < len(ids):
             check_cancelled(cancel)
-            logits = self._forward(ids[start : start + self.prefill_chunk], cache, True)
+            end = min(len(ids), start + chunk - (past + start) % chunk)
+            logits = self._forward(ids[start:end], cache, True)
+            start = end
         return logits
 
     def new_cache(self, capacity: int) -> DynamicCache:
@@ -69,5 +72,7 @@ class TorchBackend:
         return SavedTorchCache(cache, cache_nbytes(cache))
 
     def load(self, saved: SavedTorchCache, length: int, capacity: int) -> DynamicCache | None:
+        """A cache holding the first ``length`` positions of ``saved`` rounded down to whole prompt chunks
+        (``forward``): a cold prefill computes the positions after them in the same forwards."""
         cache = self.new_cache(capacity)
-        return cache if copy_prefix(saved.cache, length, cache) else None
+        return cache if copy_prefix(saved.cache, length - length % self.target.prompt_chunk, cache) else None

@@ -57,8 +57,13 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 STEP_ROWS = (1, 5)
 """Rows a decoding step's products are timed at: a plain step, a verify of 4 drafted tokens."""
-PROMPT_ROWS = (256,)
-"""Rows a prompt's products are timed at (a chunk of a RAG prompt: hundreds of positions)."""
+PROMPT_CHUNK = 256
+"""Prompt positions per forward of the PyTorch back end, counted from position 0: a prompt's forwards
+cover positions ``[k * PROMPT_CHUNK, (k + 1) * PROMPT_CHUNK)`` (``LoadedModel.prompt_chunk``,
+``ragspec.backends.pytorch.TorchBackend.forward``), so that a prefix-cache hit resumes where a cold
+prefill's forward begins and runs the same products on the same rows (docs/backends.md, "Prefill")."""
+PROMPT_ROWS = (PROMPT_CHUNK,)
+"""Rows a prompt's products are timed at: a whole chunk of a prompt."""
 
 
 def pick_linear(

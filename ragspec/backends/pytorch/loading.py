@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from retrievers.embeddings import BF16_FLAGS, cpu_flags
+from ragspec.backends.pytorch.forward import PROMPT_CHUNK
 from ragspec.backends.models import (
     COMPLETE_MARKER,
     DEFAULT_MODEL,
@@ -45,8 +46,15 @@ class LoadedModel:
     dtype: torch.dtype
     prompt_dtype: torch.dtype | None = None
     """The dtype prompts are evaluated in, when it is not ``dtype`` (``prompt_dtype``); decoding steps run in ``dtype``."""
+    prompt_chunk: int = PROMPT_CHUNK
+    """Prompt positions per forward, counted from position 0 (``ragspec.backends.pytorch.forward.PROMPT_CHUNK``);
+    a prefix-cache hit reuses whole chunks only."""
     backend: ClassVar[str] = "torch"
     """What runs it (``ragspec.backends``); a GGUF file in llama.cpp is a ``LlamaCppModel``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt_chunk, bool) or not isinstance(self.prompt_chunk, int) or self.prompt_chunk < 1:
+            raise ValueError(f"prompt_chunk must be a positive number of positions, got {self.prompt_chunk!r}")
 
     @property
     def context_length(self) -> int:
@@ -72,12 +80,12 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 BF16_PROMPTS = "bf16-prompts"
 """The dtype setting that evaluates prompts in bf16 over fp32 weights and decoding steps, on a CPU that
-computes bf16 natively (elsewhere it is fp32): opt-in, see ``prompt_dtype``."""
+computes bf16 natively (elsewhere it is fp32): what ``"auto"`` does on a CPU, see ``prompt_dtype``."""
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """The weights' dtype, in which decoding steps run: ``"auto"`` is bf16 on CUDA and fp32 on CPU;
-    ``"bf16-prompts"`` is fp32 (its prompts may run in bf16: ``prompt_dtype``)."""
+    """The weights' dtype, in which decoding steps run: ``"auto"`` is bf16 on CUDA and fp32 on CPU (where its
+    prompts may run in bf16, as ``"bf16-prompts"``'s: ``prompt_dtype``); ``"bf16-prompts"`` is fp32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -90,20 +98,20 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 
 def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype | None:
-    """bf16 for prompts where ``dtype`` is ``"bf16-prompts"``, ``device`` a CPU, and the CPU computes bf16
+    """bf16 for prompts where ``dtype`` is ``"auto"`` or ``"bf16-prompts"``, ``device`` a CPU, and the CPU computes bf16
     natively (AMX or AVX512-BF16: ``retrievers.embeddings.BF16_FLAGS`` in ``flags``, by default this CPU's,
     as the embeddings decide); None (prompts in the weights' dtype) otherwise.
 
     A prompt is compute-bound and runs several times faster in bf16 there, while a decoding step is
     memory-bound and was the faster in fp32 (docs/backends.md, "bf16 prompts"), so steps stay fp32
-    and plain and speculative decoding stay exactly as in fp32 after the same prompt. It is opt-in, not
-    what ``"auto"`` does: a prefix-cache hit evaluates the rest of a prompt in other shapes than a cold
-    prefill, and in bf16 that can move a logit by more than a float tie, so an answer after a hit could
-    differ from a cold prefill's (the design promises they are the same), and half of the answers
-    measured differ from fp32's; whether they are as often right is counted against the hand labels by
-    ``benchmarks/dtype_quality.py`` (docs/backends.md, "bf16 prompts").
+    and plain and speculative decoding stay exactly as in fp32 after the same prompt; a prefix-cache hit
+    gives a cold prefill's logits bit for bit (prompts run in chunks aligned to positions:
+    ``ragspec.backends.pytorch.TorchBackend.forward``). So it is what ``"auto"`` does on such a CPU; answers
+    are then not always fp32's (about a quarter of the bundled questions' differ), and how often they are
+    right against the hand labels is counted by ``benchmarks/dtype_quality.py`` (docs/backends.md,
+    "bf16 prompts"). ``dtype="float32"`` keeps prompts in fp32 (the reference for transformers' fp32 output).
     """
-    if dtype != BF16_PROMPTS or device.type != "cpu":
+    if dtype not in ("auto", BF16_PROMPTS) or device.type != "cpu":
         return None
     return torch.bfloat16 if (cpu_flags() if flags is None else flags) & BF16_FLAGS else None
 

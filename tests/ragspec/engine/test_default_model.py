@@ -13,8 +13,9 @@ from ragspec.backends.pytorch.forward import LlamaForward
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
-from ragspec.prompts import qa_messages
+from ragspec.prompts import qa_messages, qa_prefix_ids
 from retrievers.embeddings import BF16_FLAGS, cpu_flags
+from tests.ragspec.engine.test_prefix_cache import assert_hit_is_a_cold_prefill
 
 pytestmark = pytest.mark.integration
 
@@ -80,8 +81,6 @@ def test_speculative_greedy_is_token_identical_on_document_questions(generator: 
 def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> None:
     """On a CPU with native bf16, dtype "bf16-prompts" runs prompts in bf16 over fp32 steps; speculative greedy
     equals plain greedy at those settings (a divergence only at a tie of the generator's own logits)."""
-    # Every prompt from an empty cache: a prefix hit computes the prompt's rest in other shapes, which
-    # in bf16 may move logits by more than a tie (docs/backends.md, "bf16 prompts").
     gen = SpeculativeGenerator("default", device="cpu", dtype="bf16-prompts", prefix_cache=False)
     assert gen.target.dtype == torch.float32 and gen.target.prompt_dtype == torch.bfloat16
 
@@ -94,6 +93,20 @@ def test_bf16_prompts_keep_speculative_equal_to_plain_on_the_default_model() -> 
         return logits[0]
 
     check_speculative_equals_plain(gen, logits_after)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bf16-prompts", marks=pytest.mark.skipif(
+    not cpu_flags() & BF16_FLAGS, reason="this CPU has no native bf16 (AMX, AVX512-BF16): 'bf16-prompts' is fp32 here"))])
+def test_a_prefix_hit_equals_a_cold_prefill_bit_for_bit(dtype: str) -> None:
+    """A RAG prompt after a kept prefix (the template's public part, about half, all but its last token) gives
+    a cold prefill's last logits and keys and values exactly, in fp32 and with bf16 prompts."""
+    gen = SpeculativeGenerator("default", device="cpu", dtype=dtype, prefix_cache=False)
+    question, passages = document_prompts(1)[0]
+    prompt = gen.encode(chat_prompt(gen, question, passages), special_tokens=True)
+    public = len(qa_prefix_ids(gen.target.tokenizer))
+    with torch.inference_mode():
+        assert_hit_is_a_cold_prefill(gen.backend, prompt, [public, len(prompt) // 2, len(prompt) - 1])
 
 
 def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGenerator) -> None:

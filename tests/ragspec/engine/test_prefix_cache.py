@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -15,7 +16,10 @@ from ragspec.engine.policy import FixedPolicy
 from ragspec.engine.prefix_cache import PrefixCache, shared_prefix
 
 from tests.ragspec.decoding.test_generator import assert_same_or_tie, brute_greedy
+from retrievers.embeddings import BF16_FLAGS, cpu_flags
 from tests.ragspec.tiny import EOS, tiny_model
+
+NEEDS_BF16 = pytest.mark.skipif(not cpu_flags() & BF16_FLAGS, reason="this CPU has no native bf16 (AMX, AVX512-BF16)")
 
 
 @dataclass
@@ -211,7 +215,7 @@ def test_a_prompt_reuses_the_prefixes_of_its_own_scope_only() -> None:
 def test_the_public_entry_is_every_scopes_and_never_redundant() -> None:
     cache = PrefixCache(max_bytes=100, public=[1, 2])
     assert not cache.lacks_public([1, 3]) and cache.lacks_public([1, 2, 5])
-    cache.add_public(Blob(10))
+    cache.add_public(Blob(10), 2)
     assert not cache.lacks_public([1, 2, 5])
     cache.add([1, 2, 5, 6], Blob(10))  # extends the public entry without removing it
     entry, shared = cache.best([1, 2, 7], limit=3, scope="bob")
@@ -260,3 +264,55 @@ def test_earlier_answers_are_drafted_from_within_their_scope_only() -> None:
     with cache_scope("bob"):
         other = gen.generate(prompt, max_new_tokens=24)
     assert other.token_ids == first.token_ids and "history" not in other.stats.by_source
+
+
+def assert_hit_is_a_cold_prefill(backend: TorchBackend, prompt: list[int], hits: Sequence[int]) -> None:
+    """For each shared length in ``hits``: an earlier prompt sharing that many ids is prefilled and kept, and
+    the prompt's prefill after loading it gives a cold prefill's last logits and keys and values, bit for bit;
+    the loaded cache holds the shared positions in whole prompt chunks."""
+    chunk = backend.target.prompt_chunk
+    cold_cache = backend.new_cache(len(prompt))
+    cold = backend.forward(prompt, cold_cache, last_only=True).clone()
+    rng = random.Random(len(prompt))
+    for shared in hits:
+        earlier = backend.new_cache(len(prompt) + 8)
+        backend.forward(prompt[:shared] + [rng.randrange(EOS) for _ in range(8)], earlier, last_only=True)
+        cache = backend.load(backend.save(earlier), shared, len(prompt))
+        assert cache is not None and cache.get_seq_length() == shared - shared % chunk
+        warm = backend.forward(prompt[cache.get_seq_length() :], cache, last_only=True)
+        assert torch.equal(warm, cold), f"hit of {shared}: logits up to {float((warm - cold).abs().max()):.3g} apart"
+        for hit_layer, cold_layer in zip(cache.layers, cold_cache.layers):
+            assert torch.equal(hit_layer.keys, cold_layer.keys) and torch.equal(hit_layer.values, cold_layer.values)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("chunk", [5, 17, 64])
+@pytest.mark.parametrize("prompt_dtype", [None, pytest.param(torch.bfloat16, marks=NEEDS_BF16)])
+def test_a_hit_gives_a_cold_prefills_logits_and_cache_bit_for_bit(chunk: int, prompt_dtype: torch.dtype | None) -> None:
+    """Prompts in chunks aligned to positions: a hit resumes where a cold prefill's chunk begins (fp32, and bf16
+    prompts over fp32 steps where the CPU computes bf16)."""
+    lm = replace(tiny_model(300, 6, context=512, layers=3, prompt_chunk=chunk), prompt_dtype=prompt_dtype)
+    backend = TorchBackend(lm)
+    prompt = [random.Random(chunk).randrange(EOS) for _ in range(301)]
+    assert_hit_is_a_cold_prefill(backend, prompt, [1, 9, chunk, chunk + 1, 150, 300])
+
+
+@pytest.mark.timeout(120)
+def test_a_prompt_is_evaluated_in_chunks_ending_at_multiples_of_the_chunk() -> None:
+    lm = tiny_model(300, 7, prompt_chunk=16)
+    backend = TorchBackend(lm)
+    rows: list[tuple[int, int]] = []
+    forward = backend._forward
+
+    def recording(ids: list[int], cache: object, last_only: bool = False) -> torch.Tensor:
+        rows.append((cache.get_seq_length(), len(ids)))  # type: ignore[attr-defined]
+        return forward(ids, cache, last_only)  # type: ignore[arg-type]
+
+    cache = backend.new_cache(80)
+    backend._forward = recording  # type: ignore[assignment]
+    backend.forward(list(range(5)), cache, last_only=True)
+    backend.forward(list(range(40)), cache, last_only=True)
+    backend.forward([1, 2, 3], cache)  # a verify pass: one forward, wherever it starts
+    assert rows == [(0, 5), (5, 11), (16, 16), (32, 13), (45, 3)]
+    with pytest.raises(ValueError, match="prompt_chunk"):
+        tiny_model(prompt_chunk=0)
