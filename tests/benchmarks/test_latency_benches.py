@@ -17,14 +17,19 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
 
 
+def _dtype_quality(folder: Path, args: list[str], timeout: int) -> dict:
+    """``benchmarks/dtype_quality.py`` run in ``folder`` with ``args``: its JSON report."""
+    out = folder / "q.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dtype_quality.py"), *args, "--out", str(out)],
+                          cwd=folder, env=ENV, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_dtype_quality_counts_labelled_answers_per_setting(tmp_path: Path) -> None:
-    out = tmp_path / "q.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dtype_quality.py"), "--limit", "1", "--out", str(out)],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=880)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(out.read_text())
+    report = _dtype_quality(tmp_path, ["--limit", "1"], timeout=880)
     assert report["answers"] == 1
     assert report["float32"]["same_as_float32"] == 1
     assert sum(report["float32"]["verdicts"].values()) == sum(report["bf16-prompts"]["verdicts"].values()) == 1
@@ -46,11 +51,7 @@ def test_dtype_quality_counts_saved_answers_without_the_model(tmp_path: Path) ->
     lines = ["Loading weights: 100%", json.dumps({"id": "kl-02", "float32": right, "bf16-prompts": right + " No label has this."}),
              json.dumps({"id": "un-01", "float32": wrong, "bf16-prompts": wrong}), 'float32 {"verdicts": {}}']  # fmt: skip
     (tmp_path / "answers.log").write_text("\n".join(lines) + "\n")
-    out = tmp_path / "q.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dtype_quality.py"), "--answers", "answers.log", "--out", str(out)],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=280)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(out.read_text())
+    report = _dtype_quality(tmp_path, ["--answers", "answers.log"], timeout=280)
     assert report["answers"] == 2
     assert report["float32"]["verdicts"] == {"right": 1, "wrong": 1} and report["float32"]["same_as_float32"] == 2
     assert report["bf16-prompts"]["verdicts"] == {"unlabelled": 1, "wrong": 1} and report["bf16-prompts"]["same_as_float32"] == 1
