@@ -39,10 +39,13 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        for event in self.events:
-            self.wfile.write(event.encode())
-        self.wfile.flush()
         self.close_connection = True
+        try:
+            for event in self.events:
+                self.wfile.write(event.encode())
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # a client that stops reading (a cut answer) leaves
+            pass
 
 
 def chunk(text: str, finish: str | None = None) -> str:
