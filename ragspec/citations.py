@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from difflib import SequenceMatcher
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -266,7 +267,6 @@ _PRONOUNS = frozenset("it they you we he she i this these those there".split())
 _POSTMODIFIERS = frozenset(
     "of on in at to for from with by about into over under near after before between that which who whose where".split()
 )
-_TOKENS = re.compile(r"\w+")
 
 
 def _subject(prefix: str) -> tuple[str, set[str]]:
@@ -295,10 +295,11 @@ def swapped_subject(text: str, passages: Sequence[str], min_run: int = 4) -> str
     sentences = [facts.normalize_numbers(p[s:e]).lower() for p in passages for s, e in sentence_spans(p)]
     for clause, _ in _clauses(text):
         normalized = facts.normalize_numbers(clause).lower()
-        mine = list(_TOKENS.finditer(normalized))
+        mine = list(_WORD.finditer(normalized))
         for sentence in sentences:
-            theirs = list(_TOKENS.finditer(sentence))
-            i, j, n = _longest_run([m.group() for m in mine], [m.group() for m in theirs])
+            theirs = list(_WORD.finditer(sentence))
+            words = SequenceMatcher(None, [m.group() for m in mine], [m.group() for m in theirs], autojunk=False)
+            i, j, n = words.find_longest_match()  # the longest shared run, the first of the longest
             run = [m.group() for m in mine[i : i + n]]
             if n < min_run or sum(w not in _STOP_WORDS for w in run) < 2 or run[0] not in _AUXILIARIES or i == 0:
                 continue
@@ -307,21 +308,6 @@ def swapped_subject(text: str, passages: Sequence[str], min_run: int = 4) -> str
             if head and own and own != head and (own in phrase or own not in {facts.stem(m.group()) for m in theirs}):
                 return clause
     return ""
-
-
-def _longest_run(a: list[str], b: list[str]) -> tuple[int, int, int]:
-    """``(i, j, n)``: the longest run ``a[i:i+n] == b[j:j+n]`` (the first of the longest)."""
-    best = (0, 0, 0)
-    previous = [0] * (len(b) + 1)
-    for i in range(len(a)):
-        current = [0] * (len(b) + 1)
-        for j in range(len(b)):
-            if a[i] == b[j]:
-                current[j + 1] = previous[j] + 1
-                if current[j + 1] > best[2]:
-                    best = (i - current[j + 1] + 1, j - current[j + 1] + 1, current[j + 1])
-        previous = current
-    return best
 
 
 def repeats(text: str, run: int = 6) -> bool:
