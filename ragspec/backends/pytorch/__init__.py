@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from ragspec.engine.cancel import check as check_cancelled
-from ragspec.backends.pytorch.forward import make_forward
+from ragspec.backends.pytorch.forward import LlamaForward, make_forward, query_blocks
 from ragspec.backends.pytorch.kv_cache import cache_nbytes, copy_prefix
 from ragspec.backends.pytorch.loading import LoadedModel
 
@@ -48,21 +48,24 @@ class TorchBackend:
     def forward(
         self, ids: list[int], cache: DynamicCache, last_only: bool = False, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """See ``Backend.forward``. A prompt (``last_only``) is evaluated in chunks that end where positions
-        reach a multiple of the model's ``prompt_chunk``: a cancelled request stops within one chunk, and a
-        prefix-cache hit (``load``, which keeps whole chunks) runs the very forwards a cold prefill of the
-        same prompt runs after it, so their logits and cached keys and values are bit for bit the same.
-        (Rounding depends on the rows a forward evaluates, even in fp32: torch's CPU attention splits its
-        work by the number of query and key positions; docs/backends.md, "Prefill".)"""
+        """See ``Backend.forward``. A prompt (``last_only``) is evaluated in blocks of positions that end where they
+        reach a multiple of the model's ``prompt_chunk``, so that a prefix-cache hit (``load``, which keeps whole
+        blocks) computes what a cold prefill of the same prompt computes after it, and their logits and cached keys
+        and values are bit for bit the same. (Rounding depends on the rows a computation sees, even in fp32:
+        torch's CPU attention splits its work by the number of query and key positions, and a product of a few
+        rows may take another kernel; docs/backends.md, "Prefill".) The lean Llama forward does it in one forward,
+        products over all rows and attention in aligned blocks (``LlamaForward.prompt``; a cancelled request stops
+        within one layer); transformers' forward runs one forward per block (a cancelled request stops within one)."""
         if not last_only:
             return self._forward(ids, cache, False)
-        chunk, start = self.target.prompt_chunk, 0
-        past = cache.get_seq_length()
-        while start < len(ids):
+        chunk = self.target.prompt_chunk
+        if isinstance(self._forward, LlamaForward):
+            return self._forward.prompt(ids, cache, chunk, cancel)
+        start = 0
+        for size in query_blocks(cache.get_seq_length(), len(ids), chunk):
             check_cancelled(cancel)
-            end = min(len(ids), start + chunk - (past + start) % chunk)
-            logits = self._forward(ids[start:end], cache, True)
-            start = end
+            logits = self._forward(ids[start : start + size], cache, True)
+            start += size
         return logits
 
     def new_cache(self, capacity: int) -> DynamicCache:
@@ -73,6 +76,6 @@ class TorchBackend:
 
     def load(self, saved: SavedTorchCache, length: int, capacity: int) -> DynamicCache | None:
         """A cache holding the first ``length`` positions of ``saved`` rounded down to whole prompt chunks
-        (``forward``): a cold prefill computes the positions after them in the same forwards."""
+        (``forward``): a cold prefill computes the positions after them alike."""
         cache = self.new_cache(capacity)
         return cache if copy_prefix(saved.cache, length - length % self.target.prompt_chunk, cache) else None

@@ -20,6 +20,7 @@ runs; the generator and the draft model call that back end through ``ragspec.bac
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from ragspec.backends.pytorch.kv_cache import make_cache
+from ragspec.engine.cancel import check as check_cancelled
 
 Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -58,12 +60,35 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 STEP_ROWS = (1, 5)
 """Rows a decoding step's products are timed at: a plain step, a verify of 4 drafted tokens."""
 PROMPT_CHUNK = 256
-"""Prompt positions per forward of the PyTorch back end, counted from position 0: a prompt's forwards
-cover positions ``[k * PROMPT_CHUNK, (k + 1) * PROMPT_CHUNK)`` (``LoadedModel.prompt_chunk``,
-``ragspec.backends.pytorch.TorchBackend.forward``), so that a prefix-cache hit resumes where a cold
-prefill's forward begins and runs the same products on the same rows (docs/backends.md, "Prefill")."""
+"""Prompt positions per query block of attention, counted from position 0: a prompt's attention runs in blocks
+of queries ``[k * PROMPT_CHUNK, (k + 1) * PROMPT_CHUNK)`` (``LoadedModel.prompt_chunk``, ``query_blocks``), its
+products over all its rows at once, so that a prefix-cache hit, which resumes at a multiple of it, computes
+what a cold prefill computes after it (docs/backends.md, "Prefill")."""
 PROMPT_ROWS = (PROMPT_CHUNK,)
-"""Rows a prompt's products are timed at: a whole chunk of a prompt."""
+"""Rows a prompt's products are timed at."""
+PROMPT_MIN_ROWS = 16
+"""Fewest rows a prompt's product is computed over (``prompt_min_rows``)."""
+
+
+def prompt_min_rows() -> int:
+    """Rows a prompt's products are padded to (zero rows appended, their results dropped) when it has fewer.
+
+    A product's row then has the same bits whatever the number of rows around it: measured on the default
+    model's weights (2 cores of an AMD EPYC, torch 2.13), oneDNN's fp32 linear differs only for 1 row, and bf16
+    ``F.linear`` never; MKL's fp32 ``F.linear`` differs below 12 rows with 2 threads (below 4 with 1), and its
+    range grows with the threads: up to 27 rows with 12 or 16 threads, 51 with 32, 171 with 64 (always a count
+    that is not a multiple of 4). Hence at least 16 rows and 4 per thread (docs/backends.md, "Prefill")."""
+    return max(PROMPT_MIN_ROWS, 4 * torch.get_num_threads())
+
+
+def query_blocks(past: int, n: int, block: int) -> list[int]:
+    """Sizes of the blocks that positions ``[past, past + n)`` split into where they reach a multiple of ``block``."""
+    sizes, start = [], past
+    while start < past + n:
+        end = min(past + n, start + block - start % block)
+        sizes.append(end - start)
+        start = end
+    return sizes
 
 
 def pick_linear(
@@ -319,28 +344,75 @@ class LlamaForward:
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
-        # ``last_only`` is a prompt (``ragspec.backends.base.Backend.forward``): its dtype and products.
-        dt, lin = (self.prompt_dtype, self.prompt_linear) if last_only else (self.dtype, self.linear)
+        if last_only:
+            return self.prompt(ids, cache)
+        return self._run(ids, cache, self.dtype, self.linear, [len(ids)], 1)
+
+    def prompt(
+        self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
+        """A prompt's last logits ``[1, vocab]`` in one forward: its products over all its rows (at least
+        ``prompt_min_rows``), its attention in blocks of queries that end where positions reach a multiple of
+        ``block`` (each attends to every position up to its end, causally), in ``prompt_dtype``.
+
+        So evaluating a prompt's last positions after a cache holding the others up to a multiple of ``block``
+        runs the same attention calls on the same rows as evaluating the whole prompt, and products whose rows
+        have the same bits whatever the rows around them: the logits and the keys and values written are bit
+        for bit the same. ``cancel`` is checked before each layer (a cancelled forward leaves the cache partly
+        written: start the next request cold)."""
+        blocks = query_blocks(cache.get_seq_length(), len(ids), block)
+        return self._run(ids, cache, self.prompt_dtype, self.prompt_linear, blocks, prompt_min_rows(), cancel, True)
+
+    def _run(
+        self, ids: list[int], cache: DynamicCache, dt: torch.dtype, lin: Linear, blocks: list[int], min_rows: int,
+        cancel: threading.Event | None = None, last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits of ``ids`` after the cached positions, in ``dt`` with products ``lin`` over at least ``min_rows``
+        rows, attention in query blocks of ``blocks`` rows."""
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
-        # A new position sees every cached one and the new ones up to itself.
-        mask = None if n == 1 or past == 0 else torch.ones(n, past + n, dtype=torch.bool, device=self.device).tril(past)
         for i, w in enumerate(self.weights[dt]):
+            check_cancelled(cancel)
             h = self._norm(x, w.input_norm)
-            q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in lin(h, w.qkv, w.qkv_bias).split(self.fused[i][0].sizes, -1))
+            qkv = _product(lin, h, w.qkv, w.qkv_bias, min_rows)
+            q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in qkv.split(self.fused[i][0].sizes, -1))
             keys, values = cache.layers[i].update(self._rotate(k, cos, sin)[None], v[None])  # stored in self.dtype
-            a = F.scaled_dot_product_attention(
-                self._rotate(q, cos, sin)[None], keys.to(dt), values.to(dt), attn_mask=mask, scale=self.scale,
-                is_causal=n > 1 and past == 0, enable_gqa=True,
-            )
-            x = x + lin(a[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias)
+            a = self._attend(self._rotate(q, cos, sin), keys.to(dt), values.to(dt), past, blocks)
+            x = x + _product(lin, a, w.o, w.o_bias, min_rows)
             h = self._norm(x, w.post_norm)
-            gate, up = lin(h, w.gate_up, w.gate_up_bias).split(self.fused[i][1].sizes, -1)
-            x = x + lin(F.silu(gate) * up, w.down, w.down_bias)
+            gate, up = _product(lin, h, w.gate_up, w.gate_up_bias, min_rows).split(self.fused[i][1].sizes, -1)
+            x = x + _product(lin, F.silu(gate) * up, w.down, w.down_bias, min_rows)
         if last_only:
             x = x[-1:].to(self.dtype)
         return self.linear(self._norm(x, self.norm.weight), self.head, None)
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, blocks: list[int]
+    ) -> torch.Tensor:
+        """Attention of queries ``q`` ``[heads, n, hd]`` at positions ``past..`` over ``keys``/``values``
+        ``[1, kv_heads, past + n, hd]``, one call per block of ``blocks`` query rows, each over the positions up to
+        its end; ``[n, heads * hd]``."""
+        out, start = [], past
+        for size in blocks:
+            end = start + size
+            # A new position sees every cached one and the new ones up to itself.
+            mask = None if size == 1 or start == 0 else torch.ones(size, end, dtype=torch.bool, device=self.device).tril(start)
+            out.append(F.scaled_dot_product_attention(
+                q[None, :, start - past : end - past], keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                scale=self.scale, is_causal=size > 1 and start == 0, enable_gqa=True,
+            ))  # [1, heads, size, hd]
+            start = end
+        a = out[0] if len(out) == 1 else torch.cat(out, dim=2)
+        return a[0].transpose(0, 1).reshape(start - past, -1)
+
+
+def _product(lin: Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, min_rows: int) -> torch.Tensor:
+    """``lin(x, weight, bias)`` computed over at least ``min_rows`` rows (zero rows appended, their results dropped)."""
+    n = x.shape[0]
+    if n >= min_rows:
+        return lin(x, weight, bias)
+    return lin(F.pad(x, (0, 0, 0, min_rows - n)), weight, bias)[:n]
 
 
 def _name(linear: Linear) -> str:

@@ -13,11 +13,15 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from ragspec.backends.pytorch.forward import (
     PROMPT_ROWS,
     STEP_ROWS,
+    PROMPT_MIN_ROWS,
     HFForward,
     LlamaForward,
+    _product,
     fastest_linear,
     make_forward,
     pick_linear,
+    prompt_min_rows,
+    query_blocks,
 )
 
 CPU, FP32 = torch.device("cpu"), torch.float32
@@ -196,3 +200,64 @@ def test_prompts_and_steps_each_get_the_faster_linear_for_their_row_counts() -> 
     assert fastest_linear([few, many], weights, PROMPT_ROWS) is many
     fwd = LlamaForward(llama(), CPU, FP32)
     assert fwd.description.startswith("lean Llama forward (") and ", prompts: " in fwd.description
+
+
+@pytest.mark.parametrize("block", [1, 5, 17, 256])
+@pytest.mark.parametrize("past", [0, 3, 17, 256, 300])
+def test_query_blocks_end_where_positions_reach_a_multiple_of_the_block(block: int, past: int) -> None:
+    for n in [1, 2, block - 1, block, block + 1, 3 * block + 7]:
+        if n < 1:
+            continue
+        sizes = query_blocks(past, n, block)
+        ends = [past + sum(sizes[: i + 1]) for i in range(len(sizes))]
+        assert sum(sizes) == n and all(size >= 1 for size in sizes)
+        assert all(end % block == 0 for end in ends[:-1]) and ends[-1] == past + n
+        assert all(size <= block for size in sizes)  # no multiple of the block inside one
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+def test_a_prompts_product_is_computed_over_at_least_min_rows(rows: int) -> None:
+    seen: list[int] = []
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return F.linear(x, weight, bias)
+
+    x, weight, bias = torch.randn(rows, 6), torch.randn(4, 6), torch.randn(4)
+    out = _product(linear, x, weight, bias, 16)
+    assert seen == [max(rows, 16)] and out.shape == (rows, 4)
+    torch.testing.assert_close(out, F.linear(x, weight, bias))
+    assert prompt_min_rows() >= max(PROMPT_MIN_ROWS, 4 * torch.get_num_threads())
+
+
+@torch.inference_mode()
+def test_a_prompts_attention_runs_in_blocks_aligned_to_positions_within_one_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Products over all of a prompt's rows (at least ``prompt_min_rows``), attention in query blocks ending at
+    multiples of the block, each over the positions up to its end; a step is one attention call."""
+    model = llama()
+    fwd = LlamaForward(model, CPU, FP32)
+    calls: list[tuple[int, int, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        calls.append((q.shape[2], k.shape[2], bool(kwargs.get("is_causal"))))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    cache = fwd.new_cache(80)
+    layers = len(fwd.layers)
+    fwd.prompt(list(range(5)), cache, 16)
+    assert calls == [(5, 5, True)] * layers
+    calls.clear()
+    fwd.prompt(list(range(40)), cache, 16)  # positions 5..44
+    assert calls == [(11, 16, False), (16, 32, False), (13, 45, False)] * layers
+    calls.clear()
+    fwd([1, 2, 3], cache)  # a verify pass: one call, wherever it starts
+    assert calls == [(3, 48, False)] * layers
+    monkeypatch.undo()
+    # transformers' logits of the whole prompt, to float rounding, from a prompt in blocks after a cached part.
+    cache = fwd.new_cache(80)
+    ids = list(range(3, 43))
+    fwd.prompt(ids[:9], cache, 16)
+    want = model(torch.tensor([ids])).logits[0, -1:]
+    torch.testing.assert_close(fwd.prompt(ids[9:], cache, 16), want, rtol=1e-4, atol=1e-4)
