@@ -18,6 +18,12 @@ from ragspec.backends import TargetModel, make_backend
 from ragspec.engine.drafting import Draft, DraftSource
 
 
+STEP_TOKENS = 8
+"""Most tokens the draft model evaluates as a decoding step (all their logits, the step's products and dtype) rather
+than as a prompt (the PyTorch back end computes a prompt's products over at least
+``ragspec.backends.pytorch.forward.prompt_min_rows`` rows, and may run it in bf16)."""
+
+
 class VocabularyMismatchError(ValueError):
     """The draft model's tokenizer does not map text to the same ids as the target's."""
 
@@ -56,8 +62,10 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        # A few tokens (a drafted one, the accepted ones) are a decoding step's forward; more (the prompt) a
+        # prompt's, which computes the last position's logits only (``Backend.forward``).
         try:
-            out = self.backend.forward(list(tokens), self._cache, last_only=True)[0]  # [vocab]
+            out = self.backend.forward(list(tokens), self._cache, last_only=len(tokens) > STEP_TOKENS)[-1]  # [vocab]
         except BaseException:
             self.clear_cache()  # the forward may have written some layers: start the next draft cold
             raise

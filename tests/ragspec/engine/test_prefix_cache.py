@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ragspec.backends.pytorch import TorchBackend
+from ragspec.backends.pytorch.forward import HFForward, LlamaForward, prompt_min_rows
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.backends.pytorch.kv_cache import BufferLayer, cache_nbytes, copy_prefix
 from ragspec.engine.policy import FixedPolicy
@@ -289,27 +290,59 @@ def assert_hit_is_a_cold_prefill(backend: TorchBackend, prompt: list[int], hits:
 @pytest.mark.parametrize("chunk", [5, 17, 64])
 @pytest.mark.parametrize("prompt_dtype", [None, pytest.param(torch.bfloat16, marks=NEEDS_BF16)])
 def test_a_hit_gives_a_cold_prefills_logits_and_cache_bit_for_bit(chunk: int, prompt_dtype: torch.dtype | None) -> None:
-    """Prompts in chunks aligned to positions: a hit resumes where a cold prefill's chunk begins (fp32, and bf16
-    prompts over fp32 steps where the CPU computes bf16)."""
+    """Attention in query blocks aligned to positions: a hit resumes where a cold prefill's block begins (fp32, and
+    bf16 prompts over fp32 steps where the CPU computes bf16)."""
     lm = replace(tiny_model(300, 6, context=512, layers=3, prompt_chunk=chunk), prompt_dtype=prompt_dtype)
     backend = TorchBackend(lm)
     prompt = [random.Random(chunk).randrange(EOS) for _ in range(301)]
     assert_hit_is_a_cold_prefill(backend, prompt, [1, 9, chunk, chunk + 1, 150, 300])
 
 
+@torch.inference_mode()
+@pytest.mark.parametrize("chunk", [16, 32])
+@pytest.mark.parametrize("prompt_dtype", [None, pytest.param(torch.bfloat16, marks=NEEDS_BF16)])
+def test_a_hit_leaving_fewer_rows_than_prompt_min_rows_gives_a_cold_prefill_bit_for_bit(
+    chunk: int, prompt_dtype: torch.dtype | None
+) -> None:
+    """Prompts just above a multiple of the chunk: the hit computes 1 to ``prompt_min_rows() + 1`` rows, whose
+    products are padded to ``prompt_min_rows`` rows, the cold prefill all of them."""
+    lm = replace(tiny_model(300, 8, context=512, layers=2, prompt_chunk=chunk), prompt_dtype=prompt_dtype)
+    backend = TorchBackend(lm)
+    rng = random.Random(chunk)
+    for rest in sorted({1, 2, 3, 5, 7, 11, prompt_min_rows() - 1, prompt_min_rows(), prompt_min_rows() + 1}):
+        prompt = [rng.randrange(EOS) for _ in range(3 * chunk + rest)]
+        assert_hit_is_a_cold_prefill(backend, prompt, [len(prompt) - 1])
+
+
 @pytest.mark.timeout(120)
-def test_a_prompt_is_evaluated_in_chunks_ending_at_multiples_of_the_chunk() -> None:
+def test_a_prompt_is_evaluated_in_blocks_ending_at_multiples_of_the_chunk() -> None:
+    """The lean forward evaluates a prompt in one forward (its attention in blocks: tests/ragspec/backends/pytorch/
+    test_forward.py); a forward that cannot split its attention (transformers') runs one forward per block."""
     lm = tiny_model(300, 7, prompt_chunk=16)
     backend = TorchBackend(lm)
     rows: list[tuple[int, int]] = []
-    forward = backend._forward
+    lean = backend._forward
+    assert isinstance(lean, LlamaForward)
+    prompt = lean.prompt
+
+    def recording_prompt(ids: list[int], cache: object, block: int = 256, cancel: object = None) -> torch.Tensor:
+        rows.append((cache.get_seq_length(), len(ids)))  # type: ignore[attr-defined]
+        return prompt(ids, cache, block, cancel)  # type: ignore[arg-type]
+
+    lean.prompt = recording_prompt  # type: ignore[method-assign]
+    cache = backend.new_cache(80)
+    backend.forward(list(range(5)), cache, last_only=True)
+    backend.forward(list(range(40)), cache, last_only=True)
+    assert rows == [(0, 5), (5, 40)]
+    rows.clear()
+    hf = HFForward(lm.model, lm.device)
 
     def recording(ids: list[int], cache: object, last_only: bool = False) -> torch.Tensor:
         rows.append((cache.get_seq_length(), len(ids)))  # type: ignore[attr-defined]
-        return forward(ids, cache, last_only)  # type: ignore[arg-type]
+        return hf(ids, cache, last_only)  # type: ignore[arg-type]
 
-    cache = backend.new_cache(80)
     backend._forward = recording  # type: ignore[assignment]
+    cache = hf.new_cache(80)
     backend.forward(list(range(5)), cache, last_only=True)
     backend.forward(list(range(40)), cache, last_only=True)
     backend.forward([1, 2, 3], cache)  # a verify pass: one forward, wherever it starts
