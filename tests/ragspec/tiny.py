@@ -25,8 +25,8 @@ def byte_tokenizer(vocab_size: int = 257) -> PreTrainedTokenizerFast:
 
 
 def tiny_model(vocab_size: int = 257, seed: int = 0, context: int = 256, layers: int = 2, prompt_chunk: int = 1) -> LoadedModel:
-    """A random Llama with large weights, so its logits are far apart (no argmax ties in fp32). Its prompts are
-    evaluated ``prompt_chunk`` positions per forward (1: a prefix-cache hit reuses every shared position)."""
+    """A random Llama with large weights, so its logits are far apart (no argmax ties in fp32). Its prompts'
+    attention runs in blocks of ``prompt_chunk`` positions (1: a prefix-cache hit reuses every shared position)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,

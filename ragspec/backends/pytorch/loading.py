@@ -47,8 +47,9 @@ class LoadedModel:
     prompt_dtype: torch.dtype | None = None
     """The dtype prompts are evaluated in, when it is not ``dtype`` (``prompt_dtype``); decoding steps run in ``dtype``."""
     prompt_chunk: int = PROMPT_CHUNK
-    """Prompt positions per forward, counted from position 0 (``ragspec.backends.pytorch.forward.PROMPT_CHUNK``);
-    a prefix-cache hit reuses whole chunks only."""
+    """Prompt positions per block of attention queries, counted from position 0
+    (``ragspec.backends.pytorch.forward.PROMPT_CHUNK``; transformers' forward runs one forward per block); a
+    prefix-cache hit reuses whole blocks only."""
     backend: ClassVar[str] = "torch"
     """What runs it (``ragspec.backends``); a GGUF file in llama.cpp is a ``LlamaCppModel``."""
 

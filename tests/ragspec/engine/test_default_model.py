@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from ragspec.backends.pytorch.forward import LlamaForward
+from ragspec.backends.pytorch.forward import LlamaForward, _onednn_linear, _product, prompt_min_rows
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
@@ -107,6 +108,51 @@ def test_a_prefix_hit_equals_a_cold_prefill_bit_for_bit(dtype: str) -> None:
     public = len(qa_prefix_ids(gen.target.tokenizer))
     with torch.inference_mode():
         assert_hit_is_a_cold_prefill(gen.backend, prompt, [public, len(prompt) // 2, len(prompt) - 1])
+
+
+NEEDS_BF16 = pytest.mark.skipif(not cpu_flags() & BF16_FLAGS, reason="this CPU has no native bf16 (AMX, AVX512-BF16)")
+LINEARS = {"oneDNN": _onednn_linear, "F.linear": F.linear}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dtype, linear", [(torch.float32, "oneDNN"), (torch.float32, "F.linear"),
+                                           pytest.param(torch.bfloat16, "F.linear", marks=NEEDS_BF16)])
+def test_prompt_products_give_a_row_the_same_bits_whatever_the_rows_around_it(dtype: torch.dtype, linear: str) -> None:
+    """What a prefix-cache hit relies on (``LlamaForward.prompt``): on the default model's weights, a product's row is
+    the same over a whole prompt's rows as over its last rows after a multiple of 256, and over 1 to
+    ``prompt_min_rows`` rows padded to ``prompt_min_rows``."""
+    lm = load_model("default", device="cpu", dtype="float32")
+    fwd = LlamaForward(lm.model, lm.device, lm.dtype, dtype)
+    lin, least = LINEARS[linear], prompt_min_rows()
+    if linear == "oneDNN" and not torch.backends.mkldnn.is_available():
+        pytest.skip("torch was built without oneDNN")
+    w = fwd.weights[dtype][0]
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for weight in (w.qkv, w.o, w.gate_up, w.down):
+            x = torch.randn(881, weight.shape[1], generator=gen).to(dtype)  # a RAG prompt's rows
+            whole = lin(x, weight, None)
+            for rows in [625, 369, 113, *range(least, least + 20)]:
+                assert torch.equal(lin(x[-rows:].contiguous(), weight, None), whole[-rows:]), f"{rows} rows of {tuple(weight.shape)}"
+            for rows in range(1, least + 1):
+                assert torch.equal(_product(lin, x[-rows:].contiguous(), weight, None, least), whole[-rows:]), f"{rows} rows padded"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("dtype, linear", [("float32", "oneDNN"), ("float32", "F.linear"),
+                                           pytest.param("bf16-prompts", "F.linear", marks=NEEDS_BF16)])
+def test_a_hit_leaving_a_few_rows_equals_a_cold_prefill_bit_for_bit(dtype: str, linear: str) -> None:
+    """RAG prompts cut 1, 7, 11 and ``prompt_min_rows() + 3`` tokens after a multiple of 256, after a hit that keeps
+    all but those: the products of those rows padded to ``prompt_min_rows``, against the whole prompt's."""
+    gen = SpeculativeGenerator("default", device="cpu", dtype=dtype, prefix_cache=False)
+    assert isinstance(gen.backend._forward, LlamaForward)
+    gen.backend._forward.prompt_linear = LINEARS[linear]
+    question, passages = document_prompts(1)[0]
+    prompt = gen.encode(chat_prompt(gen, question, passages), special_tokens=True)
+    with torch.inference_mode():
+        for rest in [1, 7, 11, prompt_min_rows() + 3]:
+            cut = prompt[: 512 + rest]
+            assert_hit_is_a_cold_prefill(gen.backend, cut, [len(cut) - 1])
 
 
 def test_plain_decoding_matches_transformers_generate(generator: SpeculativeGenerator) -> None:
