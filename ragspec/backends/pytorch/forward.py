@@ -13,7 +13,9 @@ pass is built (``pick_linear``), and ``F.linear`` elsewhere. Products that read 
 product and gate/up another (7 weight streams per layer become 4). Logits agree with
 transformers' to float rounding (tests compare them, and greedy outputs against transformers'
 ``generate``); ragspec's plain and speculative decoding both use this pass, so the lossless
-guarantee is unaffected. Other architectures use ``HFForward`` (transformers' forward with a
+guarantee is unaffected. A prompt runs in one forward whose
+attention is split into query blocks aligned to positions (``LlamaForward.prompt``), so that a prefix-cache hit
+computes exactly what a cold prefill computes. Other architectures use ``HFForward`` (transformers' forward with a
 preallocated cache). ``Forward`` is what the PyTorch back end (``ragspec.backends.pytorch``)
 runs; the generator and the draft model call that back end through ``ragspec.backends.base.Backend``.
 """
@@ -372,13 +374,14 @@ class LlamaForward:
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
+        spans = self._spans(past, blocks)
         for i, w in enumerate(self.weights[dt]):
             check_cancelled(cancel)
             h = self._norm(x, w.input_norm)
             qkv = _product(lin, h, w.qkv, w.qkv_bias, min_rows)
             q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in qkv.split(self.fused[i][0].sizes, -1))
             keys, values = cache.layers[i].update(self._rotate(k, cos, sin)[None], v[None])  # stored in self.dtype
-            a = self._attend(self._rotate(q, cos, sin), keys.to(dt), values.to(dt), past, blocks)
+            a = self._attend(self._rotate(q, cos, sin), keys.to(dt), values.to(dt), past, spans)
             x = x + _product(lin, a, w.o, w.o_bias, min_rows)
             h = self._norm(x, w.post_norm)
             gate, up = _product(lin, h, w.gate_up, w.gate_up_bias, min_rows).split(self.fused[i][1].sizes, -1)
@@ -387,24 +390,33 @@ class LlamaForward:
             x = x[-1:].to(self.dtype)
         return self.linear(self._norm(x, self.norm.weight), self.head, None)
 
-    def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, blocks: list[int]
-    ) -> torch.Tensor:
-        """Attention of queries ``q`` ``[heads, n, hd]`` at positions ``past..`` over ``keys``/``values``
-        ``[1, kv_heads, past + n, hd]``, one call per block of ``blocks`` query rows, each over the positions up to
-        its end; ``[n, heads * hd]``."""
-        out, start = [], past
+    def _spans(self, past: int, blocks: list[int]) -> list[tuple[int, int, torch.Tensor | None]]:
+        """Per block of query rows after ``past`` cached positions: its first and end positions, and its mask."""
+        spans, start = [], past
         for size in blocks:
             end = start + size
             # A new position sees every cached one and the new ones up to itself.
             mask = None if size == 1 or start == 0 else torch.ones(size, end, dtype=torch.bool, device=self.device).tril(start)
-            out.append(F.scaled_dot_product_attention(
-                q[None, :, start - past : end - past], keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                scale=self.scale, is_causal=size > 1 and start == 0, enable_gqa=True,
-            ))  # [1, heads, size, hd]
+            spans.append((start, end, mask))
             start = end
+        return spans
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
+        spans: list[tuple[int, int, torch.Tensor | None]],
+    ) -> torch.Tensor:
+        """Attention of queries ``q`` ``[heads, n, hd]`` at positions ``past..`` over ``keys``/``values``
+        ``[1, kv_heads, past + n, hd]``, one call per span of query positions (``_spans``), each over the positions
+        up to its end; ``[n, heads * hd]``."""
+        out = [
+            F.scaled_dot_product_attention(
+                q[None, :, start - past : end - past], keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                scale=self.scale, is_causal=mask is None and end - start > 1, enable_gqa=True,
+            )  # [1, heads, end - start, hd]
+            for start, end, mask in spans
+        ]
         a = out[0] if len(out) == 1 else torch.cat(out, dim=2)
-        return a[0].transpose(0, 1).reshape(start - past, -1)
+        return a[0].transpose(0, 1).reshape(q.shape[1], -1)
 
 
 def _product(lin: Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, min_rows: int) -> torch.Tensor:

@@ -142,8 +142,8 @@ def test_prompt_products_give_a_row_the_same_bits_whatever_the_rows_around_it(dt
 @pytest.mark.parametrize("dtype, linear", [("float32", "oneDNN"), ("float32", "F.linear"),
                                            pytest.param("bf16-prompts", "F.linear", marks=NEEDS_BF16)])
 def test_a_hit_leaving_a_few_rows_equals_a_cold_prefill_bit_for_bit(dtype: str, linear: str) -> None:
-    """RAG prompts cut 1, 7, 11 and ``prompt_min_rows() + 3`` tokens after a multiple of 256, after a hit that keeps
-    all but those: the products of those rows padded to ``prompt_min_rows``, against the whole prompt's."""
+    """A RAG prompt cut 1, 7, 11 and ``prompt_min_rows() + 3`` tokens after 256, after a hit that keeps all but those:
+    the products of those rows padded to ``prompt_min_rows``, against the whole prompt's."""
     gen = SpeculativeGenerator("default", device="cpu", dtype=dtype, prefix_cache=False)
     assert isinstance(gen.backend._forward, LlamaForward)
     gen.backend._forward.prompt_linear = LINEARS[linear]
@@ -151,7 +151,8 @@ def test_a_hit_leaving_a_few_rows_equals_a_cold_prefill_bit_for_bit(dtype: str, 
     prompt = gen.encode(chat_prompt(gen, question, passages), special_tokens=True)
     with torch.inference_mode():
         for rest in [1, 7, 11, prompt_min_rows() + 3]:
-            cut = prompt[: 512 + rest]
+            cut = prompt[: 256 + rest]
+            assert len(cut) == 256 + rest
             assert_hit_is_a_cold_prefill(gen.backend, cut, [len(cut) - 1])
 
 
