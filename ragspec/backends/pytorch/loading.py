@@ -106,7 +106,7 @@ def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozense
     A prompt is compute-bound and runs several times faster in bf16 there, while a decoding step is
     memory-bound and was the faster in fp32 (docs/backends.md, "bf16 prompts"), so steps stay fp32
     and plain and speculative decoding stay exactly as in fp32 after the same prompt; a prefix-cache hit
-    gives a cold prefill's logits bit for bit (prompts run in chunks aligned to positions:
+    gives a cold prefill's logits bit for bit (a prompt's attention runs in blocks aligned to positions:
     ``ragspec.backends.pytorch.TorchBackend.forward``). It is opt-in, not what ``"auto"`` does: a quarter of
     the answers counted differ from fp32's, and against the hand labels (``benchmarks/dtype_quality.py``)
     3 of those were right in fp32 only and none in bf16 only (docs/backends.md, "bf16 prompts").
