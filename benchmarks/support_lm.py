@@ -13,7 +13,9 @@ model that wrote the answers (the default model; no new weights), each meant as 
 - ``lp_with``: mean log p(answer token | the QA prompt with its passages) alone;
 - ``verify_question`` / ``verify_claim``: log p(Yes) - log p(No) for a verification prompt over the cited
   passages ("Passage: … Question: … Answer: … Does the passage support this answer?" / "Passage: … Claim: …
-  Does the passage say this?").
+  Does the passage say this?");
+- ``verify_sentences``: the smallest such margin over the answer's sentences, each against the passage sentences
+  it drew from (``ragspec.citations.drawn_sentences``), with a four-example plain-text prompt (``FEW_SHOT``).
 
 Thresholds are chosen on the "tuned" part only (and, in a second row, on tuned + held-out): the largest that
 keeps every right answer of the fit parts supported. Fresh, fresh2 and fresh3 are held out of every choice.
@@ -32,6 +34,7 @@ import json
 import re
 import sys
 import time
+from statistics import fmean
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,10 +43,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.support_eval import Case, cases, share  # noqa: E402
-from ragspec.citations import choose_citations  # noqa: E402
+from ragspec.citations import choose_citations, drawn_sentences  # noqa: E402
+from ragspec.citations import sentence_spans as citation_sentences  # noqa: E402
 from ragspec.prompts import chat_prompt_ids, qa_messages  # noqa: E402
 
 if TYPE_CHECKING:
+    from langchain_core.documents import Document
+
     from ragspec.backends.pytorch.loading import LoadedModel
 
 PARTS = ("tuned", "held-out", "fresh", "fresh2", "fresh3")
@@ -54,6 +60,19 @@ VERIFY = {
     "verify_claim": "Passage:\n{passage}\n\nClaim: {answer}\n\nDoes the passage say this? Answer Yes or No.",
 }
 """The verification prompts (one user turn each), by signal name."""
+FEW_SHOT = (
+    "Passage: The museum opens at 10 am on weekdays and at noon on Sundays.\nQuestion: When does the museum open on Sundays?\n"
+    "Answer: The museum opens at noon on Sundays.\nDoes the passage support the answer? Yes\n\n"
+    "Passage: The bridge was built in 1820 by a local mason.\nQuestion: Who built the bridge?\n"
+    "Answer: The bridge was built in 1902 by the town council.\nDoes the passage support the answer? No\n\n"
+    "Passage: The shop sells bread and cakes.\nQuestion: What does the shop sell?\n"
+    "Answer: The shop sells bread and cakes.\nDoes the passage support the answer? Yes\n\n"
+    "Passage: Members meet every Tuesday in the library.\nQuestion: Where do members meet?\n"
+    "Answer: Members meet every Tuesday.\nDoes the passage support the answer? No\n\n"
+    "Passage: {passage}\nQuestion: {question}\nAnswer: {answer}\nDoes the passage support the answer?"
+)
+"""A few-shot plain-text verification prompt (no chat template; made-up examples, none from the labels): the
+next token's " Yes" against " No", per answer sentence against the passage sentences it drew from."""
 _SENTENCE_END = re.compile(r"[.!?:]\s|\n")
 
 
@@ -69,12 +88,16 @@ def answer_logprobs(loaded: LoadedModel, messages: list[dict[str, str]], answer:
     return logp.gather(1, torch.tensor(ids, device=loaded.device)[:, None])[:, 0].tolist()
 
 
-def yes_no_margin(loaded: LoadedModel, prompt: str) -> float:
-    """log p(Yes) - log p(No) for the first token of the model's reply to ``prompt`` (spellings "Yes", " Yes", "yes" pooled)."""
+def yes_no_margin(loaded: LoadedModel, prompt: str, chat: bool = True) -> float:
+    """log p(Yes) - log p(No) for the first token of the model's reply to ``prompt`` (spellings "Yes", " Yes", "yes"
+    pooled), as a chat turn or, ``chat=False``, as plain text to continue."""
     import torch
 
     first = [loaded.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("Yes", " Yes", "yes", "No", " No", "no")]
-    ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": prompt}])
+    if chat:
+        ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": prompt}])
+    else:
+        ids = loaded.tokenizer.encode(prompt, add_special_tokens=False)
     with torch.no_grad():
         logp = torch.log_softmax(loaded.model(torch.tensor([ids], device=loaded.device)).logits[0, -1].float(), -1)
     return (torch.logsumexp(logp[first[:3]], 0) - torch.logsumexp(logp[first[3:]], 0)).item()
@@ -96,15 +119,23 @@ def case_signals(loaded: LoadedModel, case: Case, cited: Sequence[int]) -> dict:
     passage = "\n\n".join(p.page_content for p in shown)
     for name, template in VERIFY.items():
         row[name] = yes_no_margin(loaded, template.format(passage=passage, question=case.question, answer=case.text))
+    row["verify_sentences"] = sentence_margins(loaded, case, shown)
     row["seconds"] = time.perf_counter() - start
     return row
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
+def sentence_margins(loaded: LoadedModel, case: Case, shown: Sequence[Document]) -> list[float]:
+    """``FEW_SHOT``'s margin for each sentence of the answer against the sentences of ``shown`` it drew from."""
+    margins = []
+    for s, e in citation_sentences(case.text):
+        sentence = case.text[s:e]
+        drawn = [p.page_content[a:b] for p in shown for a, b in [drawn_sentences(sentence, p.page_content, case.question)] if b > a]
+        passage = " ".join(drawn) or " ".join(p.page_content for p in shown)
+        margins.append(yes_no_margin(loaded, FEW_SHOT.format(passage=passage, question=case.question, answer=sentence), chat=False))
+    return margins
 
 
-def sentence_spans(tokens: Sequence[str]) -> list[range]:
+def token_sentences(tokens: Sequence[str]) -> list[range]:
     """Token ranges of the answer's sentences: a sentence ends after a token whose text ends one."""
     spans, start = [], 0
     for i, token in enumerate(tokens):
@@ -118,17 +149,18 @@ def sentence_spans(tokens: Sequence[str]) -> list[range]:
 
 def _pmi_sentence(row: dict) -> float:
     diff = [a - b for a, b in zip(row["with"], row["none"])]
-    return min(_mean([diff[i] for i in span]) for span in sentence_spans(row["tokens"]))
+    return min(fmean([diff[i] for i in span]) for span in token_sentences(row["tokens"]))
 
 
 SIGNALS: dict[str, Callable[[dict], float]] = {
-    "pmi_mean": lambda r: _mean(r["with"]) - _mean(r["none"]),
-    "pmi_cited": lambda r: _mean(r["cited_only"]) - _mean(r["none"]),
+    "pmi_mean": lambda r: fmean(r["with"]) - fmean(r["none"]),
+    "pmi_cited": lambda r: fmean(r["cited_only"]) - fmean(r["none"]),
     "pmi_min": lambda r: min(a - b for a, b in zip(r["with"], r["none"])),
     "pmi_sentence": _pmi_sentence,
-    "lp_with": lambda r: _mean(r["with"]),
+    "lp_with": lambda r: fmean(r["with"]),
     "verify_question": lambda r: r["verify_question"],
     "verify_claim": lambda r: r["verify_claim"],
+    "verify_sentences": lambda r: min(r["verify_sentences"]),
 }
 """Each signal from a stored row: higher means more likely right."""
 
@@ -186,7 +218,7 @@ def tables(rows: Sequence[dict], right: dict[str, int]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     seconds = [r["seconds"] for r in rows if "seconds" in r]
     if seconds:
-        lines += ["", f"{len(seconds)} answers, {_mean(seconds):.1f} s each for all seven signals (5 forwards)"]
+        lines += ["", f"{len(seconds)} answers, {fmean(seconds):.1f} s each for all signals (5 forwards and one per answer sentence)"]
     return "\n".join(lines)
 
 
