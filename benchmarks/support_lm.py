@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the per-answer measurements here")
     parser.add_argument("--from", dest="source", type=Path, default=None, help="tables from a --json file; no model runs")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the model's dtype on the CPU")
     args = parser.parse_args(argv)
     labelled = cases(args.limit)
     right = {p: sum(c.right for c in labelled if c.part == p) for p in PARTS}
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        rows = collect(load_torch_model(device="cpu", dtype="float32"), labelled)
+        rows = collect(load_torch_model(device="cpu", dtype=args.dtype), labelled)
     print(tables(rows, right))
     if args.json is not None:
         args.json.write_text(json.dumps({"answers": rows}) + "\n")
