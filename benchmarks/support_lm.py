@@ -181,13 +181,15 @@ def threshold(rows: Sequence[dict], signal: str, fit: Sequence[str]) -> float | 
     return min(scores) if scores else None
 
 
-def counts(rows: Sequence[dict], right: dict[str, int], keep: Callable[[dict], bool]) -> list[str]:
-    """``precision, recall`` of (rules AND ``keep``) per group of ``GROUPS``; ``right`` counts right answers per part."""
-    cells = []
-    for parts in GROUPS.values():
+def counts(rows: Sequence[dict], totals: dict[str, tuple[int, int]], keep: Callable[[dict], bool]) -> dict[str, list[str]]:
+    """Per group of ``GROUPS``: answers, right answers, and ``supported`` precision and recall of (rules AND ``keep``);
+    ``totals`` holds each part's labelled and right answers."""
+    cells = {}
+    for group, parts in GROUPS.items():
         kept = [r for r in rows if r["part"] in parts and keep(r)]
         hits = sum(r["right"] for r in kept)
-        cells += [share(hits, len(kept)), share(hits, sum(right.get(p, 0) for p in parts))]
+        answers, right = (sum(totals.get(p, (0, 0))[i] for p in parts) for i in (0, 1))
+        cells[group] = [str(answers), str(right), share(hits, len(kept)), share(hits, right)]
     return cells
 
 
@@ -200,17 +202,17 @@ def auc(rows: Sequence[dict], signal: str) -> float | None:
     return sum((g > b) + 0.5 * (g == b) for g in good for b in bad) / (len(good) * len(bad))
 
 
-def tables(rows: Sequence[dict], right: dict[str, int]) -> str:
-    """The precision/recall table (rules, then rules AND each signal at each fit) and the AUC table."""
-    head = "| rules | " + " | ".join(f"{g} precision | {g} recall" for g in GROUPS) + " |"
-    lines = [head, "|---|" + "---|" * 2 * len(GROUPS), "| rules alone | " + " | ".join(counts(rows, right, lambda r: True)) + " |"]
+def tables(rows: Sequence[dict], totals: dict[str, tuple[int, int]]) -> str:
+    """The precision/recall table in ``support_eval.py``'s columns (rules alone, then rules AND each signal at each
+    fit, a row per group) and the AUC table."""
+    sets = {"rules alone": lambda r: True}
     for fit in (("tuned",), ("tuned", "held-out")):
         for name, signal in SIGNALS.items():
-            t = threshold(rows, name, fit)
-            if t is None:
-                continue
-            cells = counts(rows, right, lambda r, s=signal, t=t: s(r) >= t)
-            lines.append(f"| rules and {name} >= {t:.2f} (fit on {' + '.join(fit)}) | " + " | ".join(cells) + " |")
+            if (t := threshold(rows, name, fit)) is not None:
+                sets[f"rules and {name} >= {t:.2f} (fit on {' + '.join(fit)})"] = lambda r, s=signal, t=t: s(r) >= t
+    lines = ["| rules | group | answers | right | supported precision | supported recall |", "|---|---|---|---|---|---|"]
+    for label, keep in sets.items():
+        lines += [f"| {label} | {group} | " + " | ".join(cells) + " |" for group, cells in counts(rows, totals, keep).items()]
     lines += ["", "| signal | AUC, all parts | AUC, fresh + fresh2 + fresh3 |", "|---|---|---|"]
     held = [r for r in rows if r["part"] in GROUPS["fresh + fresh2 + fresh3"]]
     for name in SIGNALS:
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the model's dtype on the CPU")
     args = parser.parse_args(argv)
     labelled = cases(args.limit)
-    right = {p: sum(c.right for c in labelled if c.part == p) for p in PARTS}
+    totals = {p: (sum(c.part == p for c in labelled), sum(c.right for c in labelled if c.part == p)) for p in PARTS}
     if args.source is not None:
         rows = json.loads(args.source.read_text())["answers"]
     else:
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         rows = collect(load_torch_model(device="cpu", dtype=args.dtype), labelled)
-    print(tables(rows, right))
+    print(tables(rows, totals))
     if args.json is not None:
         args.json.write_text(json.dumps({"answers": rows}) + "\n")
     return 0

@@ -34,12 +34,11 @@ def test_threshold_keeps_every_right_answer_of_the_fit_parts_and_counts_match_a_
             _row("fresh", True, 0.2), _row("fresh", False, 3.0), _row("fresh3", False, -1.0)]  # fmt: skip
     assert support_lm.threshold(rows, "pmi_mean", ("tuned",)) == 0.5
     assert support_lm.threshold(rows, "verify_sentences", ("fresh2",)) is None  # no right answer to keep
-    right = {"tuned": 3, "fresh": 1, "fresh3": 0}
-    cells = dict(zip([f"{g} {m}" for g in support_lm.GROUPS for m in ("p", "r")],
-                     support_lm.counts(rows, right, lambda r: support_lm.SIGNALS["pmi_mean"](r) >= 0.5)))  # fmt: skip
-    assert cells["tuned p"] == "2/2 (100%)" and cells["tuned r"] == "2/3 (67%)"
-    assert cells["fresh p"] == "0/1 (0%)" and cells["fresh r"] == "0/1 (0%)"  # the right 0.2 is cut, the wrong 3.0 kept
-    assert cells["all p"] == "2/3 (67%)" and cells["all r"] == "2/4 (50%)"
+    totals = {"tuned": (5, 3), "fresh": (4, 1), "fresh3": (2, 0)}
+    cells = support_lm.counts(rows, totals, lambda r: support_lm.SIGNALS["pmi_mean"](r) >= 0.5)
+    assert cells["tuned"] == ["5", "3", "2/2 (100%)", "2/3 (67%)"]
+    assert cells["fresh"] == ["4", "1", "0/1 (0%)", "0/1 (0%)"]  # the right 0.2 is cut, the wrong 3.0 kept
+    assert cells["all"] == ["11", "4", "2/3 (67%)", "2/4 (50%)"] and cells["fresh2"] == ["0", "0", "0/0", "0/0"]
     # AUC by brute force: right {0.5, 2.0, 0.2} against wrong {0.1, 3.0, -1.0}: 6 of 9 pairs ordered
     assert support_lm.auc(rows, "lp_with") == pytest.approx(6 / 9)
     assert support_lm.auc([r for r in rows if r["right"]], "lp_with") is None
@@ -65,7 +64,8 @@ def test_the_docs_tables_are_what_the_stored_run_gives(tmp_path: Path) -> None:
             or line.startswith("| lp_") or line.startswith("| verify")]  # fmt: skip
     docs = (REPO / "docs" / "support.md").read_text()
     assert len(rows) > len(support_lm.SIGNALS) and all(row in docs for row in rows)
-    assert "| rules alone | 12/13 (92%) | 12/13 (92%) |" in done.stdout  # the rules' own figures (support_eval.py)
+    assert "| rules alone | tuned | 119 | 13 | 12/13 (92%) | 12/13 (92%) |" in done.stdout  # support_eval.py's figures
+    assert "| rules alone | fresh + fresh2 + fresh3 | 185 | 16 | 13/30 (43%) | 13/16 (81%) |" in done.stdout
     assert len(json.loads(STORED.read_text())["answers"]) == 50  # every answer the rules mark supported
 
 
