@@ -39,6 +39,8 @@ fourth round's (``fresh2_questions.json``) in ``fresh2_answers.json``; the fifth
 ``--first-turns FILE ...`` takes the first turns' answers from earlier ``--out`` files (the first turn is the same
 in every layout) instead of asking them again. The conversations of ``followup_conversations.json`` were
 written after the rules were frozen and before any answer to them was seen: the held-out part.
+``fresh3_questions.json``'s conversations, written before any answer to them, were asked the same way later
+(``conversation``, then the other layouts with ``--first-turns`` its file): the newest held-out part.
 
 ``--follow-ups-only`` leaves the first turns out (they are asked as in ``conversation`` whatever the layout,
 so its file has them) where the layout does not need their answers (``questions``).
@@ -192,7 +194,8 @@ def report(paths: list[Path]) -> str:
 
 
 def label_table(path: Path) -> str:
-    """A markdown table of the hand labels in ``path`` (``followup_labels.json``, ``followup_heldout_labels.json``):
+    """A markdown table of the hand labels in ``path`` (``followup_labels.json``, ``followup_heldout_labels.json``,
+    ``followup_fresh3_labels.json``):
     per layout, its follow-ups labelled right and partial, the first layout's (the baseline's) on the same
     follow-ups, and the first turns of their conversations labelled right (the first turn is asked alike in
     every layout)."""
@@ -222,7 +225,7 @@ def main() -> None:
                         help="--out files whose first-turn answers the follow-ups see (those first turns are not asked again)")
     parser.add_argument("--report", type=Path, nargs="+", default=None, help="only count gold answers in these --out files")
     parser.add_argument("--labels", type=Path, default=None, help="only print the table of hand labels in this file "
-                        "(benchmarks/data/followup_labels.json, followup_heldout_labels.json)")
+                        "(benchmarks/data/followup_labels.json, followup_heldout_labels.json, followup_fresh3_labels.json)")
     args = parser.parse_args()
     if args.report is not None:
         print(report(args.report))

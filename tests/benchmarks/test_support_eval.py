@@ -113,27 +113,50 @@ def test_follow_up_labels_are_in_the_scheme_and_the_baseline_texts_are_the_store
     assert len(baseline) >= 40 and all(stored[row["id"]].startswith(row["text"].rstrip()) for row in baseline)
 
 
-HELD_OUT_LAYOUTS = ("conversation", "rules", "k2", "no-answers", "last")
+LAYOUTS_ASKED = ("conversation", "rules", "k2", "no-answers", "last", "rules-conversation", "passages-after", "fresh-passages")
 """The layouts asked on the held-out conversations (``followup_conversations.json``), the baseline first."""
 
+FRESH3_LAYOUTS = ("conversation", "rules-conversation", "passages-after", "fresh-passages")
+"""The layouts asked on ``fresh3_questions.json``'s conversations (written before any answer), the baseline first."""
 
-def test_held_out_follow_up_labels_label_every_committed_answer_as_it_was_generated() -> None:
-    labels = json.loads((REPO / "benchmarks/data/followup_heldout_labels.json").read_text())["labels"]
-    convs = json.loads((REPO / "benchmarks/data/followup_conversations.json").read_text())["conversations"]
+
+@pytest.mark.parametrize(("labels", "answers", "layouts", "questions"), [
+    ("followup_heldout_labels.json", "followup_{}_answers.json", LAYOUTS_ASKED, "followup_conversations.json"),
+    ("followup_fresh3_labels.json", "followup_fresh3_{}_answers.json", FRESH3_LAYOUTS, "fresh3_questions.json"),
+])  # fmt: skip
+def test_held_out_follow_up_labels_label_every_committed_answer_as_it_was_generated(
+        labels: str, answers: str, layouts: tuple[str, ...], questions: str) -> None:
+    rows = json.loads((REPO / "benchmarks/data" / labels).read_text())["labels"]
+    convs = json.loads((REPO / "benchmarks/data" / questions).read_text())["conversations"]
     turns = {f"{c['id']}-{i + 1}" for c in convs for i in range(len(c["turns"]))}
-    assert {row["verdict"] for row in labels} <= {"right", "partial", "wrong", "no_answer"}
-    for layout in HELD_OUT_LAYOUTS:
-        answers = json.loads((REPO / f"benchmarks/data/followup_{layout}_answers.json").read_text())["answers"]
-        labelled = {row["id"]: row["text"] for row in labels if row["layout"] == layout}
-        assert labelled == {r["id"]: r["text"] for r in answers} and set(labelled) <= turns, layout
-    assert len({(row["layout"], row["id"]) for row in labels}) == len(labels)
+    assert {row["verdict"] for row in rows} <= {"right", "partial", "wrong", "no_answer"}
+    assert list(dict.fromkeys(row["layout"] for row in rows)) == list(layouts)  # the baseline first: the table's order
+    for layout in layouts:
+        stored = json.loads((REPO / "benchmarks/data" / answers.format(layout)).read_text())["answers"]
+        labelled = {row["id"]: row["text"] for row in rows if row["layout"] == layout}
+        assert labelled == {r["id"]: r["text"] for r in stored} and set(labelled) <= turns, layout
+    assert len({(row["layout"], row["id"]) for row in rows}) == len(rows)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("labels", "layouts"), [("followup_labels.json", 4), ("followup_heldout_labels.json", len(HELD_OUT_LAYOUTS))])
+@pytest.mark.parametrize(("labels", "layouts"), [("followup_labels.json", 7), ("followup_heldout_labels.json", len(LAYOUTS_ASKED)),
+                                                 ("followup_fresh3_labels.json", len(FRESH3_LAYOUTS))])  # fmt: skip
 def test_the_docs_layout_table_is_what_the_labels_give(tmp_path: Path, labels: str, layouts: int) -> None:
     done = run_script("support_answers.py", "--labels", str(REPO / "benchmarks/data" / labels), cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| `")]
     docs = (REPO / "docs/conversations.md").read_text()
     assert len(rows) == layouts and all(row in docs for row in rows)  # the tables in docs/conversations.md, as printed
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_layout_asks_the_follow_ups_after_the_stored_first_turns(tmp_path: Path) -> None:
+    """The docs' ``--layout L --first-turns FILE`` commands: the first turn is taken, not asked again."""
+    first = REPO / "benchmarks/data/followup_fresh3_conversation_answers.json"
+    out = tmp_path / "answers.json"
+    done = run_script("support_answers.py", "--layout", "fresh-passages", "--max-tokens", "4", "--first-turns", str(first),
+                      "--out", str(out), "--ids", "f3c-salvage", cwd=tmp_path, timeout=880, HF_HUB_OFFLINE="1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["answers"]
+    assert [r["id"] for r in rows] == ["f3c-salvage-2", "f3c-salvage-3"] and all(len(r["passages"]) == 3 for r in rows)
