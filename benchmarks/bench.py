@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="default", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-model", default=None, help="a same-vocabulary draft model (adds a method)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16-prompts (fp32 with "
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA; on CPU bf16-prompts), bf16-prompts (fp32 with "
                         "prompts in bf16 where the CPU has AMX or AVX512-BF16), float32, bfloat16, float16")
     parser.add_argument("--questions", type=int, default=30, help="bundled RAG questions to run (max 39)")
     parser.add_argument("--question-set", action="append", type=Path, default=[], metavar="FILE",

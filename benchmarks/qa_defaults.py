@@ -147,7 +147,9 @@ def main() -> None:
             args.out.write_text(json.dumps(stored, indent=1) + "\n")
         return
     # No QA defaults: the repetition stop is applied afterwards, for every N, to the same answers.
-    qa = DocumentQA.from_paths(DATA / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3, generation={})
+    # fp32 prompts: the stored, hand-labelled answers are fp32 answers (the default on a CPU that computes bf16
+    # runs prompts in bf16 and may answer otherwise: docs/backends.md, "bf16 prompts").
+    qa = DocumentQA.from_paths(DATA / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens, dtype="float32"), k=3, generation={})
     tokenizer = qa.llm.load().tokenizer
     qa.ask("Warm-up: what is Kestrel Lane?", max_tokens=8)
     report: dict[str, object] = {"max_tokens": args.max_tokens, "questions": len(questions), "settings": {}}

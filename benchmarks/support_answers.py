@@ -235,7 +235,9 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required")
-    qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens), k=3,
+    # fp32 prompts: the stored, hand-labelled answers are fp32 answers (the default on a CPU that computes bf16
+    # runs prompts in bf16 and may answer otherwise: docs/backends.md, "bf16 prompts").
+    qa = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", llm=ChatRagSpec(max_tokens=args.max_tokens, dtype="float32"), k=3,
                                unsupported="flag")  # fmt: skip
     done = json.loads(args.out.read_text())["answers"] if args.out.exists() else []
     first = ({r["id"]: r["text"] for path in args.first_turns for r in json.loads(path.read_text())["answers"] if r["turn"] == 1}

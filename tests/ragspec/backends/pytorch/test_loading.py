@@ -20,7 +20,8 @@ CPU = torch.device("cpu")
 def test_bf16_prompts_run_in_bf16_only_where_the_cpu_computes_it(flags: set[str], want: torch.dtype | None) -> None:
     assert prompt_dtype("bf16-prompts", CPU, frozenset(flags)) == want
     assert resolve_dtype("bf16-prompts", CPU) == torch.float32  # decoding steps stay fp32 either way
-    assert prompt_dtype("auto", CPU, frozenset(flags)) is None  # opt-in: the default keeps prompts in fp32
+    assert prompt_dtype("auto", CPU, frozenset(flags)) == want  # the default: bf16 prompts where the CPU computes bf16
+    assert resolve_dtype("auto", CPU) == torch.float32
 
 
 @pytest.mark.parametrize("dtype", ["float32", "fp32", "bfloat16", torch.float32])
@@ -30,3 +31,5 @@ def test_an_explicit_dtype_runs_everything_in_it(dtype: str | torch.dtype) -> No
 
 def test_a_gpu_runs_prompts_in_the_weights_dtype() -> None:
     assert prompt_dtype("bf16-prompts", torch.device("cuda"), frozenset({"amx_bf16"})) is None
+    assert prompt_dtype("auto", torch.device("cuda"), frozenset({"amx_bf16"})) is None
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
