@@ -128,21 +128,26 @@ _PICKED: dict[tuple[object, ...], Linear] = {}
 
 def fastest_linear(
     candidates: Sequence[Linear], weights: Sequence[tuple[torch.Tensor, int]], rows: Sequence[int] = STEP_ROWS,
-    rounds: int = 2,
+    rounds: int = 3,
 ) -> Linear:
     """The candidate whose products over ``weights`` (each counted ``uses`` times) with ``rows`` input
-    rows take least time, in ``rounds`` interleaved rounds after one round of warm-up."""
+    rows take least time: each product's best of ``rounds`` interleaved rounds, after one round of warm-up.
+
+    The best of several rounds, not their sum: a burst of other work during one round would otherwise pick
+    the slower kernel for the whole process (seen once in a benchmark run: MKL's products for decoding
+    steps on an AMD EPYC, where oneDNN's are about twice as fast with few rows)."""
     inputs = {(w.shape[1], r): torch.randn(r, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in weights for r in rows}
-    spent = [0.0] * len(candidates)
+    best = [[float("inf")] * (len(weights) * len(rows)) for _ in candidates]
     with torch.inference_mode():
         for round_ in range(rounds + 1):
             for i, linear in enumerate(candidates):
-                for w, uses in weights:
-                    for r in rows:
-                        start = time.perf_counter()
-                        linear(inputs[w.shape[1], r], w, None)
-                        if round_:
-                            spent[i] += uses * (time.perf_counter() - start)
+                for j, ((w, _), r) in enumerate((wu, r) for wu in weights for r in rows):
+                    start = time.perf_counter()
+                    linear(inputs[w.shape[1], r], w, None)
+                    if round_:
+                        best[i][j] = min(best[i][j], time.perf_counter() - start)
+    uses = [u for _, u in weights for _ in rows]
+    spent = [sum(u * t for u, t in zip(uses, times)) for times in best]
     return candidates[min(range(len(candidates)), key=spent.__getitem__)]
 
 
