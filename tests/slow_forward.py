@@ -27,13 +27,6 @@ class SlowForward:
         finally:
             self.busy.clear()
 
-    def prompt(self, ids: list[int], cache: Any, block: int, cancel: threading.Event | None = None) -> Any:
-        """One call per block of ``block`` positions, as transformers' forward evaluates a prompt, so that a
-        cancellation lands between blocks."""
-        from ragspec.backends.pytorch.forward import prompt_in_blocks
-
-        return prompt_in_blocks(self, ids, cache, block, cancel)
-
     def new_cache(self, capacity: int) -> Any:
         return self.inner.new_cache(capacity)
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ragspec.backends.pytorch.forward import make_forward
+from ragspec.engine.cancel import check as check_cancelled
+from ragspec.backends.pytorch.forward import LlamaForward, make_forward, query_blocks
 from ragspec.backends.pytorch.kv_cache import cache_nbytes, copy_prefix
 from ragspec.backends.pytorch.loading import LoadedModel
 
@@ -57,7 +58,15 @@ class TorchBackend:
         within one layer); transformers' forward runs one forward per block (a cancelled request stops within one)."""
         if not last_only:
             return self._forward(ids, cache, False)
-        return self._forward.prompt(ids, cache, self.target.prompt_chunk, cancel)
+        chunk = self.target.prompt_chunk
+        if isinstance(self._forward, LlamaForward):
+            return self._forward.prompt(ids, cache, chunk, cancel)
+        start = 0
+        for size in query_blocks(cache.get_seq_length(), len(ids), chunk):
+            check_cancelled(cancel)
+            logits = self._forward(ids[start : start + size], cache, True)
+            start += size
+        return logits
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return self._forward.new_cache(capacity)

@@ -50,12 +50,6 @@ class Forward(Protocol):
         """Logits ``[len(ids), vocab]`` (``[1, vocab]`` with ``last_only``)."""
         ...
 
-    def prompt(self, ids: list[int], cache: DynamicCache, block: int, cancel: threading.Event | None = None) -> torch.Tensor:
-        """A prompt's last logits ``[1, vocab]``, computed alike whether the cache ends at a multiple of ``block``
-        or the whole prompt is evaluated (a prefix-cache hit gives a cold prefill's bits); ``cancel`` is checked as
-        it goes."""
-        ...
-
     def new_cache(self, capacity: int) -> DynamicCache:
         """An empty cache with room for ``capacity`` positions (grown when exceeded)."""
         ...
@@ -177,27 +171,6 @@ class HFForward:
         if last_only:
             kwargs["logits_to_keep"] = 1
         return self.model(input_ids=x, **kwargs).logits[0]
-
-    def prompt(
-        self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
-    ) -> torch.Tensor:
-        """One forward per block (``prompt_in_blocks``): transformers' attention cannot be split apart from its
-        products."""
-        return prompt_in_blocks(self, ids, cache, block, cancel)
-
-
-def prompt_in_blocks(
-    forward: Callable[..., torch.Tensor], ids: list[int], cache: DynamicCache, block: int,
-    cancel: threading.Event | None = None,
-) -> torch.Tensor:
-    """A prompt's last logits from one ``forward(ids, cache, last_only=True)`` per block of positions that ends where
-    they reach a multiple of ``block``; ``cancel`` is checked before each, so a cancelled request stops within one."""
-    start = 0
-    for size in query_blocks(cache.get_seq_length(), len(ids), block):
-        check_cancelled(cancel)
-        logits = forward(ids[start : start + size], cache, True)
-        start += size
-    return logits
 
 
 class _Fused:
