@@ -383,7 +383,6 @@ def run_benchmark(
             generators.append(both)
         report |= {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
                    "prompt_dtype": str(lm.prompt_dtype or lm.dtype).removeprefix("torch."),
-                   "step_dtype": str(lm.step_dtype or lm.dtype).removeprefix("torch."),
                    "threads": torch.get_num_threads(), "ragspec_forward": plain.backend.description}
     if cpp is not None:
         cplain, cngram = SpeculativeGenerator(cpp), SpeculativeGenerator(cpp)
@@ -585,8 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-model", default=None, help="a same-vocabulary draft model (adds a method)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA; on CPU bf16-prompts), bf16-prompts (fp32 with "
-                        "prompts in bf16 where the CPU has AMX or AVX512-BF16), bf16-layers (there the decoding steps' "
-                        "layers in bf16 too), float32, bfloat16, float16")
+                        "prompts in bf16 where the CPU has AMX or AVX512-BF16), float32, bfloat16, float16")
     parser.add_argument("--questions", type=int, default=30, help="bundled RAG questions to run (max 39)")
     parser.add_argument("--question-set", action="append", type=Path, default=[], metavar="FILE",
                         help="RAG questions from this JSON file (a 'questions' list of objects with a 'question') "
@@ -631,8 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, out / "speedup.png")
-    prompts = "".join(f", {what} in {report[key]}" for key, what in (("prompt_dtype", "prompts"), ("step_dtype", "steps' layers"))
-                      if report.get(key, report["dtype"]) != report["dtype"])  # fmt: skip
+    prompts = f", prompts in {report['prompt_dtype']}" if report.get("prompt_dtype", report["dtype"]) != report["dtype"] else ""
     print(f"\n{report['model']} on {report['device']} ({report['dtype']}{prompts}, {report['threads']} threads), "
           f"max_new_tokens={report['max_new_tokens']}, repetition_stop={report['repetition_stop']}")
     for label, key in (("ragspec on PyTorch", "ragspec_forward"), ("ragspec on llama.cpp", "llamacpp")):

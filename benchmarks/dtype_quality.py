@@ -1,5 +1,4 @@
-"""Right answers in fp32, with bf16 prompts and with bf16 decoder layers, against the hand labels: are ``"bf16-prompts"``
-and ``"bf16-layers"`` worse?
+"""Right answers in fp32 and with bf16 prompts, against the hand labels: is ``"bf16-prompts"`` worse?
 
 Asks every labelled question over the bundled corpus as the labelled answers were made (``DocumentQA``,
 k=3, ``max_tokens=96``, the default model, greedy, ``QA_DEFAULTS``): the bundled questions and the 12
@@ -11,16 +10,15 @@ scheme, written from the passages and the question before the counts were taken)
 unlabelled. Per setting it reports right / partial / wrong / unlabelled and how many answers equal
 fp32's, and, on the turns whose answers differ, how often one setting's is right and the other's not. The
 counts do not depend on timing (the answers are greedy), so a busy machine gives the same
-report (about 12 minutes per setting on 2 quiet cores):
+report (about 25 minutes on 2 quiet cores):
 
     python benchmarks/dtype_quality.py --out docs/bench/dtype_quality.json
 
-It prints one line per turn (its id and each asked setting's answer): saved to a file, ``--answers FILE...``
+It prints one line per turn (its id and each setting's answer): saved to a file, ``--answers FILE...``
 counts them again against the labels present then, without the model (e.g. after labelling the answers
-the run listed as unlabelled; lines of runs that asked different settings, ``--settings``, are joined by
-turn), and ``--start N`` continues a run that stopped after N conversations.
+the run listed as unlabelled), and ``--start N`` continues a run that stopped after N conversations.
 
-On a CPU without AMX or AVX512-BF16 ``"bf16-prompts"`` and ``"bf16-layers"`` run fp32 and the columns are equal.
+On a CPU without AMX or AVX512-BF16 ``"bf16-prompts"`` runs fp32 and both columns are equal.
 """
 
 from __future__ import annotations
@@ -40,13 +38,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from support_answers import workload  # noqa: E402
 
-from ragspec.backends.pytorch.loading import BF16_LAYERS, BF16_PROMPTS, prompt_dtype, resolve_device  # noqa: E402
+from ragspec.backends.pytorch.loading import BF16_PROMPTS, prompt_dtype, resolve_device  # noqa: E402
 from ragspec.lc import ChatRagSpec  # noqa: E402
 from ragspec.pipeline import DocumentQA  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data"
-SETTINGS = ("float32", BF16_PROMPTS, BF16_LAYERS)
-"""The dtype settings compared, fp32 (the reference) first."""
+SETTINGS = ("float32", BF16_PROMPTS)
 LABELS = ("qa_labels.json", "support_labels.json", "heldout_labels.json", "fresh_labels.json", "fresh2_labels.json",
           "fresh3_labels.json", "followup_labels.json", "followup_heldout_labels.json", "followup_fresh3_labels.json",
           "dtype_labels.json")
@@ -72,17 +69,15 @@ def labels() -> dict[tuple[str, str], str]:
     return out
 
 
-def ask(limit: int | None, start: int, settings: tuple[str, ...] = SETTINGS
-        ) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[tuple[str, str], list[str]]]:  # fmt: skip
-    """Every turn asked once per setting of ``settings``: the questions by turn id, the answers by setting and turn id,
-    and the passages each answer was given by (setting, turn id). Prints one line per turn: its id and each setting's
-    answer."""
+def ask(limit: int | None, start: int) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[tuple[str, str], list[str]]]:
+    """Every turn asked once per setting: the questions by turn id, the answers by setting and turn id, and the
+    passages each answer was given by (setting, turn id). Prints one line per turn: its id and each setting's answer."""
     first = DocumentQA.from_paths(REPO / "retrievers" / "data" / "corpus", k=3, unsupported="flag",
-                                  llm=ChatRagSpec(max_tokens=96, dtype=settings[0]))  # fmt: skip
-    qas = {settings[0]: first} | {
-        s: DocumentQA(first.retriever, ChatRagSpec(max_tokens=96, dtype=s), unsupported="flag") for s in settings[1:]
+                                  llm=ChatRagSpec(max_tokens=96, dtype=SETTINGS[0]))  # fmt: skip
+    qas = {SETTINGS[0]: first} | {
+        s: DocumentQA(first.retriever, ChatRagSpec(max_tokens=96, dtype=s), unsupported="flag") for s in SETTINGS[1:]
     }
-    answers: dict[str, dict[str, str]] = {s: {} for s in settings}
+    answers: dict[str, dict[str, str]] = {s: {} for s in SETTINGS}
     asked: dict[str, str] = {}
     passages: dict[tuple[str, str], list[str]] = {}
     for _, turns in questions(limit, start):
@@ -93,14 +88,13 @@ def ask(limit: int | None, start: int, settings: tuple[str, ...] = SETTINGS
                 answer = chat.ask(question)
                 answers[s][turn_id] = answer.model_text
                 passages[s, turn_id] = [p.page_content for p in answer.passages]
-            print(json.dumps({"id": turn_id, **{s: answers[s][turn_id] for s in settings}}), flush=True)
+            print(json.dumps({"id": turn_id, **{s: answers[s][turn_id] for s in SETTINGS}}), flush=True)
     return asked, answers, passages
 
 
 def saved(paths: list[Path]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """The questions and answers of the turn lines earlier runs printed (their standard output, saved in ``paths``,
-    e.g. a run and its continuation with ``--start``, or runs of different ``--settings``, joined by turn); other
-    lines (progress bars, the counts) are skipped."""
+    e.g. a run and its continuation with ``--start``); other lines (progress bars, the counts) are skipped."""
     by_turn = {turn_id: question for _, turns in questions(None) for turn_id, question in turns}
     rows: dict[str, dict[str, str]] = {}
     for path in paths:
@@ -109,18 +103,16 @@ def saved(paths: list[Path]) -> tuple[dict[str, str], dict[str, dict[str, str]]]
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not (isinstance(row, dict) and "id" in row and len(row) > 1 and set(row) <= {"id", *SETTINGS}):
+            if not (isinstance(row, dict) and set(row) == {"id", *SETTINGS}):
                 continue
             if row["id"] not in by_turn:
                 raise SystemExit(f"{path}: no question with the id {row['id']}")
-            known = rows.setdefault(row["id"], {})
-            if any(known.get(k, v) != v for k, v in row.items()):
+            if rows.setdefault(row["id"], row) != row:
                 raise SystemExit(f"{path}: other answers to {row['id']} than an earlier line's")
-            known.update(row)
     if not rows:
         raise SystemExit(f"{', '.join(map(str, paths))}: no answer lines of this script (one JSON object per turn: id, "
-                         f"and one or more of {', '.join(SETTINGS)})")  # fmt: skip
-    return {i: by_turn[i] for i in rows}, {s: {i: row[s] for i, row in rows.items() if s in row} for s in SETTINGS}
+                         f"{', '.join(SETTINGS)})")  # fmt: skip
+    return {i: by_turn[i] for i in rows}, {s: {i: row[s] for i, row in rows.items()} for s in SETTINGS}
 
 
 def count(asked: dict[str, str], answers: dict[str, dict[str, str]], passages: dict[tuple[str, str], list[str]],
@@ -130,17 +122,16 @@ def count(asked: dict[str, str], answers: dict[str, dict[str, str]], passages: d
         "cpu_bf16": prompt_dtype(BF16_PROMPTS, resolve_device("cpu")) is not None,
         "answers": len(asked),
     }
-    fp32 = SETTINGS[0]
-    present = [s for s in SETTINGS if answers.get(s)]
-    for s in present:
+    for s in SETTINGS:
         report[s] = {
             "verdicts": dict(Counter(known.get((i, t), "unlabelled") for i, t in answers[s].items())),
-            "same_as_float32": sum(t == answers.get(fp32, {}).get(i) for i, t in answers[s].items()),
+            "same_as_float32": sum(t == answers[SETTINGS[0]][i] for i, t in answers[s].items()),
             "unlabelled": [{"id": i, "question": asked[i], "text": t, "passages": passages.get((s, i), [])}
                            for i, t in answers[s].items() if (i, t) not in known],
         }
-    for s in present[1:] if present and present[0] == fp32 else []:
-        differ = [i for i, t in answers[s].items() if i in answers[fp32] and t != answers[fp32][i]]
+    fp32, *others = SETTINGS
+    for s in others:
+        differ = [i for i, t in answers[s].items() if t != answers[fp32][i]]
         right = {x: {i for i in differ if known.get((i, answers[x][i])) == "right"} for x in (fp32, s)}
         report[f"{s} vs {fp32}"] = {"answers_differ": len(differ), f"{s}_right_{fp32}_not": len(right[s] - right[fp32]),
                                    f"{fp32}_right_{s}_not": len(right[fp32] - right[s])}  # fmt: skip
@@ -152,8 +143,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     parser.add_argument("--start", type=int, default=0, help="skip the first N conversations (continue a run)")
-    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS),
-                        help="the dtype settings to ask (default: all)")
     parser.add_argument("--answers", type=Path, nargs="+", default=None,
                         help="count the answers earlier runs printed (their standard output saved in these files) "
                              "against the labels now present, without loading the model; unlabelled answers then "
@@ -163,13 +152,12 @@ def main() -> None:
         asked, answers = saved(args.answers)
         passages: dict[tuple[str, str], list[str]] = {}
     else:
-        asked, answers, passages = ask(args.limit, args.start, tuple(s for s in SETTINGS if s in args.settings))
+        asked, answers, passages = ask(args.limit, args.start)
     report = count(asked, answers, passages, labels())
     for s in SETTINGS:
-        if s in report:
-            print(s, json.dumps({k: v for k, v in report[s].items() if k != "unlabelled"}), flush=True)  # type: ignore[union-attr]
-        if f"{s} vs {SETTINGS[0]}" in report:
-            print(f"{s} vs {SETTINGS[0]}", json.dumps(report[f"{s} vs {SETTINGS[0]}"]), flush=True)
+        print(s, json.dumps({k: v for k, v in report[s].items() if k != "unlabelled"}), flush=True)  # type: ignore[union-attr]
+    for s in SETTINGS[1:]:
+        print(f"{s} vs {SETTINGS[0]}", json.dumps(report[f"{s} vs {SETTINGS[0]}"]), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 

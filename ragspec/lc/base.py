@@ -59,7 +59,7 @@ Reference = Union[str, Document, Sequence[int]]
 """A passage for the drafter: text, a LangChain ``Document`` or token ids."""
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-_DTYPES = ("auto", "bf16-prompts", "bf16-layers", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_DTYPES = ("auto", "bf16-prompts", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _PENALTIES = ("frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n", "repetition_stop")
 CALL_OPTIONS = ("references", "model", "max_tokens", "temperature", "top_k", "top_p", "seed", *_PENALTIES, "speculation",
                 "response_format")  # fmt: skip
@@ -166,8 +166,7 @@ class RagSpecParams(BaseModel):
     """``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``."""
     dtype: str = "auto"
     """``"auto"`` (bf16 on CUDA; on a CPU ``"bf16-prompts"``), ``"bf16-prompts"`` (fp32 with prompts in bf16 where
-    the CPU has AMX or AVX512-BF16, fp32 elsewhere), ``"bf16-layers"`` (there the decoding steps' layers in bf16 too,
-    over an fp32 cache and output head), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
+    the CPU has AMX or AVX512-BF16, fp32 elsewhere), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
     backend: str = "auto"
     """What runs the model: ``"torch"``, ``"llamacpp"`` (GGUF files, ``pip install 'ragspec[llamacpp]'``) or ``"auto"`` (llama.cpp for GGUF models on a CPU when installed)."""
     generator: Any = Field(default=None, exclude=True)

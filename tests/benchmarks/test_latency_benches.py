@@ -32,9 +32,9 @@ def test_dtype_quality_counts_labelled_answers_per_setting(tmp_path: Path) -> No
     report = _dtype_quality(tmp_path, ["--limit", "1"], timeout=880)
     assert report["answers"] == 1
     assert report["float32"]["same_as_float32"] == 1
-    assert all(sum(report[s]["verdicts"].values()) == 1 for s in ("float32", "bf16-prompts", "bf16-layers"))
-    if not report["cpu_bf16"]:  # bf16 prompts and layers are fp32 on such a CPU
-        assert report["bf16-prompts"]["same_as_float32"] == report["bf16-layers"]["same_as_float32"] == 1
+    assert sum(report["float32"]["verdicts"].values()) == sum(report["bf16-prompts"]["verdicts"].values()) == 1
+    if not report["cpu_bf16"]:  # bf16 prompts are fp32 on such a CPU
+        assert report["bf16-prompts"]["same_as_float32"] == 1
 
 
 
@@ -58,12 +58,6 @@ def test_dtype_quality_counts_saved_answers_without_the_model(tmp_path: Path) ->
     assert [u["id"] for u in report["bf16-prompts"]["unlabelled"]] == ["kl-02"]
     assert report["bf16-prompts"]["unlabelled"][0]["question"].startswith("How long is the trial period")
     assert report["bf16-prompts vs float32"] == {"answers_differ": 1, "bf16-prompts_right_float32_not": 0, "float32_right_bf16-prompts_not": 1}
-    # A run of one more setting (--settings bf16-layers), joined with the first by turn.
-    (tmp_path / "layers.log").write_text(json.dumps({"id": "kl-02", "bf16-layers": right}) + "\n")
-    report = _dtype_quality(tmp_path, ["--answers", "answers.log", "layers.log"], timeout=280)
-    assert report["bf16-layers"]["verdicts"] == {"right": 1} and report["bf16-layers"]["same_as_float32"] == 1
-    assert report["bf16-layers vs float32"] == {"answers_differ": 0, "bf16-layers_right_float32_not": 0, "float32_right_bf16-layers_not": 0}
-    assert report["bf16-prompts"]["verdicts"] == {"unlabelled": 1, "wrong": 1}
     (tmp_path / "empty.log").write_text("Loading weights: 100%\n")
     with pytest.raises(SystemExit, match="no answer lines"):
         dtype_quality.saved([tmp_path / "empty.log"])

@@ -32,7 +32,7 @@ class TorchBackend:
     def __init__(self, target: LoadedModel) -> None:
         self.target = target
         """The loaded target model whose weights this back end runs."""
-        self._forward = make_forward(target.model, target.device, target.dtype, target.prompt_dtype, target.step_dtype)
+        self._forward = make_forward(target.model, target.device, target.dtype, target.prompt_dtype)
         self.description = self._forward.description
         self.model_name = target.name
         self.tokenizer = target.tokenizer

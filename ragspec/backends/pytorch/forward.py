@@ -275,10 +275,8 @@ class LlamaForward:
     ``ragspec.backends.pytorch.loading.prompt_dtype``): the layers' tensors are then copied once
     into that dtype, the keys and values a prompt computes are stored in the cache in the weights'
     dtype (exactly: fp32 holds every bf16 value), and a prompt's last hidden state goes through the
-    final norm and the output head in the weights' dtype. Decoding steps and verify passes may run their
-    layers' products in another dtype too (``step_dtype``: bf16 over fp32 weights, ``"bf16-layers"``), with
-    their attention over the cache, the final norm and the output head in the weights' dtype. Plain and
-    speculative decoding both run the steps' code, so they read the same cache and compute alike.
+    final norm and the output head in the weights' dtype. Steps and verify passes never run in the
+    prompt dtype, so plain and speculative decoding read the same cache and compute alike.
     """
 
     @staticmethod
@@ -298,23 +296,21 @@ class LlamaForward:
         )
 
     def __init__(
-        self, model: PreTrainedModel, device: torch.device, dtype: torch.dtype, prompt_dtype: torch.dtype | None = None,
-        step_dtype: torch.dtype | None = None,
+        self, model: PreTrainedModel, device: torch.device, dtype: torch.dtype, prompt_dtype: torch.dtype | None = None
     ) -> None:
         cfg = model.config
         self.config = cfg
         self.device = device
         self.dtype = dtype
         self.prompt_dtype = prompt_dtype or dtype
-        self.step_dtype = step_dtype or dtype
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.layers = list(inner.layers)
         if device.type == "cpu" and any(layer not in _FUSED for layer in self.layers):
             _own_memory(model)
         self.fused = [_fused(layer) for layer in self.layers]
-        self.weights = {dt: [_weights(layer, dt) for layer in self.layers] for dt in {self.step_dtype, self.prompt_dtype}}
-        """Each layer's tensors per dtype that runs: the model's own, or copies in ``prompt_dtype`` / ``step_dtype``."""
+        self.weights = {dt: [_weights(layer, dt) for layer in self.layers] for dt in {dtype, self.prompt_dtype}}
+        """Each layer's tensors per dtype that runs: the model's own, and copies in ``prompt_dtype``."""
         self.norm = inner.norm
         self.head = model.lm_head.weight
 
@@ -322,15 +318,13 @@ class LlamaForward:
             first = self.weights[dt][0]
             return [(w, len(self.layers)) for w in (first.qkv, first.o, first.gate_up, first.down)]
 
-        head = [(self.head, 1)]
-        self.linear = pick_linear(device, self.step_dtype, products(self.step_dtype) + head * (self.step_dtype == dtype), STEP_ROWS)
-        """Products of decoding steps and verify passes (and of the output head when they run in the weights' dtype)."""
-        self.head_linear = self.linear if self.step_dtype == dtype else pick_linear(device, dtype, head, STEP_ROWS)
-        """The output head's product, in the weights' dtype, for steps and a prompt's last position alike."""
+        self.linear = pick_linear(device, dtype, [*products(dtype), (self.head, 1)], STEP_ROWS)
+        """Products of decoding steps and verify passes (and of the output head)."""
+        # A prompt's head product has one row (its last position): it is a step's product.
         self.prompt_linear = pick_linear(device, self.prompt_dtype, products(self.prompt_dtype), PROMPT_ROWS)
         """Products of prompts: timed apart, since the faster kernel for a few rows need not be the faster for hundreds."""
-        self.description = f"lean Llama forward ({_name(self.linear)} products{_in(self.step_dtype, dtype)}, "
-        self.description += f"prompts: {_name(self.prompt_linear)}{_in(self.prompt_dtype, dtype)})"
+        self.description = f"lean Llama forward ({_name(self.linear)} products, prompts: {_name(self.prompt_linear)}"
+        self.description += ")" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')})"
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scale = attn.scaling
@@ -359,7 +353,7 @@ class LlamaForward:
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         if last_only:
             return self.prompt(ids, cache)
-        return self._run(ids, cache, self.step_dtype, self.linear, [len(ids)], 1, attend_dt=self.dtype)
+        return self._run(ids, cache, self.dtype, self.linear, [len(ids)], 1)
 
     def prompt(
         self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
@@ -378,12 +372,10 @@ class LlamaForward:
 
     def _run(
         self, ids: list[int], cache: DynamicCache, dt: torch.dtype, lin: Linear, blocks: list[int], min_rows: int,
-        cancel: threading.Event | None = None, last_only: bool = False, attend_dt: torch.dtype | None = None,
+        cancel: threading.Event | None = None, last_only: bool = False,
     ) -> torch.Tensor:
-        """Logits of ``ids`` after the cached positions: layers in ``dt`` with products ``lin`` over at least
-        ``min_rows`` rows, attention in ``attend_dt`` (default ``dt``) in query blocks of ``blocks`` rows, the final
-        norm and the head in the weights' dtype."""
-        att = attend_dt or dt
+        """Logits of ``ids`` after the cached positions, in ``dt`` with products ``lin`` over at least ``min_rows``
+        rows, attention in query blocks of ``blocks`` rows."""
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
@@ -394,14 +386,14 @@ class LlamaForward:
             qkv = _product(lin, h, w.qkv, w.qkv_bias, min_rows)
             q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in qkv.split(self.fused[i][0].sizes, -1))
             keys, values = cache.layers[i].update(self._rotate(k, cos, sin)[None], v[None])  # stored in self.dtype
-            a = self._attend(self._rotate(q, cos, sin).to(att), keys.to(att), values.to(att), past, spans).to(dt)
+            a = self._attend(self._rotate(q, cos, sin), keys.to(dt), values.to(dt), past, spans)
             x = x + _product(lin, a, w.o, w.o_bias, min_rows)
             h = self._norm(x, w.post_norm)
             gate, up = _product(lin, h, w.gate_up, w.gate_up_bias, min_rows).split(self.fused[i][1].sizes, -1)
             x = x + _product(lin, F.silu(gate) * up, w.down, w.down_bias, min_rows)
         if last_only:
-            x = x[-1:]
-        return self.head_linear(self._norm(x.to(self.dtype), self.norm.weight), self.head, None)
+            x = x[-1:].to(self.dtype)
+        return self.linear(self._norm(x, self.norm.weight), self.head, None)
 
     def _spans(self, past: int, blocks: list[int]) -> list[tuple[int, int, torch.Tensor | None]]:
         """Per block of query rows after ``past`` cached positions: its first and end positions, and its mask."""
@@ -444,17 +436,11 @@ def _name(linear: Linear) -> str:
     return "oneDNN" if linear is _onednn_linear else "F.linear"
 
 
-def _in(dt: torch.dtype, weights: torch.dtype) -> str:
-    """`` in bfloat16`` where a computation runs in another dtype than the weights'."""
-    return "" if dt == weights else f" in {str(dt).removeprefix('torch.')}"
-
-
 def make_forward(
-    model: PreTrainedModel, device: torch.device, dtype: torch.dtype, prompt_dtype: torch.dtype | None = None,
-    step_dtype: torch.dtype | None = None,
+    model: PreTrainedModel, device: torch.device, dtype: torch.dtype, prompt_dtype: torch.dtype | None = None
 ) -> Forward:
-    """The lean pass when the model is a plain Llama, else transformers' forward (which runs prompts and steps
-    in the model's dtype, whatever ``prompt_dtype`` and ``step_dtype`` ask)."""
+    """The lean pass when the model is a plain Llama, else transformers' forward (which runs prompts
+    in the model's dtype, whatever ``prompt_dtype`` asks)."""
     if LlamaForward.supports(model):
-        return LlamaForward(model, device, dtype, prompt_dtype, step_dtype)
+        return LlamaForward(model, device, dtype, prompt_dtype)
     return HFForward(model, device)

@@ -45,10 +45,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     prompt_dtype: torch.dtype | None = None
-    """The dtype prompts are evaluated in, when it is not ``dtype`` (``prompt_dtype``)."""
-    step_dtype: torch.dtype | None = None
-    """The dtype the decoder layers of decoding steps and verify passes run in, when it is not ``dtype``
-    (``step_dtype``: their attention, the cache, the final norm and the output head stay in ``dtype``)."""
+    """The dtype prompts are evaluated in, when it is not ``dtype`` (``prompt_dtype``); decoding steps run in ``dtype``."""
     prompt_chunk: int = PROMPT_CHUNK
     """Prompt positions per block of attention queries, counted from position 0
     (``ragspec.backends.pytorch.forward.PROMPT_CHUNK``; transformers' forward runs one forward per block); a
@@ -85,36 +82,30 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 BF16_PROMPTS = "bf16-prompts"
 """The dtype setting that evaluates prompts in bf16 over fp32 weights and decoding steps, on a CPU that
 computes bf16 natively (elsewhere it is fp32): what ``"auto"`` does on a CPU, see ``prompt_dtype``."""
-BF16_LAYERS = "bf16-layers"
-"""The dtype setting that runs the decoder layers' products in bf16 for prompts and decoding steps alike, over
-fp32 weights, an fp32 cache, fp32 attention in steps and an fp32 output head, on a CPU that computes bf16
-natively (elsewhere it is fp32): see ``step_dtype``."""
-_CPU_MIXED = ("auto", BF16_PROMPTS, BF16_LAYERS)
-"""The settings whose weights are fp32 on a CPU, with some computation in bf16 where the CPU has it."""
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """The weights' dtype, in which decoding steps run: ``"auto"`` is bf16 on CUDA and fp32 on CPU (where its
-    prompts may run in bf16, as ``"bf16-prompts"``'s: ``prompt_dtype``); ``"bf16-prompts"`` and ``"bf16-layers"`` are fp32."""
+    prompts may run in bf16, as ``"bf16-prompts"``'s: ``prompt_dtype``); ``"bf16-prompts"`` is fp32."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype in (BF16_PROMPTS, BF16_LAYERS):
+    if dtype == BF16_PROMPTS:
         return torch.float32
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use 'auto', {BF16_PROMPTS!r}, {BF16_LAYERS!r} or one of {sorted(_DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}: use 'auto', {BF16_PROMPTS!r} or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
 
 
 def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype | None:
-    """bf16 for prompts where ``dtype`` is ``"auto"``, ``"bf16-prompts"`` or ``"bf16-layers"``, ``device`` a CPU, and the CPU computes bf16
+    """bf16 for prompts where ``dtype`` is ``"auto"`` or ``"bf16-prompts"``, ``device`` a CPU, and the CPU computes bf16
     natively (AMX or AVX512-BF16: ``retrievers.embeddings.BF16_FLAGS`` in ``flags``, by default this CPU's,
     as the embeddings decide); None (prompts in the weights' dtype) otherwise.
 
-    A prompt is compute-bound and runs several times faster in bf16 there; with ``"auto"`` and
-    ``"bf16-prompts"`` decoding steps stay fp32 (docs/backends.md, "bf16 prompts"; ``"bf16-layers"`` runs them
-    in bf16 too: ``step_dtype``), so plain and speculative decoding stay exactly as in fp32 after the same prompt; a prefix-cache hit
+    A prompt is compute-bound and runs several times faster in bf16 there, while a decoding step is
+    memory-bound and was the faster in fp32 (docs/backends.md, "bf16 prompts"), so steps stay fp32
+    and plain and speculative decoding stay exactly as in fp32 after the same prompt; a prefix-cache hit
     gives a cold prefill's logits bit for bit (a prompt's attention runs in blocks aligned to positions:
     ``ragspec.backends.pytorch.TorchBackend.forward``). So it is what ``"auto"`` does on such a CPU: a third
     of the 326 turns counted against the hand labels (``benchmarks/dtype_quality.py``) answer otherwise than
@@ -122,26 +113,9 @@ def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozense
     (docs/backends.md, "bf16 prompts"). ``dtype="float32"`` keeps prompts in fp32 (the reference for
     transformers' fp32 output).
     """
-    return torch.bfloat16 if dtype in _CPU_MIXED and _computes_bf16(device, flags) else None
-
-
-def step_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype | None:
-    """bf16 for the decoder layers of decoding steps where ``dtype`` is ``"bf16-layers"``, ``device`` a CPU, and the
-    CPU computes bf16 natively; None (steps in the weights' dtype) otherwise.
-
-    A step reads every weight once and was measured memory-bound in fp32; ragspec's own forward reads the layers'
-    bf16 copies in about two thirds of the time (docs/backends.md, "bf16 decoder layers"), so the steps of
-    the default model run faster in bf16 there, and more so the verify passes of several rows. The attention of a
-    step over the cache, the cache itself, the final norm and the output head stay fp32, so logits keep fp32's
-    resolution and a prompt computed in bf16 is read as it was stored. Plain and speculative decoding both run
-    these steps, so speculative greedy equals plain greedy at this setting as at any other.
-    """
-    return torch.bfloat16 if dtype == BF16_LAYERS and _computes_bf16(device, flags) else None
-
-
-def _computes_bf16(device: torch.device, flags: frozenset[str] | None) -> bool:
-    """A CPU with AMX or AVX512-BF16 (``flags``, by default this CPU's, as the embeddings decide)."""
-    return device.type == "cpu" and bool((cpu_flags() if flags is None else flags) & BF16_FLAGS)
+    if dtype not in ("auto", BF16_PROMPTS) or device.type != "cpu":
+        return None
+    return torch.bfloat16 if (cpu_flags() if flags is None else flags) & BF16_FLAGS else None
 
 
 def load_torch_model(
@@ -170,7 +144,7 @@ def load_torch_model(
     model.to(dev).eval()
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or tokenizer.eos_token_id
     return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt,
-                       prompt_dtype=prompt_dtype(dtype, dev), step_dtype=step_dtype(dtype, dev))
+                       prompt_dtype=prompt_dtype(dtype, dev))
 
 
 def model_folder(name: str = DEFAULT_MODEL) -> Path:

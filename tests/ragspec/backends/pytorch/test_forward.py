@@ -202,38 +202,6 @@ def test_bf16_prompts_over_fp32_steps(past: int) -> None:
     assert torch.equal(mixed(ids[21:26], cache), plain(ids[21:26], twin))
 
 
-@pytest.mark.parametrize("past", [0, 6])
-@torch.inference_mode()
-def test_bf16_layers_over_an_fp32_cache_and_head(past: int) -> None:
-    """With ``step_dtype`` bf16 a step runs its layers' products in bf16 but attends in fp32 over the fp32 cache,
-    and its last norm and output head are fp32: its logits are the fp32 forward's to bf16 rounding, the
-    keys and values it stores are bf16 values held exactly, and a step of several rows gives each row's logits
-    as one-row steps do to bf16 rounding."""
-    model = llama()
-    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(3)).tolist()
-    bf16 = torch.bfloat16
-    mixed = LlamaForward(model, CPU, FP32, prompt_dtype=bf16, step_dtype=bf16)
-    assert mixed.description == "lean Llama forward (F.linear products in bfloat16, prompts: F.linear in bfloat16)"
-    assert set(mixed.weights) == {bf16} and mixed.head.dtype == FP32
-    cache = mixed.new_cache(40)
-    if past:
-        mixed(ids[:past], cache, last_only=True)
-    mixed(ids[past:20], cache, last_only=True)
-    steps = mixed(ids[20:26], cache)
-    assert steps.dtype == FP32
-    keys = cache.layers[0].keys
-    assert keys.dtype == FP32 and torch.equal(keys.to(bf16).float(), keys)
-    # Against the fp32 forward (itself compared with transformers above): bf16 rounding apart, not its arithmetic.
-    fp32 = LlamaForward(model, CPU, FP32)
-    want = fp32(ids[:26], fp32.new_cache(40))[20:]
-    assert (steps - want).abs().max() < 0.05 * want.abs().max(), ((steps - want).abs().max(), want.abs().max())
-    assert not torch.equal(steps, want)
-    one_by_one = mixed.new_cache(40)
-    mixed(ids[:20], one_by_one, last_only=True)
-    rows = torch.cat([mixed(ids[i : i + 1], one_by_one) for i in range(20, 26)])
-    assert (rows - steps).abs().max() < 0.02 * steps.abs().max(), ((rows - steps).abs().max(), steps.abs().max())
-
-
 def test_prompts_and_steps_each_get_the_faster_linear_for_their_row_counts() -> None:
     """The product fastest with few rows need not be the fastest with hundreds: each is timed apart."""
 

@@ -1,11 +1,11 @@
-"""The dtype choice of the PyTorch back end made at run time (``resolve_dtype``, ``prompt_dtype``, ``step_dtype``)."""
+"""The dtype choice of the PyTorch back end made at run time (``resolve_dtype``, ``prompt_dtype``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ragspec.backends.pytorch.loading import prompt_dtype, resolve_dtype, step_dtype
+from ragspec.backends.pytorch.loading import prompt_dtype, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -22,26 +22,14 @@ def test_bf16_prompts_run_in_bf16_only_where_the_cpu_computes_it(flags: set[str]
     assert resolve_dtype("bf16-prompts", CPU) == torch.float32  # decoding steps stay fp32 either way
     assert prompt_dtype("auto", CPU, frozenset(flags)) == want  # the default: bf16 prompts where the CPU computes bf16
     assert resolve_dtype("auto", CPU) == torch.float32
-    assert step_dtype("bf16-prompts", CPU, frozenset(flags)) is None and step_dtype("auto", CPU, frozenset(flags)) is None
-    # "bf16-layers": prompts and steps' layers in bf16 over fp32 weights, where the CPU computes bf16
-    assert prompt_dtype("bf16-layers", CPU, frozenset(flags)) == want
-    assert step_dtype("bf16-layers", CPU, frozenset(flags)) == want
-    assert resolve_dtype("bf16-layers", CPU) == torch.float32
 
 
 @pytest.mark.parametrize("dtype", ["float32", "fp32", "bfloat16", torch.float32])
 def test_an_explicit_dtype_runs_everything_in_it(dtype: str | torch.dtype) -> None:
     assert prompt_dtype(dtype, CPU, frozenset({"amx_bf16", "avx512_bf16"})) is None
-    assert step_dtype(dtype, CPU, frozenset({"amx_bf16", "avx512_bf16"})) is None
 
 
 def test_a_gpu_runs_prompts_in_the_weights_dtype() -> None:
     assert prompt_dtype("bf16-prompts", torch.device("cuda"), frozenset({"amx_bf16"})) is None
     assert prompt_dtype("auto", torch.device("cuda"), frozenset({"amx_bf16"})) is None
-    assert step_dtype("bf16-layers", torch.device("cuda"), frozenset({"amx_bf16"})) is None
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-
-
-def test_an_unknown_dtype_names_the_settings() -> None:
-    with pytest.raises(ValueError, match="'bf16-prompts', 'bf16-layers'"):
-        resolve_dtype("bf16-everything", CPU)
