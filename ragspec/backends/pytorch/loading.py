@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -17,6 +19,7 @@ from typing import ClassVar
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from retrievers.embeddings import BF16_FLAGS, cpu_flags
 from ragspec.backends.pytorch.forward import PROMPT_CHUNK
@@ -138,13 +141,28 @@ def load_torch_model(
         source = name
     tokenizer = load_tokenizer(source, label)
     try:  # a hub id loads only from the local cache: nothing is downloaded at run time
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt, local_files_only=True)
+        with _no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dt, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(not_found_message(name)) from e
     model.to(dev).eval()
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or tokenizer.eos_token_id
     return LoadedModel(model=model, tokenizer=tokenizer, name=label, device=dev, dtype=dt,
                        prompt_dtype=prompt_dtype(dtype, dev))
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' per-tensor "Loading weights" bar off while a model loads from local files (under a second for
+    the default model), restored after: it would print in the middle of whatever the caller shows, such as the
+    demo's first answer, which is where the model loads."""
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def model_folder(name: str = DEFAULT_MODEL) -> Path:

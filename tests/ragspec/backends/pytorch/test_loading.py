@@ -33,3 +33,17 @@ def test_a_gpu_runs_prompts_in_the_weights_dtype() -> None:
     assert prompt_dtype("bf16-prompts", torch.device("cuda"), frozenset({"amx_bf16"})) is None
     assert prompt_dtype("auto", torch.device("cuda"), frozenset({"amx_bf16"})) is None
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+def test_loading_the_default_model_prints_no_progress_bar(capfd: pytest.CaptureFixture[str]) -> None:
+    """transformers' per-tensor bar would land in the middle of the first answer shown (the demo loads the model
+    there); it is off while loading and as it was afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    from ragspec.backends.pytorch.loading import load_torch_model
+
+    assert hf_logging.is_progress_bar_enabled()
+    load_torch_model(device="cpu", dtype="float32")
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err
+    assert hf_logging.is_progress_bar_enabled()
