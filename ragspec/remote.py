@@ -611,7 +611,7 @@ def _constraint_fields(config: GenerationConfig, server: str) -> dict[str, Any]:
 
 def _apply_ragspec_stats(stats: GenerationStats, remote: Mapping[str, Any]) -> str | None:
     """Copy a ragspec server's speculative statistics into ``stats``; returns its finish reason."""
-    for name in ("cached_prompt_tokens", "forward_passes", "drafted_tokens", "accepted_tokens"):
+    for name in ("cached_prompt_tokens", "forward_passes", "decoded_tokens", "drafted_tokens", "accepted_tokens"):
         value = remote.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             setattr(stats, name, value)

@@ -62,6 +62,7 @@ def decode(
     r.stats.forward_passes = 1
     while True:
         new, finish = clip(new, budget - len(out), r.backend.eos_token_ids, r.grammar)
+        r.stats.decoded_tokens += len(new)
         for token in new:  # one delta per token, however many a forward accepted
             update = r.assembler.add([token])
             out.extend([token][: update.n_tokens])

@@ -54,6 +54,9 @@ class GenerationStats:
     cached_prompt_tokens: int = 0
     """Prompt tokens whose keys and values were reused from an earlier request (``ragspec.engine.prefix_cache``)."""
     new_tokens: int = 0
+    decoded_tokens: int = 0
+    """Tokens the target's forwards produced, those a stop then cut off included (the repetition stop drops the
+    repeat it detects, a stop string what follows it): what ``tokens_per_forward`` counts."""
     forward_passes: int = 0
     """Target forwards, the prompt's prefill included."""
     drafted_tokens: int = 0
@@ -121,7 +124,10 @@ class GenerationStats:
 
     @property
     def tokens_per_forward(self) -> float:
-        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+        """Tokens each target forward produced on average: the decoding's own yield, so an answer the repetition
+        stop cut back counts the tokens it cut too (else a cut answer could show fewer than one token per forward)."""
+        produced = max(self.decoded_tokens, self.new_tokens)
+        return produced / self.forward_passes if self.forward_passes else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -134,6 +140,7 @@ class GenerationStats:
             "prompt_tokens": self.prompt_tokens,
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "new_tokens": self.new_tokens,
+            "decoded_tokens": self.decoded_tokens,
             "forward_passes": self.forward_passes,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
@@ -162,7 +169,8 @@ class GenerationStats:
         return shown
 
 
-ENGINE_COUNTED = ("forward_passes", "tokens_per_forward", "by_source", "draft_s", "mask_s", "masks", "cached_prompt_tokens")
+ENGINE_COUNTED = ("forward_passes", "decoded_tokens", "tokens_per_forward", "by_source", "draft_s", "mask_s", "masks",
+                  "cached_prompt_tokens")
 """Figures only ragspec's own engine counts."""
 DRAFTING = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "acceptance_histogram", "accepted_by_position")
 """Drafting figures, which another engine may report per request (vLLM's ``metrics.speculative_decoding``)."""

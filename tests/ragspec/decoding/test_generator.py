@@ -301,7 +301,8 @@ def test_drafting_metrics_in_vllms_shape_count_every_verified_draft(seed: int, k
     assert s.as_dict()["accepted_by_position"] == s.accepted_by_position
     plain = gen.generate(prompt, max_new_tokens=20, speculation=False).stats
     assert plain.speculative_decoding() is None and plain.acceptance_histogram == [] and plain.accepted_by_position == []
-    assert s.as_dict()["tokens_per_forward"] == pytest.approx(s.new_tokens / s.forward_passes)
+    assert s.as_dict()["tokens_per_forward"] == pytest.approx(s.decoded_tokens / s.forward_passes)
+    assert s.decoded_tokens == s.new_tokens  # nothing was cut
 
 
 def test_passage_drafts_are_counted_per_reference() -> None:

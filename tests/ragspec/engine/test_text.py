@@ -146,6 +146,11 @@ def test_the_answer_is_the_plain_answer_cut_where_it_first_repeats_itself(seed: 
             assert result.token_ids == whole.token_ids[:cut] and result.finish_reason == "repetition"
             assert result.text == lm.tokenizer.decode(whole.token_ids[:cut], skip_special_tokens=True)
             assert result.stats.new_tokens == cut
+            # tokens per forward counts what the forwards produced, the cut repeat included: plain decoding
+            # produces one token a forward, also when the stop then drops the repeat
+            assert result.stats.decoded_tokens > cut
+            if not speculative:
+                assert result.stats.tokens_per_forward == 1.0
     if seed == 0:
         assert cut is not None, "the random model looped: the stop was exercised"
 
