@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any
 
+from ragspec.backends.pytorch.forward import prompt_in_blocks
+
 
 class SlowForward:
     """Wraps a ``make_forward`` result: sleeps ``seconds_per_token`` per evaluated id, counts them,
@@ -26,6 +28,11 @@ class SlowForward:
             return self.inner(ids, cache, last_only)
         finally:
             self.busy.clear()
+
+    def prompt(self, ids: list[int], cache: Any, block: int, cancel: threading.Event | None = None) -> Any:
+        """One call per block of positions, as transformers' forward evaluates a prompt, so that a cancellation
+        lands between blocks."""
+        return prompt_in_blocks(self, ids, cache, block, cancel)
 
     def new_cache(self, capacity: int) -> Any:
         return self.inner.new_cache(capacity)

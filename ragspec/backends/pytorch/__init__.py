@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ragspec.engine.cancel import check as check_cancelled
-from ragspec.backends.pytorch.forward import LlamaForward, make_forward, query_blocks
+from ragspec.backends.pytorch.forward import make_forward
 from ragspec.backends.pytorch.kv_cache import cache_nbytes, copy_prefix
 from ragspec.backends.pytorch.loading import LoadedModel
 
@@ -48,25 +47,15 @@ class TorchBackend:
     def forward(
         self, ids: list[int], cache: DynamicCache, last_only: bool = False, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """See ``Backend.forward``. A prompt (``last_only``) is evaluated in blocks of positions that end where they
-        reach a multiple of the model's ``prompt_chunk``, so that a prefix-cache hit (``load``, which keeps whole
-        blocks) computes what a cold prefill of the same prompt computes after it, and their logits and cached keys
-        and values are bit for bit the same. (Rounding depends on the rows a computation sees, even in fp32:
-        torch's CPU attention splits its work by the number of query and key positions, and a product of a few
-        rows may take another kernel; docs/backends.md, "Prefill".) The lean Llama forward does it in one forward,
-        products over all rows and attention in aligned blocks (``LlamaForward.prompt``; a cancelled request stops
-        within one layer); transformers' forward runs one forward per block (a cancelled request stops within one)."""
+        """See ``Backend.forward``. A prompt (``last_only``) runs through ``Forward.prompt`` in blocks of the model's
+        ``prompt_chunk``, so that a prefix-cache hit (``load``, which keeps whole blocks) computes what a cold
+        prefill of the same prompt computes after it, bit for bit (see there). The lean Llama forward evaluates it
+        in one forward, its attention in aligned blocks (``LlamaForward.prompt``; a cancelled request stops within
+        one layer); transformers' forward runs one forward per block (``HFForward.prompt``; a cancelled request
+        stops within one)."""
         if not last_only:
             return self._forward(ids, cache, False)
-        chunk = self.target.prompt_chunk
-        if isinstance(self._forward, LlamaForward):
-            return self._forward.prompt(ids, cache, chunk, cancel)
-        start = 0
-        for size in query_blocks(cache.get_seq_length(), len(ids), chunk):
-            check_cancelled(cancel)
-            logits = self._forward(ids[start : start + size], cache, True)
-            start += size
-        return logits
+        return self._forward.prompt(ids, cache, self.target.prompt_chunk, cancel)
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return self._forward.new_cache(capacity)

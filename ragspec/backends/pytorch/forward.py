@@ -50,6 +50,18 @@ class Forward(Protocol):
         """Logits ``[len(ids), vocab]`` (``[1, vocab]`` with ``last_only``)."""
         ...
 
+    def prompt(self, ids: list[int], cache: DynamicCache, block: int, cancel: threading.Event | None = None) -> torch.Tensor:
+        """A prompt's last logits ``[1, vocab]``, its positions split into blocks that end where they reach a multiple
+        of ``block`` (``query_blocks``), each block computed alike whether the blocks before it are in ``cache`` or
+        evaluated in the same call. So evaluating a prompt's last positions after a cache that holds the others up
+        to a multiple of ``block`` (a prefix-cache hit, ``TorchBackend.load``) computes what evaluating the whole
+        prompt computes: the logits and the keys and values written are bit for bit the same. (Rounding depends on
+        the rows a computation sees, even in fp32: torch's CPU attention splits its work by the number of query and
+        key positions, and a product of a few rows may take another kernel; docs/backends.md, "Prefill".)
+        ``cancel`` is checked as it goes (a cancelled prompt leaves the cache partly written: start the next
+        request cold)."""
+        ...
+
     def new_cache(self, capacity: int) -> DynamicCache:
         """An empty cache with room for ``capacity`` positions (grown when exceeded)."""
         ...
@@ -171,6 +183,27 @@ class HFForward:
         if last_only:
             kwargs["logits_to_keep"] = 1
         return self.model(input_ids=x, **kwargs).logits[0]
+
+    def prompt(
+        self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
+        """See ``Forward.prompt``: one forward per block (``prompt_in_blocks``), since transformers' attention cannot
+        be split apart from its products."""
+        return prompt_in_blocks(self, ids, cache, block, cancel)
+
+
+def prompt_in_blocks(
+    forward: Callable[[list[int], DynamicCache, bool], torch.Tensor], ids: list[int], cache: DynamicCache, block: int,
+    cancel: threading.Event | None = None,
+) -> torch.Tensor:
+    """``Forward.prompt`` from one ``forward(ids, cache, last_only=True)`` per block of ``query_blocks``; ``cancel`` is
+    checked before each, so a cancelled prompt stops within one."""
+    start = 0
+    for size in query_blocks(cache.get_seq_length(), len(ids), block):
+        check_cancelled(cancel)
+        logits = forward(ids[start : start + size], cache, True)
+        start += size
+    return logits
 
 
 class _Fused:
@@ -358,15 +391,11 @@ class LlamaForward:
     def prompt(
         self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """A prompt's last logits ``[1, vocab]`` in one forward: its products over all its rows (at least
-        ``prompt_min_rows``), its attention in blocks of queries that end where positions reach a multiple of
-        ``block`` (each attends to every position up to its end, causally), in ``prompt_dtype``.
-
-        So evaluating a prompt's last positions after a cache holding the others up to a multiple of ``block``
-        runs the same attention calls on the same rows as evaluating the whole prompt, and products whose rows
-        have the same bits whatever the rows around them: the logits and the keys and values written are bit
-        for bit the same. ``cancel`` is checked before each layer (a cancelled forward leaves the cache partly
-        written: start the next request cold)."""
+        """See ``Forward.prompt``: one forward, its products over all its rows (at least ``prompt_min_rows``, so a
+        row has the same bits whatever the rows around it), its attention in blocks of queries that end where
+        positions reach a multiple of ``block`` (each attends to every position up to its end, causally), in
+        ``prompt_dtype``. After a cache that ends at a multiple of ``block`` it runs the same attention calls on the
+        same rows as for the whole prompt. ``cancel`` is checked before each layer."""
         blocks = query_blocks(cache.get_seq_length(), len(ids), block)
         return self._run(ids, cache, self.prompt_dtype, self.prompt_linear, blocks, prompt_min_rows(), cancel, True)
 

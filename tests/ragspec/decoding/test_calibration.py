@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ragspec.backends.pytorch as torch_backend
+from ragspec.backends.pytorch.forward import prompt_in_blocks
 from ragspec.decoding import calibration
 from ragspec.decoding.generator import SpeculativeGenerator
 
@@ -34,6 +35,9 @@ def forwards(monkeypatch):
             def __call__(self, ids, cache, last_only=False):
                 calls.append(len(ids))
                 return forward(ids, cache, last_only=last_only)
+
+            def prompt(self, ids, cache, block, cancel=None):  # each block through __call__, counted
+                return prompt_in_blocks(self, ids, cache, block, cancel)
 
             def new_cache(self, capacity):
                 return forward.new_cache(capacity)

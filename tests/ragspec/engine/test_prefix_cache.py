@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from ragspec.backends.pytorch import TorchBackend
 from ragspec.backends.pytorch.forward import HFForward, LlamaForward, prompt_min_rows
@@ -335,13 +336,14 @@ def test_a_prompt_is_evaluated_in_blocks_ending_at_multiples_of_the_chunk() -> N
     backend.forward(list(range(40)), cache, last_only=True)
     assert rows == [(0, 5), (5, 40)]
     rows.clear()
-    hf = HFForward(lm.model, lm.device)
 
-    def recording(ids: list[int], cache: object, last_only: bool = False) -> torch.Tensor:
-        rows.append((cache.get_seq_length(), len(ids)))  # type: ignore[attr-defined]
-        return hf(ids, cache, last_only)  # type: ignore[arg-type]
+    class RecordingHF(HFForward):
+        def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
+            rows.append((cache.get_seq_length(), len(ids)))
+            return super().__call__(ids, cache, last_only)
 
-    backend._forward = recording  # type: ignore[assignment]
+    hf = RecordingHF(lm.model, lm.device)
+    backend._forward = hf
     cache = hf.new_cache(80)
     backend.forward(list(range(5)), cache, last_only=True)
     backend.forward(list(range(40)), cache, last_only=True)
