@@ -280,3 +280,52 @@ def test_a_prompts_attention_runs_in_blocks_aligned_to_positions_within_one_forw
     fwd.prompt(ids[:9], cache, 16)
     want = model(torch.tensor([ids])).logits[0, -1:]
     torch.testing.assert_close(fwd.prompt(ids[9:], cache, 16), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 6])
+@pytest.mark.parametrize("past", [0, 7, 16])
+@torch.inference_mode()
+def test_bf16_prompt_attention_in_products_matches_the_fused_kernels(kv_heads: int, past: int) -> None:
+    """The bf16 prompt's attention (two products and a softmax per block) against a position-by-position
+    reference with the same two roundings (scores and weights to bf16), and against torch's fused attention on
+    the same values widened to fp32 (looser: the rounded scores), with and without grouped heads."""
+    fwd = LlamaForward(llama(num_key_value_heads=kv_heads), CPU, FP32, prompt_dtype=torch.bfloat16)
+    heads, hd, n = 6, 8, 37
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(heads, n, hd, generator=gen).bfloat16()
+    keys, values = (torch.randn(1, kv_heads, past + n, hd, generator=gen).bfloat16() for _ in range(2))
+    spans = fwd._spans(past, query_blocks(past, n, 16))
+    got = fwd._attend_in_products(q, keys, values, past, spans)
+    assert got.dtype == torch.bfloat16 and got.shape == (n, heads * hd)
+    reference = torch.empty(n, heads, hd)
+    for i in range(n):
+        for h in range(heads):
+            k, v = (t[0, h // (heads // kv_heads), : past + i + 1].float() for t in (keys, values))
+            scores = (k @ (q[h, i] * fwd.scale).float()).bfloat16().float()
+            reference[i, h] = torch.softmax(scores, 0).bfloat16().float() @ v
+    torch.testing.assert_close(got.float(), reference.reshape(n, -1), rtol=0.01, atol=0.01)
+    fused = fwd._attend(q.float(), keys.float(), values.float(), past, spans)
+    torch.testing.assert_close(got.float(), fused, rtol=0.05, atol=0.05)
+    # A future key changed changes nothing: the causal mask holds inside each block.
+    keys[:, :, -1] += 5
+    assert torch.equal(fwd._attend_in_products(q, keys, values, past, spans)[:-1], got[:-1])
+
+
+@torch.inference_mode()
+def test_bf16_prompts_on_a_cpu_attend_in_products_and_steps_in_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    mixed = LlamaForward(llama(), CPU, FP32, prompt_dtype=torch.bfloat16)
+    plain = LlamaForward(llama(), CPU, FP32)
+    assert mixed.prompt_attend == mixed._attend_in_products and plain.prompt_attend == plain._attend
+    fused: list[torch.dtype] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        fused.append(q.dtype)
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    cache = mixed.new_cache(40)
+    mixed.prompt(list(range(20)), cache, 16)
+    assert fused == []
+    mixed([1, 2, 3], cache)  # a verify pass: fp32, the fused kernel
+    assert fused == [FP32] * len(mixed.layers)
