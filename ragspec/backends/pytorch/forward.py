@@ -358,8 +358,12 @@ class LlamaForward:
         # A prompt's head product has one row (its last position): it is a step's product.
         self.prompt_linear = pick_linear(device, self.prompt_dtype, products(self.prompt_dtype), PROMPT_ROWS)
         """Products of prompts: timed apart, since the faster kernel for a few rows need not be the faster for hundreds."""
+        cpu_bf16 = device.type == "cpu" and self.prompt_dtype == torch.bfloat16
+        self.prompt_attend: Attend = self._attend_in_products if cpu_bf16 else self._attend
+        """A prompt's attention: in bf16 matrix products for bf16 prompts on a CPU, else torch's fused kernel."""
         self.description = f"lean Llama forward ({_name(self.linear)} products, prompts: {_name(self.prompt_linear)}"
-        self.description += ")" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')})"
+        self.description += "" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')}"
+        self.description += ", attention in bf16 products)" if cpu_bf16 else ")"
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scale = attn.scaling
@@ -370,9 +374,6 @@ class LlamaForward:
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
         # transformers casts the tables to the activations' dtype; keep one cast per dtype that runs.
         self.rotary = {dt: (self.cos.to(dt), self.sin.to(dt)) for dt in self.weights}
-        cpu_bf16 = device.type == "cpu" and self.prompt_dtype == torch.bfloat16
-        self.prompt_attend: Attend = self._attend_in_products if cpu_bf16 else self._attend
-        """A prompt's attention: in bf16 matrix products for bf16 prompts on a CPU, else torch's fused kernel."""
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return make_cache(self.config, capacity, self.dtype)

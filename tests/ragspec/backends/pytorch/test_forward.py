@@ -316,6 +316,8 @@ def test_bf16_prompts_on_a_cpu_attend_in_products_and_steps_in_the_fused_kernel(
     mixed = LlamaForward(llama(), CPU, FP32, prompt_dtype=torch.bfloat16)
     plain = LlamaForward(llama(), CPU, FP32)
     assert mixed.prompt_attend == mixed._attend_in_products and plain.prompt_attend == plain._attend
+    assert mixed.description.endswith("in bfloat16, attention in bf16 products)")
+    assert "attention" not in plain.description
     fused: list[torch.dtype] = []
     sdpa = F.scaled_dot_product_attention
 
