@@ -110,10 +110,10 @@ def prompt_dtype(dtype: str | torch.dtype, device: torch.device, flags: frozense
     memory-bound and was the faster in fp32 (docs/backends.md, "bf16 prompts"), so steps stay fp32
     and plain and speculative decoding stay exactly as in fp32 after the same prompt; a prefix-cache hit
     gives a cold prefill's logits bit for bit (a prompt's attention runs in blocks aligned to positions:
-    ``ragspec.backends.pytorch.forward.Forward.prompt``). So it is what ``"auto"`` does on such a CPU: a third
-    of the 326 turns counted against the hand labels (``benchmarks/dtype_quality.py``) answer otherwise than
-    in fp32, 8 of those right in bf16 only and 3 in fp32 only, which passes the rule fixed before the count
-    (docs/backends.md, "bf16 prompts"). ``dtype="float32"`` keeps prompts in fp32 (the reference for
+    ``ragspec.backends.pytorch.forward.Forward.prompt``). So it is what ``"auto"`` does on such a CPU: 85 of the
+    326 turns counted against the hand labels (``benchmarks/dtype_quality.py``) answer otherwise than in fp32,
+    7 of those right in bf16 only and 4 in fp32 only, which passes the rule fixed before the count
+    (docs/backends.md, "bf16 prompts" and "Prompt attention in bf16 products"). ``dtype="float32"`` keeps prompts in fp32 (the reference for
     transformers' fp32 output).
     """
     if dtype not in ("auto", BF16_PROMPTS) or device.type != "cpu":
