@@ -6,7 +6,8 @@ default matrix products were slow on a CPU; ``LlamaForward`` is cheaper for both
 and verify passes. The measurements behind this are in docs/design.md ("Measurements").
 
 ``LlamaForward`` replays a ``LlamaForCausalLM``'s computation on the model's own weights (no
-second copy): RMSNorm, rotary embedding, grouped-query SDPA attention, SiLU MLP, the same
+second copy): RMSNorm, rotary embedding, grouped-query attention (torch's SDPA; a bf16 prompt's on a CPU in
+bf16 matrix products, ``LlamaForward._attend_in_products``), SiLU MLP, the same
 operations in the same order as transformers' Llama code, with products through the faster of
 oneDNN's linear and ``F.linear`` (MKL) on a CPU in fp32, timed on the model's own weights when the
 pass is built (``pick_linear``), and ``F.linear`` elsewhere. Products that read the same input are fused: q/k/v is one
@@ -472,7 +473,8 @@ class LlamaForward:
         default model took about 380 ms instead of 490 (docs/backends.md, "Prompt attention in bf16 products").
         The scores are rounded to bf16 before the softmax (which computes in fp32), the one rounding the fused
         kernel does not do, and the weights to bf16 before their product with the values, as the fused kernel
-        does. Queries are grouped by the key head they share, so each product reads its keys once."""
+        does. The queries are scaled in bf16 (exact when the scale is a power of two, as for heads of 64) and grouped
+        by the key head they share, so each product reads its keys once."""
         heads, n, hd = q.shape
         kv_heads = keys.shape[1]
         group = heads // kv_heads
