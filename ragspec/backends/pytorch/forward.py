@@ -473,7 +473,7 @@ class LlamaForward:
         default model took about 380 ms instead of 490 (docs/backends.md, "Prompt attention in bf16 products").
         The scores are rounded to bf16 before the softmax (which computes in fp32), the one rounding the fused
         kernel does not do, and the weights to bf16 before their product with the values, as the fused kernel
-        does. The queries are scaled in bf16 (exact when the scale is a power of two, as for heads of 64) and grouped
+        does (it rounds its exponentials before dividing by their sum). The queries are scaled in bf16 (exact when the scale is a power of two, as for heads of 64) and grouped
         by the key head they share, so each product reads its keys once."""
         heads, n, hd = q.shape
         kv_heads = keys.shape[1]
