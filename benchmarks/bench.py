@@ -50,7 +50,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: ``python benchmarks/bench.py``
 
-from benchmarks.bench_workload import FirstTokenTimer, TimedRun, decode_tokens_per_s, retrieved_questions  # noqa: E402
+from benchmarks.bench_workload import (  # noqa: E402
+    FirstTokenTimer,
+    TimedRun,
+    cpu_features,
+    decode_tokens_per_s,
+    retrieved_questions,
+)
 from ragspec.backends import TargetModel, load_model  # noqa: E402
 from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
 from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
@@ -365,7 +371,7 @@ def run_benchmark(
     methods: dict[str, Callable[[Prompt, int], Run]] = {}
     generators: list[SpeculativeGenerator] = []
     oracles: dict[str, tuple[OracleDrafter, str]] = {}  # oracle method -> its drafter and the plain run it replays
-    report: dict[str, object] = {"max_new_tokens": max_new_tokens, "repetition_stop": repetition_stop,
+    report: dict[str, object] = {"cpu": cpu_features(), "max_new_tokens": max_new_tokens, "repetition_stop": repetition_stop,
                                  "question_sets": [str(f) for f in question_sets],
                                  "workloads": {}, "endings": {}, "verify_cost": {}}
     if lm is not None:
@@ -631,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(report, out / "speedup.png")
     prompts = f", prompts in {report['prompt_dtype']}" if report.get("prompt_dtype", report["dtype"]) != report["dtype"] else ""
     print(f"\n{report['model']} on {report['device']} ({report['dtype']}{prompts}, {report['threads']} threads), "
-          f"max_new_tokens={report['max_new_tokens']}, repetition_stop={report['repetition_stop']}")
+          f"max_new_tokens={report['max_new_tokens']}, repetition_stop={report['repetition_stop']}\nCPU: {report['cpu']}")
     for label, key in (("ragspec on PyTorch", "ragspec_forward"), ("ragspec on llama.cpp", "llamacpp")):
         if key in report:
             print(f"{label}: {report[key]}")

@@ -1,6 +1,7 @@
 """What both benchmarks (``benchmarks.bench``, ``benchmarks.bench_structured``) run on: the bundled questions,
-the bundled corpus behind a hybrid retriever, a timer for transformers' first new token, and the timing
-every run records (``TimedRun``) with the decode speed computed from it."""
+the bundled corpus behind a hybrid retriever, a timer for transformers' first new token, the timing
+every run records (``TimedRun``) with the decode speed computed from it, and the CPU the figures belong to
+(``cpu_features``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ if TYPE_CHECKING:
     from langchain_core.documents import Document
 
     from retrievers import HybridRetriever
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and the vector features that decide these speeds (AVX2, AVX-512, AMX flags), as
+    ``cpuinfo`` lists them: every figure a report holds is named with it."""
+    try:
+        lines = cpuinfo.read_text(errors="replace").splitlines()
+    except OSError:
+        return "unknown CPU"
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+    flags = sorted(f for f in fields.get("flags", "").split() if f == "avx2" or f.startswith(("avx512", "amx")))
+    model = fields.get("model name", "unknown CPU")
+    family = f", family {fields['cpu family']}" if "cpu family" in fields else ""
+    return f"{model}{family}: {' '.join(flags) or 'no AVX2, AVX-512 or AMX'}"
+
 
 @dataclass
 class TimedRun:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bench import Prompt, Run, format_table, headline, kept_length, latency_headline, main, summarize
+from benchmarks.bench_workload import cpu_features
 from ragspec.engine.results import GenerationResult, GenerationStats
 from tests.benchmarks.scripts import run_script
 
@@ -173,3 +174,15 @@ def test_the_torch_methods_run_on_a_question_set() -> None:
     rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
     assert rows["ragspec_ngram"]["identical"] == 1 and rows["oracle_k8"]["identical"] == 1
     assert report["question_sets"] == [str(data / "fresh_questions.json")]
+    assert report["cpu"] == cpu_features()
+
+
+def test_the_cpu_is_named_by_model_family_and_its_vector_features(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    processor = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel name\t: AMD EPYC 9B45\n"
+                 "flags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile sha_ni\n\n")
+    info.write_text(processor.format(n=0) + processor.format(n=1))
+    assert cpu_features(info) == "AMD EPYC 9B45, family 26: amx_tile avx2 avx512_bf16 avx512f"
+    info.write_text("processor\t: 0\nmodel name\t: Old CPU\nflags\t\t: fpu sse2\n")
+    assert cpu_features(info) == "Old CPU: no AVX2, AVX-512 or AMX"
+    assert cpu_features(tmp_path / "missing") == "unknown CPU"
