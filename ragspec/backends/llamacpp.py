@@ -265,6 +265,9 @@ class LlamaCppModel:
     backend = "llamacpp"
     device = torch.device("cpu")
     dtype = torch.float32
+    verify_matches_steps = True
+    """Drafting stays on: whether a verify batch computes what one-token steps do is probed per settings
+    (``exact``), with a warning where it does not."""
 
     def __init__(self, path: Path, name: str, tokenizer: PreTrainedTokenizerBase, settings: LlamaCppSettings,
                  lib: Any, handle: Any) -> None:

@@ -8,6 +8,7 @@ loop (``ragspec.decoding.loop``), which is the same for every back end.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Generator as StepGenerator
 from typing import TYPE_CHECKING, Sequence
@@ -42,6 +43,8 @@ from ragspec.engine.text import StopTextAssembler, encode
 
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 class SpeculativeGenerator(TextGenerator):
@@ -106,6 +109,12 @@ class SpeculativeGenerator(TextGenerator):
         self.drafter = CompositeDrafter(copies, self.policy, model_drafter)
         """The n-gram sources (``drafter.copies``), then the draft model (``drafter.model``), as the policy chooses."""
         self.max_draft = max_draft
+        self.drafts = self.target.verify_matches_steps
+        """Whether requests draft at all: not where a verify pass would compute other tokens than plain steps."""
+        if not self.drafts:
+            logger.warning("%s in %s on a CPU: drafting is off, so answers stay exactly plain decoding's (a verify pass "
+                           "rounds rows otherwise than one-token steps at this precision); dtype='auto' drafts with fp32 "
+                           "steps", self.target.name, str(self.target.dtype).removeprefix("torch."))
         self.backend = make_backend(self.target)
         """This generator's forward and KV cache (the model's weights are shared); what the generator
         knows of its model comes from here."""
@@ -157,7 +166,7 @@ class SpeculativeGenerator(TextGenerator):
         limit = config.speculation.limit  # the request's own cap on drafted tokens (None: ``max_draft``)
         request = Request(self.backend, self.drafter, acceptor, grammar, assembler, stats, current_cancel_event(),
                           longest=self.max_draft if limit is None else min(limit, self.max_draft),
-                          speculative=limit != 0, start=0.0)
+                          speculative=limit != 0 and self.drafts, start=0.0)
         return GenerationStream(self._run(request, prompt_ids, ref_ids, config.max_tokens, current_cache_scope()),
                                 stats, request.cancel)
 

@@ -65,6 +65,18 @@ class LoadedModel:
         """Longest sequence (prompt + generated tokens) the model accepts."""
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
+    @property
+    def verify_matches_steps(self) -> bool:
+        """Whether a verify pass of several rows computes each row as a one-row decoding step does (to float
+        ties), which lossless speculation needs; the generator drafts nothing where it does not.
+
+        False for bf16 or fp16 decoding steps on a CPU: torch's CPU products and attention round a row
+        differently with the number of rows around it, and at 8 bits of mantissa that moves greedy tokens
+        (measured on the default model, ``dtype="bfloat16"``: the oracle drafter, which drafts plain decoding's
+        own answer, kept 14% of its tokens instead of all; docs/backends.md, "Tried and not kept: decoding steps
+        in bf16"). fp32 steps, with prompts in bf16 or not, are True. Not measured on CUDA, taken as True."""
+        return not (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16))
+
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` is CUDA when available, else CPU; anything else is passed to ``torch.device``."""

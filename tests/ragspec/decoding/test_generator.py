@@ -528,3 +528,26 @@ def test_bf16_prompts_keep_speculative_equal_to_plain_decoding(seed: int) -> Non
         assert spec.stats.cached_prompt_tokens == len(system)
         assert spec.token_ids == plain
         assert any(0 < n < 6 for n in oracle.accepted), "some drafts were rejected and rolled back"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_steps_on_a_cpu_draft_nothing_and_equal_plain_decoding(
+    dtype: torch.dtype, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A verify pass in bf16 or fp16 on a CPU rounds rows otherwise than one-row steps, so a drafted token could be
+    kept where plain decoding writes another: such a generator drafts nothing (and says so), and its answers are
+    plain decoding's. fp32 steps, also under bf16 prompts, keep drafting."""
+    tiny, other = tiny_model(300, 1, layers=2), tiny_model(300, 1, layers=2)
+    half = dataclasses.replace(other, model=other.model.to(dtype), dtype=dtype)  # converts ``other`` in place
+    assert not half.verify_matches_steps
+    assert tiny.verify_matches_steps and dataclasses.replace(tiny, prompt_dtype=torch.bfloat16).verify_matches_steps
+    with caplog.at_level("WARNING", logger="ragspec.decoding.generator"):
+        gen = SpeculativeGenerator(half, prefix_cache=False)
+    assert "drafting is off" in caplog.text and "dtype='auto'" in caplog.text
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]  # a repeat an n-gram drafter would copy
+    plain = gen.generate(prompt, max_new_tokens=24, speculation=False)
+    spec = gen.generate(prompt, max_new_tokens=24)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.drafted_tokens == 0 and spec.stats.forward_passes == plain.stats.forward_passes
+    drafting = SpeculativeGenerator(tiny, prefix_cache=False).generate(prompt, max_new_tokens=24)
+    assert drafting.stats.drafted_tokens > 0
