@@ -166,7 +166,8 @@ class RagSpecParams(BaseModel):
     """``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``."""
     dtype: str = "auto"
     """``"auto"`` (bf16 on CUDA; on a CPU ``"bf16-prompts"``), ``"bf16-prompts"`` (fp32 with prompts in bf16 where
-    the CPU has AMX or AVX512-BF16, fp32 elsewhere), ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
+    the CPU has AMX or AVX512-BF16, fp32 elsewhere), ``"float32"``, ``"bfloat16"`` or ``"float16"`` (on a CPU these
+    two decode without drafts, to stay exact: ``LoadedModel.verify_matches_steps``)."""
     backend: str = "auto"
     """What runs the model: ``"torch"``, ``"llamacpp"`` (GGUF files, ``pip install 'ragspec[llamacpp]'``) or ``"auto"`` (llama.cpp for GGUF models on a CPU when installed)."""
     generator: Any = Field(default=None, exclude=True)
