@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from retrievers import HybridRetriever
 
+
 def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name and the vector features that decide these speeds (AVX2, AVX-512, AMX flags), as
     ``cpuinfo`` lists them: every figure a report holds is named with it."""

@@ -57,6 +57,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_workload import cpu_features  # noqa: E402
 from ragspec.backends.vllm.proposer import BatchDrafter, StepBatch, StepCosts  # noqa: E402
 from ragspec.engine.policy import AdaptivePolicy  # noqa: E402
 
@@ -256,14 +257,6 @@ def measure(rows: int, steps: int, warmup: int, docs: list[np.ndarray], clock: s
     for name in ("ragspec", "vllm"):
         result[f"{name}_share"] = result[f"{name}_step_ms"] / (gpu + result[f"{name}_step_ms"])
     return result
-
-
-def cpu_features() -> str:
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].splitlines()[0].split()
-    except (OSError, IndexError):
-        return "unknown"
-    return " ".join(sorted(f for f in set(flags) if f.startswith(("avx512", "amx")))) or "no AVX-512/AMX"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -394,7 +394,7 @@ class LlamaForward:
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         if last_only:
             return self.prompt(ids, cache)
-        return self._run(ids, cache, self.dtype, self.linear, [len(ids)], 1)
+        return self._run(ids, cache, self.dtype, self.linear, [len(ids)], 1, self._attend)
 
     def prompt(
         self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
@@ -405,16 +405,15 @@ class LlamaForward:
         ``prompt_dtype``. After a cache that ends at a multiple of ``block`` it runs the same attention calls on the
         same rows as for the whole prompt. ``cancel`` is checked before each layer."""
         blocks = query_blocks(cache.get_seq_length(), len(ids), block)
-        return self._run(ids, cache, self.prompt_dtype, self.prompt_linear, blocks, prompt_min_rows(), cancel, True,
-                         self.prompt_attend)
+        return self._run(ids, cache, self.prompt_dtype, self.prompt_linear, blocks, prompt_min_rows(), self.prompt_attend,
+                         cancel, True)
 
     def _run(
         self, ids: list[int], cache: DynamicCache, dt: torch.dtype, lin: Linear, blocks: list[int], min_rows: int,
-        cancel: threading.Event | None = None, last_only: bool = False, attend: Attend | None = None,
+        attend: Attend, cancel: threading.Event | None = None, last_only: bool = False,
     ) -> torch.Tensor:
         """Logits of ``ids`` after the cached positions, in ``dt`` with products ``lin`` over at least ``min_rows``
-        rows, attention (``attend``, by default ``_attend``) in query blocks of ``blocks`` rows."""
-        attend = attend or self._attend
+        rows, attention ``attend`` in query blocks of ``blocks`` rows."""
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
@@ -474,8 +473,9 @@ class LlamaForward:
         default model took about 380 ms instead of 490 (docs/backends.md, "Prompt attention in bf16 products").
         The scores are rounded to bf16 before the softmax (which computes in fp32), the one rounding the fused
         kernel does not do, and the weights to bf16 before their product with the values, as the fused kernel
-        does (it rounds its exponentials before dividing by their sum). The queries are scaled in bf16 (exact when the scale is a power of two, as for heads of 64) and grouped
-        by the key head they share, so each product reads its keys once."""
+        does (it rounds its exponentials before dividing by their sum). The queries are scaled in bf16 (exact
+        when the scale is a power of two, as for heads of 64) and grouped by the key head they share, so each
+        product reads its keys once."""
         heads, n, hd = q.shape
         kv_heads = keys.shape[1]
         group = heads // kv_heads
@@ -497,7 +497,8 @@ class LlamaForward:
 def _future_bias(m: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``[m, m]``: -inf above the diagonal (a later position of the block), 0 elsewhere. Added to scores it masks
     exactly as ``masked_fill_`` does (x + 0 is x), in a fifth of its time on a slice of bf16 scores."""
-    return torch.zeros(m, m, dtype=dtype, device=device).masked_fill_(torch.ones(m, m, dtype=torch.bool, device=device).triu(1), float("-inf"))
+    later = torch.ones(m, m, dtype=torch.bool, device=device).triu(1)
+    return torch.zeros(m, m, dtype=dtype, device=device).masked_fill_(later, float("-inf"))
 
 
 def _product(lin: Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, min_rows: int) -> torch.Tensor:
