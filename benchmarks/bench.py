@@ -4,7 +4,9 @@ Every method decodes the same prompts in one process, interleaved prompt by prom
 of methods rotates), so drift in machine speed hits all of them alike. Methods, per back end:
 
 - PyTorch: transformers greedy ``generate`` and its prompt lookup; ragspec plain and n-gram on
-  the PyTorch back end; an oracle drafter (the target's own output: the ceiling).
+  the PyTorch back end; where the model has a draft head (``ragspec.decoding.draft_head``), n-gram with
+  the head guessing where nothing is worth copying (``ragspec_ngram_head``); an oracle drafter (the
+  target's own output: the ceiling).
 - llama.cpp (GGUF models, with ``ragspec[llamacpp]``): llama-cpp-python's ``Llama`` greedy (its
   high-level ``generate``, as a user runs it) and ``Llama`` with its ``LlamaPromptLookupDecoding``
   (10 tokens); ragspec plain and n-gram on the llama.cpp back end; the oracle on it. Every
@@ -60,6 +62,7 @@ from benchmarks.bench_workload import (  # noqa: E402
 from ragspec.backends import TargetModel, load_model  # noqa: E402
 from ragspec.engine.drafting import Draft, DraftSource  # noqa: E402
 from ragspec.decoding.generator import SpeculativeGenerator  # noqa: E402
+from ragspec.decoding.draft_head import head_path  # noqa: E402
 from ragspec.backends.pytorch.loading import LoadedModel  # noqa: E402
 from ragspec.engine.ngram import NgramDrafter  # noqa: E402
 from ragspec.engine.policy import FixedPolicy  # noqa: E402
@@ -383,6 +386,10 @@ def run_benchmark(
             "ragspec_ngram": ragspec_method(ngram, speculative=True),
         }
         generators += [plain, ngram]
+        if head_path(lm.name).is_file():  # the model has a draft head: also measured with it
+            with_head = SpeculativeGenerator(lm, draft_head=True)
+            methods["ragspec_ngram_head"] = ragspec_method(with_head, speculative=True)
+            generators.append(with_head)
         if draft_model:
             both = SpeculativeGenerator(lm, draft_model=draft_model)
             methods["ragspec_ngram_model"] = ragspec_method(both, speculative=True)

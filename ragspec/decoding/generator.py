@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator as StepGenerator
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -19,11 +20,12 @@ from ragspec.backends import TargetModel, load_model, make_backend
 from ragspec.decoding import calibration
 from ragspec.decoding.lock import RequestLock
 from ragspec.decoding.loop import Request, decode
+from ragspec.decoding.draft_head import head_drafter
 from ragspec.decoding.model_drafter import ModelDrafter
 from ragspec.decoding.prompt_cache import keep_cache, take_cache
 from ragspec.engine.cancel import check as check_cancelled
 from ragspec.engine.cancel import current_cancel_event
-from ragspec.engine.composite import CompositeDrafter
+from ragspec.engine.composite import CompositeDrafter, ModelDrafting
 from ragspec.engine.config import GenerationConfig
 from ragspec.engine.constraints import Grammar
 from ragspec.engine.drafting import Drafter
@@ -69,6 +71,14 @@ class SpeculativeGenerator(TextGenerator):
     ``backend`` chooses what runs a model given by name: ``"torch"``, ``"llamacpp"`` (GGUF files
     through llama.cpp, ``pip install 'ragspec[llamacpp]'``) or ``"auto"`` (see
     ``ragspec.backends.choose_backend``). A loaded model (``load_model``) brings its own.
+
+    Where no copy is worth verifying, a draft model (``draft_model``) drafts; without one, with ``draft_head``
+    True, the target's bundled draft head (``ragspec.decoding.draft_head``: one token guessed from the target's
+    own last hidden state; the default model has one, and only the PyTorch back end's Llama forward keeps the
+    hidden states it needs; a path: a head of this model that ``benchmarks/train_draft_head.py`` wrote) guesses
+    one token, as far as the policy finds that it pays. Off by default: on the 2-core CPUs measured, verifying
+    one drafted token costs 1.2-1.5 plain steps, and the head's guesses did not speed decoding up
+    (docs/model-drafter.md, "The draft head").
     """
 
     def __init__(
@@ -77,6 +87,7 @@ class SpeculativeGenerator(TextGenerator):
         *,
         drafter: Drafter | None = None,
         draft_model: TargetModel | str | None = None,
+        draft_head: bool | str | Path = False,
         policy: Policy | None = None,
         max_draft: int = 16,
         prefix_cache: bool = True,
@@ -105,7 +116,14 @@ class SpeculativeGenerator(TextGenerator):
         self.policy: Policy = policy if policy is not None else AdaptivePolicy(max_draft=max_draft)
         # Earlier answers are a source too: a small model repeats its own phrasing across questions.
         copies = drafter if drafter is not None else NgramDrafter(history_tokens=2048)
-        model_drafter = ModelDrafter(draft_model, self.target) if draft_model is not None else None
+        self.backend = make_backend(self.target)
+        """This generator's forward and KV cache (the model's weights are shared); what the generator
+        knows of its model comes from here."""
+        model_drafter: ModelDrafting | None = None
+        if draft_model is not None:
+            model_drafter = ModelDrafter(draft_model, self.target)
+        elif draft_head:
+            model_drafter = head_drafter(self.target, self.backend, None if draft_head is True else Path(draft_head))
         self.drafter = CompositeDrafter(copies, self.policy, model_drafter)
         """The n-gram sources (``drafter.copies``), then the draft model (``drafter.model``), as the policy chooses."""
         self.max_draft = max_draft
@@ -115,9 +133,6 @@ class SpeculativeGenerator(TextGenerator):
             logger.warning("%s in %s on a CPU: drafting is off, so answers stay exactly plain decoding's (a verify pass "
                            "rounds rows otherwise than one-token steps at this precision); dtype='auto' drafts with fp32 "
                            "steps", self.target.name, str(self.target.dtype).removeprefix("torch."))
-        self.backend = make_backend(self.target)
-        """This generator's forward and KV cache (the model's weights are shared); what the generator
-        knows of its model comes from here."""
         self.prefix_cache = prefix_cache
         self.prefixes = PrefixCache(prefix_cache_bytes, public=public_prefix)
         """Saved prompt prefixes (empty unless ``prefix_cache``); ``public_prefix`` is every scope's."""

@@ -45,6 +45,11 @@ class ModelDrafter:
     The draft model runs behind the same back-end seam as the target (``ragspec.backends``), so
     it may be transformers weights or a GGUF file in llama.cpp."""
 
+    longest: int | None = None
+    """It drafts as many tokens as asked."""
+    acceptance: float | None = None
+    """Unknown until measured (the policy's prior)."""
+
     def __init__(self, draft: TargetModel, target: TargetModel) -> None:
         check_same_vocabulary(target.tokenizer, draft.tokenizer, target.name, draft.name)
         self.model = draft

@@ -20,7 +20,13 @@ if TYPE_CHECKING:
 
 
 class ModelDrafting(Drafter, Protocol):
-    """A draft model behind the seam (``ragspec.decoding.model_drafter.ModelDrafter``): it keeps a KV cache."""
+    """A draft model behind the seam (``ragspec.decoding.model_drafter.ModelDrafter``: it keeps a KV cache), or a
+    draft head on the target's hidden states (``ragspec.decoding.draft_head.HeadDrafter``)."""
+
+    longest: int | None
+    """Most tokens one ``propose`` returns (None: as many as asked)."""
+    acceptance: float | None
+    """Share of its first drafted tokens the target is expected to accept, measured where it was made (None: unknown)."""
 
     def clear_cache(self) -> None:
         """Forget every cached position."""
@@ -36,6 +42,8 @@ class CompositeDrafter:
         self.policy = policy
         self.model = model
         """The draft model's drafter, or None."""
+        if model is not None:
+            policy.expect_model(model.longest, model.acceptance)
         self.grammar: Grammar | None = None
         """This request's constraint (set by ``begin``)."""
         self._last: Drafter | None = None  # made the draft being verified (None: the grammar's forced tokens)

@@ -79,6 +79,12 @@ class Acceptance:
         self.counts[0] = 2.0 * np.minimum(0.3 + 0.07 * np.arange(MAX_BUCKET + 1), 0.85)
         self.counts[1], self.counts[2], self.counts[3] = 2.0, 1.6, 2.0
 
+    def seed(self, group: int, p1: float, weight: float) -> None:
+        """Start ``group``'s first-token acceptance from ``p1``, worth ``weight`` observations, at every match length."""
+        if not 0 <= p1 <= 1 or weight <= 0:
+            raise ValueError(f"a prior acceptance must be in [0, 1] with a positive weight, got {p1} and {weight}")
+        self.counts[0, group], self.counts[1, group] = p1 * weight, weight
+
     def rates(self, group: int, match_length: int) -> tuple[float, float]:
         """``(p1, q)`` for a draft of this group and match length."""
         b = bucket(match_length)

@@ -29,6 +29,12 @@ from ragspec.engine.planning import MODEL, Acceptance, CostCurve, plan, plan_sou
 class Policy(Protocol):
     """Decides how many tokens of a candidate draft to verify, and learns from the outcome."""
 
+    def expect_model(self, longest: int | None, acceptance: float | None) -> None:
+        """What the draft model is known to do before it runs: at most ``longest`` tokens a step (None: as many as
+        asked; a draft head guesses one), first tokens accepted at about ``acceptance`` (None: unknown).
+        ``CompositeDrafter`` tells it."""
+        ...
+
     def choose(self, candidate: Draft | None) -> int:
         """Number of leading candidate tokens to verify; 0 means no n-gram draft this step."""
         ...
@@ -73,6 +79,7 @@ class FixedPolicy:
     k: int
     min_match: int = 1
     model_k: int = 0
+    model_longest: int | None = None
 
     def __post_init__(self) -> None:
         if self.k < 0 or self.min_match < 0 or self.model_k < 0:
@@ -84,7 +91,10 @@ class FixedPolicy:
         return min(self.k, len(candidate))
 
     def choose_model(self, max_tokens: int) -> int:
-        return min(self.model_k, max_tokens)
+        return min(self.model_k, max_tokens, max_tokens if self.model_longest is None else self.model_longest)
+
+    def expect_model(self, longest: int | None, acceptance: float | None) -> None:
+        self.model_longest = longest
 
     def record(self, draft: Draft | None, n_accepted: int, forward_seconds: float, draft_seconds: float) -> None:
         pass
@@ -98,6 +108,9 @@ class FixedPolicy:
 
 
 _ONE_KIND = np.zeros(1, np.int64)
+
+MODEL_PRIOR_WEIGHT = 8.0
+"""Observations a draft model's known acceptance (``Policy.expect_model``) is worth."""
 
 
 @dataclass
@@ -119,6 +132,8 @@ class AdaptivePolicy:
     """Try the draft model once per this many plain steps even when it does not seem to pay."""
     prior_cost_slope: float = 0.1
     """Prior verify cost per drafted token, in plain steps, until that length has been timed."""
+    model_longest: int | None = None
+    """Most tokens the draft model drafts in a step (None: ``max_draft``); set by ``CompositeDrafter``."""
     _calibrated: bool = False
     _model_token_cost: float | None = None  # seconds per draft-model token
     _since_model: int = 0  # plain steps since the draft model was last tried
@@ -187,14 +202,27 @@ class AdaptivePolicy:
         p1, q = self.acceptance.rates(group, candidate.match_length)
         model_p1, model_q = self.acceptance.rates(MODEL, 0)
         per_step = self._model_token_cost / self.costs.means[0]
-        ks, from_model = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        ks, from_model, model_k = np.zeros(1, np.int64), np.zeros(1, np.int64), self._model_cap(self.max_draft)
         plan_sources(np.array([p1]), np.array([q]), np.array([longest]), _ONE_KIND, 1, model_p1, model_q,
-                     np.array([self.max_draft]), self.costs.table(longest + self.max_draft),
-                     per_step * np.arange(self.max_draft + 1), self.margin, ks, from_model)
+                     np.array([model_k]), self.costs.table(longest + model_k),
+                     per_step * np.arange(model_k + 1), self.margin, ks, from_model)
         return 0 if from_model[0] else int(ks[0])
+
+    def expect_model(self, longest: int | None, acceptance: float | None) -> None:
+        """See ``Policy.expect_model``: ``acceptance`` replaces the draft model's prior first-token acceptance, worth
+        ``MODEL_PRIOR_WEIGHT`` observations (an optimistic prior would be spent by a few unlucky first drafts: after
+        two misses the default prior's 0.3 falls to 0.15, below what pays, and the model is tried again only every
+        ``explore_every`` plain steps)."""
+        self.model_longest = longest
+        if acceptance is not None:
+            self.acceptance.seed(MODEL, acceptance, MODEL_PRIOR_WEIGHT)
+
+    def _model_cap(self, max_tokens: int) -> int:
+        return max_tokens if self.model_longest is None else min(max_tokens, self.model_longest)
 
     def choose_model(self, max_tokens: int) -> int:
         """Draft-model tokens worth drafting: expected yield per cost of drafting plus verifying."""
+        max_tokens = self._model_cap(max_tokens)
         if max_tokens <= 0:
             return 0
         best_k = 0

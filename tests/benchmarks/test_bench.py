@@ -173,6 +173,7 @@ def test_the_torch_methods_run_on_a_question_set() -> None:
                            question_sets=[data / "fresh_questions.json"], progress=lambda _: None)
     rows = {r["method"]: r for r in report["workloads"]["rag"]}  # type: ignore[index]
     assert rows["ragspec_ngram"]["identical"] == 1 and rows["oracle_k8"]["identical"] == 1
+    assert rows["ragspec_ngram_head"]["identical"] == 1  # the default model's draft head, measured beside
     assert report["question_sets"] == [str(data / "fresh_questions.json")]
     assert report["cpu"] == cpu_features()
 

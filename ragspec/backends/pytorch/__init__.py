@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from ragspec.backends.pytorch.forward import make_forward
+from ragspec.backends.pytorch.forward import LlamaForward, make_forward
 from ragspec.backends.pytorch.kv_cache import cache_nbytes, copy_prefix
 from ragspec.backends.pytorch.loading import LoadedModel
 
@@ -59,6 +59,16 @@ class TorchBackend:
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return self._forward.new_cache(capacity)
+
+    @property
+    def keeps_hidden(self) -> bool:
+        """Whether ``hidden_at`` can return anything (the lean Llama forward keeps its hidden states)."""
+        return isinstance(self._forward, LlamaForward)
+
+    def hidden_at(self, position: int) -> torch.Tensor | None:
+        """The final-norm hidden state at ``position`` if the last forward computed it (``LlamaForward.hidden_at``;
+        None with transformers' own forward, which keeps none)."""
+        return self._forward.hidden_at(position)
 
     def save(self, cache: DynamicCache) -> SavedTorchCache:
         return SavedTorchCache(cache, cache_nbytes(cache))

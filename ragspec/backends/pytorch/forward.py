@@ -70,6 +70,10 @@ class Forward(Protocol):
         """An empty cache with room for ``capacity`` positions (grown when exceeded)."""
         ...
 
+    def hidden_at(self, position: int) -> torch.Tensor | None:
+        """The final-norm hidden state at ``position`` if the last call computed it, else None."""
+        ...
+
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -180,6 +184,10 @@ class HFForward:
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return make_cache(self.model.config, capacity)
+
+    def hidden_at(self, position: int) -> torch.Tensor | None:
+        """None: transformers' forward keeps no hidden states."""
+        return None
 
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         x = torch.tensor([ids], device=self.device)
@@ -376,6 +384,9 @@ class LlamaForward:
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
         # transformers casts the tables to the activations' dtype; keep one cast per dtype that runs.
         self.rotary = {dt: (self.cos.to(dt), self.sin.to(dt)) for dt in self.weights}
+        self.hidden = torch.empty(0, cfg.hidden_size, device=device, dtype=dtype)
+        """The last forward's final-norm hidden states (``hidden_at``), its last row at position ``hidden_end - 1``."""
+        self.hidden_end = 0
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return make_cache(self.config, capacity, self.dtype)
@@ -431,7 +442,16 @@ class LlamaForward:
             x = x + _product(lin, F.silu(gate) * up, w.down, w.down_bias, min_rows)
         if last_only:
             x = x[-1:].to(self.dtype)
-        return self.linear(self._norm(x, self.norm.weight), self.head, None)
+        self.hidden = self._norm(x, self.norm.weight)
+        self.hidden_end = past + n
+        return self.linear(self.hidden, self.head, None)
+
+    def hidden_at(self, position: int) -> torch.Tensor | None:
+        """The final-norm hidden state at ``position`` if the last forward computed it (a prompt's: its last
+        position only), else None; valid until the next forward. A draft head reads it
+        (``ragspec.decoding.draft_head``)."""
+        first = self.hidden_end - len(self.hidden)
+        return self.hidden[position - first] if first <= position < self.hidden_end else None
 
     def _spans(self, past: int, blocks: list[int]) -> list[tuple[int, int, torch.Tensor | None]]:
         """Per block of query rows after ``past`` cached positions: its first and end positions, and its mask."""
