@@ -7,10 +7,11 @@ at ``t + 2``, over a reduced vocabulary whose output rows are the target's own L
 few small products per step, against a draft model's whole forward, and it drafts one token: the
 target verifies it like any draft, so the answer stays plain decoding's whatever the head says.
 
-Heads are trained per target by ``benchmarks/train_draft_head.py`` and ship beside the package
-(``ragspec/data/<model>.draft-head.safetensors``); ``load_draft_head`` finds the one of a model, if
-any. The PyTorch back end's Llama forward keeps the hidden states it computed (``TorchBackend.hidden_at``);
-elsewhere (llama.cpp, transformers' own forward) the head drafts nothing.
+Heads are trained per target by ``benchmarks/train_draft_head.py`` and ship inside the package
+(``ragspec/data/<model>.draft-head.safetensors``); ``head_drafter`` loads the one of a model, if any, where
+the back end keeps hidden states: the PyTorch back end's Llama forward does (``TorchBackend.hidden_at``);
+llama.cpp and transformers' own forward do not. ``SpeculativeGenerator(draft_head=True)`` drafts with it; it
+is off by default, for the measured reason in docs/model-drafter.md ("The draft head").
 """
 
 from __future__ import annotations
