@@ -23,10 +23,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from ragspec.backends import Backend, TargetModel
+from ragspec.backends import Backend
 from ragspec.backends.pytorch import TorchBackend
 from ragspec.engine.drafting import Draft, DraftSource
 
@@ -77,11 +77,12 @@ class DraftHead(nn.Module):
     @classmethod
     def load(cls, path: Path, embed: torch.Tensor, lm_head: torch.Tensor) -> DraftHead:
         """A head saved by ``save``, on the target's ``embed`` and ``lm_head`` (their device and dtype)."""
-        tensors = load_file(str(path))
+        with safe_open(str(path), "pt") as f:  # one read: the tensors and the metadata
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            metadata = dict(f.metadata() or {})
         head = cls(embed, lm_head, tensors["vocab"], tensors["up.weight"].shape[0])
         head.load_state_dict(tensors)
-        with safe_open(str(path), "pt") as f:
-            head.metadata = dict(f.metadata() or {})
+        head.metadata = metadata
         return head.to(device=embed.device, dtype=embed.dtype).eval()
 
 
@@ -129,27 +130,28 @@ class HeadDrafter:
         """There is no cache."""
 
 
-def head_drafter(target: TargetModel, backend: Backend, path: Path | None = None) -> HeadDrafter | None:
-    """A drafter of the head saved at ``path`` (None: the bundled head of ``target``, if there is one) on
-    ``backend``. None when there is no bundled head or the back end keeps no hidden states (llama.cpp,
+def head_drafter(backend: Backend, path: Path | None = None) -> HeadDrafter | None:
+    """A drafter of the head saved at ``path`` (None: the bundled head of the back end's model, if there is one)
+    on ``backend``. None when there is no bundled head or the back end keeps no hidden states (llama.cpp,
     transformers' own forward); a ``path`` given that cannot be used raises ``ValueError``."""
+    name = backend.model_name
     usable = isinstance(backend, TorchBackend) and backend.keeps_hidden
     if path is None:
-        path = head_path(target.name)
+        path = head_path(name)
         if not path.is_file() or not usable:
             return None
     elif not path.is_file():
         raise ValueError(f"draft_head: no file at {str(path)!r}")
     elif not usable:
-        raise ValueError(f"draft_head: the {backend.name} back end of {target.name!r} keeps no hidden states for a draft "
+        raise ValueError(f"draft_head: the {backend.name} back end of {name!r} keeps no hidden states for a draft "
                          "head (only the PyTorch back end's Llama forward does)")
     model = backend.target.model  # type: ignore[union-attr]
     embed, lm_head = model.get_input_embeddings().weight.detach(), model.get_output_embeddings().weight.detach()
     try:
         head = DraftHead.load(path, embed, lm_head)
     except (OSError, SafetensorError, KeyError, RuntimeError, IndexError) as e:  # not a head, or one of other shapes
-        raise ValueError(f"draft_head: {str(path)!r} is not a draft head of {target.name!r}: {e}") from None
-    if head.metadata.get("model") != target.name:  # shapes alone do not tell models of one size apart
-        raise ValueError(f"draft_head: {str(path)!r} is not a draft head of {target.name!r}: it was trained for "
+        raise ValueError(f"draft_head: {str(path)!r} is not a draft head of {name!r}: {e}") from None
+    if head.metadata.get("model") != name:  # shapes alone do not tell models of one size apart
+        raise ValueError(f"draft_head: {str(path)!r} is not a draft head of {name!r}: it was trained for "
                          f"{head.metadata.get('model')!r}")
     return HeadDrafter(head, backend)

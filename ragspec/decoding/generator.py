@@ -123,7 +123,7 @@ class SpeculativeGenerator(TextGenerator):
         if draft_model is not None:
             model_drafter = ModelDrafter(draft_model, self.target)
         elif draft_head:
-            model_drafter = head_drafter(self.target, self.backend, None if draft_head is True else Path(draft_head))
+            model_drafter = head_drafter(self.backend, None if draft_head is True else Path(draft_head))
         self.drafter = CompositeDrafter(copies, self.policy, model_drafter)
         """The n-gram sources (``drafter.copies``), then the draft model (``drafter.model``), as the policy chooses."""
         self.max_draft = max_draft

@@ -91,7 +91,8 @@ class FixedPolicy:
         return min(self.k, len(candidate))
 
     def choose_model(self, max_tokens: int) -> int:
-        return min(self.model_k, max_tokens, max_tokens if self.model_longest is None else self.model_longest)
+        cap = self.model_k if self.model_longest is None else min(self.model_k, self.model_longest)
+        return min(cap, max_tokens)
 
     def expect_model(self, longest: int | None, acceptance: float | None) -> None:
         self.model_longest = longest

@@ -112,7 +112,7 @@ def test_a_head_that_cannot_be_used_is_a_clear_error(tmp_path: Path) -> None:
     for bad in (path, tmp_path / "junk.safetensors"):
         with pytest.raises(ValueError, match="is not a draft head of"):
             SpeculativeGenerator(target, draft_head=bad)
-    assert head_drafter(target, TorchBackend(target)) is None  # no bundled head for this model: nothing, no error
+    assert head_drafter(TorchBackend(target)) is None  # no bundled head for this model: nothing, no error
 
 
 def test_the_policy_asks_a_one_token_drafter_for_one_token() -> None:
