@@ -59,23 +59,22 @@ class BatchedStep:
 
     @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
-        fw, b, n, past, hd, lin = self.fw, self.batch, self.rows, self.context, self.fw.head_dim, self.fw.linear
+        fw, b, n, past, hd, lin = self.fw, self.batch, self.rows, self.context, self.fw.head_dim, self.fw.kernel.linear
         x = F.embedding(self.ids.reshape(-1), fw.embed)  # [b * n, hidden]
         cos, sin = fw.cos[past : past + n], fw.sin[past : past + n]
-        for i, (layer, (qkv, gate_up)) in enumerate(zip(fw.layers, fw.fused)):
-            att = layer.self_attn
-            h = fw._norm(x, layer.input_layernorm.weight)
-            q, k, v = (t.view(b, n, -1, hd).transpose(1, 2) for t in lin(h, qkv.weight, qkv.bias).split(qkv.sizes, -1))
+        for i, (w, (qkv, gate_up)) in enumerate(zip(fw.step_weights, fw.fused)):
+            h = fw._norm(x, w.input_norm)
+            q, k, v = (t.view(b, n, -1, hd).transpose(1, 2) for t in lin(h, w.qkv, w.qkv_bias).split(qkv.sizes, -1))
             keys, values = self.keys[i], self.values[i]
             keys[:, :, past:].copy_(fw._rotate(k, cos, sin))  # write the new positions, as the cache does
             values[:, :, past:].copy_(v)
             a = F.scaled_dot_product_attention(
                 fw._rotate(q, cos, sin), keys, values, attn_mask=self.mask, scale=fw.scale, enable_gqa=True
             )  # [b, heads, n, hd]
-            x = x + lin(a.transpose(1, 2).reshape(b * n, -1), att.o_proj.weight, att.o_proj.bias)
-            h = fw._norm(x, layer.post_attention_layernorm.weight)
-            gate, up = lin(h, gate_up.weight, gate_up.bias).split(gate_up.sizes, -1)
-            x = x + lin(F.silu(gate) * up, layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
+            x = x + lin(a.transpose(1, 2).reshape(b * n, -1), w.o, w.o_bias)
+            h = fw._norm(x, w.post_norm)
+            gate, up = lin(h, w.gate_up, w.gate_up_bias).split(gate_up.sizes, -1)
+            x = x + lin(F.silu(gate) * up, w.down, w.down_bias)
         return lin(fw._norm(x, fw.norm.weight), fw.head, None)
 
 

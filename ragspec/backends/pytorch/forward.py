@@ -5,15 +5,16 @@ a few rows (a pending token and a short draft), and there transformers' module t
 default matrix products were slow on a CPU; ``LlamaForward`` is cheaper for both plain steps
 and verify passes. The measurements behind this are in docs/design.md ("Measurements").
 
-``LlamaForward`` replays a ``LlamaForCausalLM``'s computation on the model's own weights (no
-second copy): RMSNorm, rotary embedding, grouped-query attention (torch's SDPA; a bf16 prompt's on a CPU in
-bf16 matrix products, ``LlamaForward._attend_in_products``), SiLU MLP, the same
-operations in the same order as transformers' Llama code, with products through the faster of
-oneDNN's linear and ``F.linear`` (MKL) on a CPU in fp32, timed on the model's own weights when the
-pass is built (``pick_linear``), and ``F.linear`` elsewhere. Products that read the same input are fused: q/k/v is one
-product and gate/up another (7 weight streams per layer become 4). Logits agree with
-transformers' to float rounding (tests compare them, and greedy outputs against transformers'
-``generate``); ragspec's plain and speculative decoding both use this pass, so the lossless
+``LlamaForward`` replays a ``LlamaForCausalLM``'s computation on the model's own weights (a second
+copy only where a kernel reads them in a layout of its own, ``Kernel``, or prompts run in another
+dtype): RMSNorm, rotary embedding, grouped-query attention (torch's SDPA; a bf16 prompt's on a CPU in
+bf16 matrix products, ``LlamaForward._attend_in_products``), SiLU MLP, the same operations in the
+same order as transformers' Llama code, with products through the faster of oneDNN's linear over
+weights packed once into its own layout and ``F.linear`` (MKL) on a CPU in fp32 or bf16, timed on
+the model's own weights when the pass is built (``pick_kernel``), and ``F.linear`` elsewhere. Products
+that read the same input are fused: q/k/v is one product and gate/up another (7 weight streams per
+layer become 4). Logits agree with transformers' to float rounding (tests compare them, and greedy
+outputs against transformers' ``generate``); ragspec's plain and speculative decoding both use this pass, so the lossless
 guarantee is unaffected. A prompt runs in one forward whose
 attention is split into query blocks aligned to positions (``LlamaForward.prompt``), so that a prefix-cache hit
 computes exactly what a cold prefill computes. Other architectures use ``HFForward`` (transformers' forward with a
@@ -79,6 +80,45 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+PACK_ROWS = 16
+"""The row count oneDNN is told to lay a packed weight out for. Measured on the default model's products (2 cores
+of an AMD EPYC): hints of 2, 4 and 16 rows gave the same speed for steps, verify passes and prompts; 1 row a
+slower layout."""
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered once into oneDNN's blocked layout (an opaque tensor only ``_onednn_linear`` reads)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
+def _as_is(weight: torch.Tensor) -> torch.Tensor:
+    return weight
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A matrix-product kernel: ``linear(x, prepare(weight), bias)`` computes ``F.linear(x, weight, bias)``.
+
+    ``prepare`` is applied once per weight, when a forward is built. oneDNN's linear given a plain weight
+    reorders it into its blocked layout on every call, a pass over the weight as long as the product itself
+    with a few rows: on 2 cores of an AMD EPYC the default model's products took 23 ms per forward of 2 rows
+    plain and 11 ms packed, and a packed product's row has the same bits whatever the rows around it, 1 row
+    included (docs/backends.md, "Packed weights")."""
+
+    name: str
+    linear: Linear
+    prepare: Callable[[torch.Tensor], torch.Tensor] = _as_is
+
+    @property
+    def packs(self) -> bool:
+        """Whether the kernel reads weights in a layout of its own (a copy, besides the model's own weights)."""
+        return self.prepare is not _as_is
+
+
+F_LINEAR = Kernel("F.linear", F.linear)
+ONEDNN = Kernel("oneDNN packed", _onednn_linear, _pack)
+
+
 STEP_ROWS = (1, 5)
 """Rows a decoding step's products are timed at: a plain step, a verify of 4 drafted tokens."""
 PROMPT_CHUNK = 256
@@ -113,45 +153,47 @@ def query_blocks(past: int, n: int, block: int) -> list[int]:
     return sizes
 
 
-def pick_linear(
+def pick_kernel(
     device: torch.device, dtype: torch.dtype, weights: Sequence[tuple[torch.Tensor, int]] = (), rows: Sequence[int] = STEP_ROWS
-) -> Linear:
-    """``F.linear``; for fp32 on a CPU where torch was built with oneDNN, the faster of oneDNN's
-    linear and ``F.linear`` (MKL) on ``weights`` (each with how often one forward uses it) with
-    ``rows`` input rows.
+) -> Kernel:
+    """``F_LINEAR``; for fp32 or bf16 on a CPU where torch was built with oneDNN, the faster of ``ONEDNN`` (packed
+    weights) and ``F_LINEAR`` (MKL in fp32) on ``weights`` (each with how often one forward uses it) with ``rows``
+    input rows.
 
     Which is faster depends on the CPU and on the number of rows, so it is timed at run time
-    (``fastest_linear``), once for decoding steps (``STEP_ROWS``) and once for prompts
+    (``fastest_kernel``), once for decoding steps (``STEP_ROWS``) and once for prompts
     (``PROMPT_ROWS``): on 2 cores of an AMD EPYC MKL's products with few rows were about half as
-    fast as oneDNN's, on an Intel Xeon with AMX MKL's were the faster (docs/backends.md, "The
-    PyTorch step per CPU"). Without ``weights`` oneDNN's is taken where it exists. Both compute the
-    same products to float rounding.
+    fast as oneDNN's, on an Intel Xeon with AMX MKL's were faster than oneDNN's over plain weights
+    (docs/backends.md, "The PyTorch step per CPU"). Without ``weights`` oneDNN's is taken where it exists.
+    Both compute the same products to float rounding (in bf16, oneDNN's packed products and ``F.linear``'s gave
+    the same bits on the default model's prompts).
     """
-    candidates: list[Linear] = [F.linear]
-    if device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available():
+    candidates = [F_LINEAR]
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
         try:
-            _onednn_linear(torch.ones(2, 4), torch.ones(3, 4), None)
-            candidates.insert(0, _onednn_linear)
-        except (AttributeError, RuntimeError):  # a build without the op
+            _onednn_linear(torch.ones(2, 4, dtype=dtype), _pack(torch.ones(3, 4, dtype=dtype)), None)
+            candidates.insert(0, ONEDNN)
+        except (AttributeError, RuntimeError):  # a build without the ops, or without bf16 in them
             pass
     if len(candidates) == 1 or not weights:
         return candidates[0]
     key = (str(device), dtype, tuple(rows), tuple((tuple(w.shape), uses) for w, uses in weights))
     if key not in _PICKED:
-        _PICKED[key] = fastest_linear(candidates, weights, rows)
+        _PICKED[key] = fastest_kernel(candidates, weights, rows)
     return _PICKED[key]
 
 
-_PICKED: dict[tuple[object, ...], Linear] = {}
-"""The linear chosen per device, dtype, row counts and weight shapes: timed once per process."""
+_PICKED: dict[tuple[object, ...], Kernel] = {}
+"""The kernel chosen per device, dtype, row counts and weight shapes: timed once per process."""
 
 
-def fastest_linear(
-    candidates: Sequence[Linear], weights: Sequence[tuple[torch.Tensor, int]], rows: Sequence[int] = STEP_ROWS,
+def fastest_kernel(
+    candidates: Sequence[Kernel], weights: Sequence[tuple[torch.Tensor, int]], rows: Sequence[int] = STEP_ROWS,
     rounds: int = 3,
-) -> Linear:
-    """The candidate whose products over ``weights`` (each counted ``uses`` times) with ``rows`` input
-    rows take least time: each product's best of ``rounds`` interleaved rounds, after one round of warm-up.
+) -> Kernel:
+    """The candidate whose products over ``weights`` (each counted ``uses`` times, each prepared as the candidate
+    reads it) with ``rows`` input rows take least time: each product's best of ``rounds`` interleaved rounds,
+    after one round of warm-up.
 
     The best of several rounds, not their sum: a burst of other work during one round would otherwise pick
     the slower kernel for the whole process (seen once in a benchmark run: MKL's products for decoding
@@ -159,11 +201,12 @@ def fastest_linear(
     inputs = {(w.shape[1], r): torch.randn(r, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in weights for r in rows}
     best = [[float("inf")] * (len(weights) * len(rows)) for _ in candidates]
     with torch.inference_mode():
+        prepared = [[kernel.prepare(w) for w, _ in weights] for kernel in candidates]
         for round_ in range(rounds + 1):
-            for i, linear in enumerate(candidates):
+            for i, kernel in enumerate(candidates):
                 for j, ((w, _), r) in enumerate((wu, r) for wu in weights for r in rows):
                     start = time.perf_counter()
-                    linear(inputs[w.shape[1], r], w, None)
+                    kernel.linear(inputs[w.shape[1], r], prepared[i][j // len(rows)], None)
                     if round_:
                         best[i][j] = min(best[i][j], time.perf_counter() - start)
     uses = [u for _, u in weights for _ in rows]
@@ -287,24 +330,41 @@ class _Weights:
                    layer.post_attention_layernorm.weight, gate_up.weight, gate_up.bias, mlp.down_proj.weight,
                    mlp.down_proj.bias)
 
-    def to(self, dtype: torch.dtype) -> _Weights:
-        """A copy in ``dtype``."""
-        return _Weights(*(None if (t := getattr(self, f.name)) is None else t.detach().to(dtype) for f in fields(self)))
+    def to(self, dtype: torch.dtype, kernel: Kernel) -> _Weights:
+        """A copy in ``dtype`` (tensors already in it are kept), its four products' weights prepared for ``kernel``."""
+        products = {"qkv", "o", "gate_up", "down"}
+        return _Weights(*(
+            None if (t := getattr(self, f.name)) is None else
+            (kernel.prepare if f.name in products else _as_is)(t.detach().to(dtype)) for f in fields(self)
+        ))
 
 
-# Copies of a layer's tensors in a prompt dtype (bf16 prompts over fp32 steps), per decoder layer and
-# dtype, so that several generators over one model share one copy.
-_CAST: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, _Weights]] = weakref.WeakKeyDictionary()
+# A layer's tensors in another dtype (bf16 prompts over fp32 steps) or prepared for a kernel that packs them, per
+# decoder layer, dtype and kernel, so that several generators over one model share one copy.
+_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple[torch.dtype, str], _Weights]] = weakref.WeakKeyDictionary()
+# The output head prepared for a kernel that packs it, per head module and kernel.
+_HEADS: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
-def _weights(layer: nn.Module, dtype: torch.dtype) -> _Weights:
+def _weights(layer: nn.Module, dtype: torch.dtype, kernel: Kernel = F_LINEAR) -> _Weights:
+    """The layer's tensors in ``dtype`` as ``kernel`` reads them: its own where they are, else a shared copy."""
     own = _Weights.of(layer)
-    if own.qkv.dtype == dtype:
+    if own.qkv.dtype == dtype and not kernel.packs:
         return own
-    copies = _CAST.setdefault(layer, {})
-    if dtype not in copies:
-        copies[dtype] = own.to(dtype)
-    return copies[dtype]
+    copies = _COPIES.setdefault(layer, {})
+    if (dtype, kernel.name) not in copies:
+        copies[dtype, kernel.name] = own.to(dtype, kernel)
+    return copies[dtype, kernel.name]
+
+
+def _head(head: nn.Linear, kernel: Kernel) -> torch.Tensor:
+    """The output head's weight as ``kernel`` reads it (its own, or a copy shared by every forward over the model)."""
+    if not kernel.packs:
+        return head.weight
+    packed = _HEADS.setdefault(head, {})
+    if kernel.name not in packed:
+        packed[kernel.name] = kernel.prepare(head.weight)
+    return packed[kernel.name]
 
 
 class LlamaForward:
@@ -354,24 +414,27 @@ class LlamaForward:
         if device.type == "cpu" and any(layer not in _FUSED for layer in self.layers):
             _own_memory(model)
         self.fused = [_fused(layer) for layer in self.layers]
-        self.weights = {dt: [_weights(layer, dt) for layer in self.layers] for dt in {dtype, self.prompt_dtype}}
-        """Each layer's tensors per dtype that runs: the model's own, and copies in ``prompt_dtype``."""
         self.norm = inner.norm
-        self.head = model.lm_head.weight
 
-        def products(dt: torch.dtype) -> list[tuple[torch.Tensor, int]]:
-            first = self.weights[dt][0]
+        def uses(dt: torch.dtype) -> list[tuple[torch.Tensor, int]]:
+            first = _Weights.of(self.layers[0]).to(dt, F_LINEAR)  # the model's own tensors, or a passing copy
             return [(w, len(self.layers)) for w in (first.qkv, first.o, first.gate_up, first.down)]
 
-        self.linear = pick_linear(device, dtype, [*products(dtype), (self.head, 1)], STEP_ROWS)
+        self.kernel = pick_kernel(device, dtype, [*uses(dtype), (model.lm_head.weight, 1)], STEP_ROWS)
         """Products of decoding steps and verify passes (and of the output head)."""
         # A prompt's head product has one row (its last position): it is a step's product.
-        self.prompt_linear = pick_linear(device, self.prompt_dtype, products(self.prompt_dtype), PROMPT_ROWS)
+        self.prompt_kernel = pick_kernel(device, self.prompt_dtype, uses(self.prompt_dtype), PROMPT_ROWS)
         """Products of prompts: timed apart, since the faster kernel for a few rows need not be the faster for hundreds."""
+        self.step_weights = [_weights(layer, dtype, self.kernel) for layer in self.layers]
+        """Each layer's tensors as steps read them: the model's own, or a copy packed for ``kernel`` (shared by every
+        forward over the model, and with prompts where they run in the same dtype and kernel)."""
+        self.prompt_weights = [_weights(layer, self.prompt_dtype, self.prompt_kernel) for layer in self.layers]
+        """Each layer's tensors as prompts read them: the steps', or copies in ``prompt_dtype``."""
+        self.head = _head(model.lm_head, self.kernel)
         cpu_bf16 = device.type == "cpu" and self.prompt_dtype == torch.bfloat16
         self.prompt_attend: Attend = self._attend_in_products if cpu_bf16 else self._attend
         """A prompt's attention: in bf16 matrix products for bf16 prompts on a CPU, else torch's fused kernel."""
-        self.description = f"lean Llama forward ({_name(self.linear)} products, prompts: {_name(self.prompt_linear)}"
+        self.description = f"lean Llama forward ({self.kernel.name} products, prompts: {self.prompt_kernel.name}"
         self.description += "" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')}"
         self.description += ", attention in bf16 products)" if cpu_bf16 else ")"
         attn = self.layers[0].self_attn
@@ -383,7 +446,7 @@ class LlamaForward:
         cos, sin = inner.rotary_emb(self.embed[:1][None], positions)
         self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
         # transformers casts the tables to the activations' dtype; keep one cast per dtype that runs.
-        self.rotary = {dt: (self.cos.to(dt), self.sin.to(dt)) for dt in self.weights}
+        self.rotary = {dt: (self.cos.to(dt), self.sin.to(dt)) for dt in {dtype, self.prompt_dtype}}
         self.hidden = torch.empty(0, cfg.hidden_size, device=device, dtype=dtype)
         """The last forward's final-norm hidden states (``hidden_at``), its last row at position ``hidden_end - 1``."""
         self.hidden_end = 0
@@ -405,7 +468,7 @@ class LlamaForward:
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         if last_only:
             return self.prompt(ids, cache)
-        return self._run(ids, cache, self.dtype, self.linear, [len(ids)], 1, self._attend)
+        return self._run(ids, cache, self.dtype, self.step_weights, self.kernel.linear, [len(ids)], 1, self._attend)
 
     def prompt(
         self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
@@ -416,20 +479,20 @@ class LlamaForward:
         ``prompt_dtype``. After a cache that ends at a multiple of ``block`` it runs the same attention calls on the
         same rows as for the whole prompt. ``cancel`` is checked before each layer."""
         blocks = query_blocks(cache.get_seq_length(), len(ids), block)
-        return self._run(ids, cache, self.prompt_dtype, self.prompt_linear, blocks, prompt_min_rows(), self.prompt_attend,
-                         cancel, True)
+        return self._run(ids, cache, self.prompt_dtype, self.prompt_weights, self.prompt_kernel.linear, blocks,
+                         prompt_min_rows(), self.prompt_attend, cancel, True)
 
     def _run(
-        self, ids: list[int], cache: DynamicCache, dt: torch.dtype, lin: Linear, blocks: list[int], min_rows: int,
-        attend: Attend, cancel: threading.Event | None = None, last_only: bool = False,
+        self, ids: list[int], cache: DynamicCache, dt: torch.dtype, weights: list[_Weights], lin: Linear,
+        blocks: list[int], min_rows: int, attend: Attend, cancel: threading.Event | None = None, last_only: bool = False,
     ) -> torch.Tensor:
-        """Logits of ``ids`` after the cached positions, in ``dt`` with products ``lin`` over at least ``min_rows``
-        rows, attention ``attend`` in query blocks of ``blocks`` rows."""
+        """Logits of ``ids`` after the cached positions, in ``dt`` with each layer's ``weights`` and products ``lin``
+        over at least ``min_rows`` rows, attention ``attend`` in query blocks of ``blocks`` rows."""
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
         spans = self._spans(past, blocks)
-        for i, w in enumerate(self.weights[dt]):
+        for i, w in enumerate(weights):
             check_cancelled(cancel)
             h = self._norm(x, w.input_norm)
             qkv = _product(lin, h, w.qkv, w.qkv_bias, min_rows)
@@ -444,7 +507,7 @@ class LlamaForward:
             x = x[-1:].to(self.dtype)
         self.hidden = self._norm(x, self.norm.weight)
         self.hidden_end = past + n
-        return self.linear(self.hidden, self.head, None)
+        return self.kernel.linear(self.hidden, self.head, None)
 
     def hidden_at(self, position: int) -> torch.Tensor | None:
         """The final-norm hidden state at ``position`` if the last forward computed it (a prompt's: its last
@@ -527,10 +590,6 @@ def _product(lin: Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     if n >= min_rows:
         return lin(x, weight, bias)
     return lin(F.pad(x, (0, 0, 0, min_rows - n)), weight, bias)[:n]
-
-
-def _name(linear: Linear) -> str:
-    return "oneDNN" if linear is _onednn_linear else "F.linear"
 
 
 def make_forward(

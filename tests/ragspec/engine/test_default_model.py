@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from ragspec.backends.pytorch.forward import LlamaForward, _onednn_linear, _product, prompt_min_rows
+from ragspec.backends.pytorch.forward import F_LINEAR, ONEDNN, LlamaForward, _product, _weights, prompt_min_rows
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
@@ -111,11 +110,12 @@ def test_a_prefix_hit_equals_a_cold_prefill_bit_for_bit(dtype: str) -> None:
 
 
 NEEDS_BF16 = pytest.mark.skipif(not cpu_flags() & BF16_FLAGS, reason="this CPU has no native bf16 (AMX, AVX512-BF16)")
-LINEARS = {"oneDNN": _onednn_linear, "F.linear": F.linear}
+KERNELS = {"oneDNN": ONEDNN, "F.linear": F_LINEAR}
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("dtype, linear", [(torch.float32, "oneDNN"), (torch.float32, "F.linear"),
+                                           pytest.param(torch.bfloat16, "oneDNN", marks=NEEDS_BF16),
                                            pytest.param(torch.bfloat16, "F.linear", marks=NEEDS_BF16)])
 def test_prompt_products_give_a_row_the_same_bits_whatever_the_rows_around_it(dtype: torch.dtype, linear: str) -> None:
     """What a prefix-cache hit relies on (``LlamaForward.prompt``): on the default model's weights, a product's row is
@@ -123,10 +123,10 @@ def test_prompt_products_give_a_row_the_same_bits_whatever_the_rows_around_it(dt
     ``prompt_min_rows`` rows padded to ``prompt_min_rows``."""
     lm = load_model("default", device="cpu", dtype="float32")
     fwd = LlamaForward(lm.model, lm.device, lm.dtype, dtype)
-    lin, least = LINEARS[linear], prompt_min_rows()
+    kernel, least = KERNELS[linear], prompt_min_rows()
     if linear == "oneDNN" and not torch.backends.mkldnn.is_available():
         pytest.skip("torch was built without oneDNN")
-    w = fwd.weights[dtype][0]
+    lin, w = kernel.linear, _weights(fwd.layers[0], dtype, kernel)
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for weight in (w.qkv, w.o, w.gate_up, w.down):
@@ -140,13 +140,16 @@ def test_prompt_products_give_a_row_the_same_bits_whatever_the_rows_around_it(dt
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("dtype, linear", [("float32", "oneDNN"), ("float32", "F.linear"),
+                                           pytest.param("bf16-prompts", "oneDNN", marks=NEEDS_BF16),
                                            pytest.param("bf16-prompts", "F.linear", marks=NEEDS_BF16)])
 def test_a_hit_leaving_a_few_rows_equals_a_cold_prefill_bit_for_bit(dtype: str, linear: str) -> None:
     """A RAG prompt cut 1, 7, 11 and ``prompt_min_rows() + 3`` tokens after 256, after a hit that keeps all but those:
     the products of those rows padded to ``prompt_min_rows``, against the whole prompt's."""
     gen = SpeculativeGenerator("default", device="cpu", dtype=dtype, prefix_cache=False)
     assert isinstance(gen.backend._forward, LlamaForward)
-    gen.backend._forward.prompt_linear = LINEARS[linear]
+    fwd = gen.backend._forward
+    fwd.prompt_kernel = KERNELS[linear]
+    fwd.prompt_weights = [_weights(layer, fwd.prompt_dtype, fwd.prompt_kernel) for layer in fwd.layers]
     question, passages = document_prompts(1)[0]
     prompt = gen.encode(chat_prompt(gen, question, passages), special_tokens=True)
     with torch.inference_mode():
@@ -180,10 +183,16 @@ def _resident_mb() -> float:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
 @torch.inference_mode()
 def test_fusing_projections_replaces_weights_instead_of_adding_memory() -> None:
+    """Fusing adds nothing; the only copy a forward adds is its kernel's packed weights, shared by a second forward."""
     lm = load_model("default", device="cpu", dtype="float32")
     lm.model(torch.tensor([[1, 2, 3]]))  # touch every weight page
     before = _resident_mb()
-    LlamaForward(lm.model, lm.device, lm.dtype)
+    fwd = LlamaForward(lm.model, lm.device, lm.dtype)
+    packed = [t for w in fwd.step_weights for t in (w.qkv, w.o, w.gate_up, w.down)] + [fwd.head] if fwd.kernel.packs else []
+    packed_mb = sum(t.numel() * t.element_size() for t in packed) / 2**20
     # The fused q/k/v and gate/up weights are ~280 MB; the replaced ones must be released.
-    assert _resident_mb() - before < 100
+    assert _resident_mb() - before < packed_mb + 100
+    again = _resident_mb()
+    LlamaForward(lm.model, lm.device, lm.dtype)
+    assert _resident_mb() - again < 50
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight  # still tied after the copy

@@ -14,12 +14,15 @@ from ragspec.backends.pytorch.forward import (
     PROMPT_ROWS,
     STEP_ROWS,
     PROMPT_MIN_ROWS,
+    F_LINEAR,
+    ONEDNN,
     HFForward,
+    Kernel,
     LlamaForward,
     _product,
-    fastest_linear,
+    fastest_kernel,
     make_forward,
-    pick_linear,
+    pick_kernel,
     prompt_min_rows,
     query_blocks,
 )
@@ -92,7 +95,7 @@ def test_bfloat16_path_matches_transformers() -> None:
     ids = list(range(5, 35))
     want = model(torch.tensor([ids])).logits[0].float()
     fwd = make_forward(model, CPU, torch.bfloat16)
-    assert isinstance(fwd, LlamaForward) and fwd.linear is F.linear
+    assert isinstance(fwd, LlamaForward) and fwd.kernel is F_LINEAR
     cache = fwd.new_cache(64)
     got = torch.cat([fwd(ids[:20], cache), fwd(ids[20:21], cache), fwd(ids[21:30], cache)]).float()
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
@@ -124,31 +127,48 @@ def test_dynamic_rope_is_left_to_transformers() -> None:
 def test_picked_linear_computes_a_linear_layer(rows: int, timed: bool) -> None:
     g = torch.Generator().manual_seed(rows)
     x, w, b = torch.randn(rows, 64, generator=g), torch.randn(40, 64, generator=g), torch.randn(40, generator=g)
-    linear = pick_linear(CPU, FP32, [(w, 3)] if timed else ())
+    kernel = pick_kernel(CPU, FP32, [(w, 3)] if timed else ())
     if torch.backends.mkldnn.is_available() and not timed:
-        assert linear is not F.linear  # oneDNN's kernel is really used where it exists
-    torch.testing.assert_close(linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(linear(x, w, None), x @ w.T, rtol=1e-5, atol=1e-4)
-    assert pick_linear(CPU, torch.bfloat16, [(w, 3)]) is F.linear
+        assert kernel is ONEDNN and kernel.packs  # oneDNN's kernel is really used where it exists
+    prepared = kernel.prepare(w)
+    torch.testing.assert_close(kernel.linear(x, prepared, b), x @ w.T + b, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(kernel.linear(x, prepared, None), x @ w.T, rtol=1e-5, atol=1e-4)
+    assert pick_kernel(CPU, torch.float16, [(w, 3)]) is F_LINEAR
+    half = pick_kernel(CPU, torch.bfloat16, [(w.bfloat16(), 3)] if timed else ())
+    torch.testing.assert_close(half.linear(x.bfloat16(), half.prepare(w.bfloat16()), None).float(), x @ w.T, rtol=0.02, atol=0.1)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
+@torch.inference_mode()
+def test_packed_products_give_a_row_the_same_bits_whatever_the_rows_around_it() -> None:
+    """Why steps and verify passes agree better with packed weights: oneDNN's product of one row over a plain weight
+    takes another kernel than a row among several; over a packed weight every row count computes a row alike."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(17, 576, generator=g), torch.randn(1536, 576, generator=g) * 0.05
+    packed = ONEDNN.prepare(w)
+    whole = ONEDNN.linear(x, packed, None)
+    for rows in (1, 2, 3, 5, 9, 16):
+        assert torch.equal(ONEDNN.linear(x[:rows], packed, None), whole[:rows]), rows
+    torch.testing.assert_close(whole, F.linear(x, w), rtol=1e-5, atol=1e-4)
 
 
 def test_the_faster_linear_is_picked_by_timing_the_weights_uses() -> None:
     """Each candidate is timed on every weight, times its uses: a slow product used often loses."""
     calls: list[tuple[str, tuple[int, ...]]] = []
 
-    def product(name: str, seconds_per_row: float):
+    def product(name: str, seconds_per_row: float) -> Kernel:
         def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             calls.append((name, tuple(x.shape)))
             if weight.shape[0] == 8:  # the weight used ten times
                 time.sleep(seconds_per_row * x.shape[0])
             return x @ weight.T
-        return linear
+        return Kernel(name, linear)
 
     fast_on_big, fast_on_small = product("a", 0.0), product("b", 0.0)
     slow = product("c", 0.004)
     big, small = torch.randn(16, 4), torch.randn(8, 4)
-    assert fastest_linear([slow, fast_on_big], [(big, 1), (small, 10)]) is fast_on_big
-    assert fastest_linear([fast_on_small, slow], [(big, 1), (small, 10)]) is fast_on_small
+    assert fastest_kernel([slow, fast_on_big], [(big, 1), (small, 10)]) is fast_on_big
+    assert fastest_kernel([fast_on_small, slow], [(big, 1), (small, 10)]) is fast_on_small
     # per call: 1 warm-up and 3 timed rounds, each over both weights with 1 and 5 rows (two calls)
     assert calls.count(("c", (5, 4))) == 2 * 4 * 2 and calls.count(("c", (1, 4))) == 2 * 4 * 2
 
@@ -157,17 +177,35 @@ def test_a_burst_of_other_work_in_one_round_does_not_pick_the_slower_linear() ->
     """Each product counts its best round: a stall in one round of the faster kernel does not make it lose."""
     rounds: list[int] = []
 
-    def fast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def fast_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rounds.append(1)
         if len(rounds) == 2:  # the first timed round, after the warm-up: a stall of 50 ms
             time.sleep(0.05)
         return x @ weight.T
 
-    def slow(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def slow_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         time.sleep(0.005)
         return x @ weight.T
 
-    assert fastest_linear([slow, fast], [(torch.randn(8, 4), 1)], rows=(1,)) is fast
+    fast, slow = Kernel("fast", fast_product), Kernel("slow", slow_product)
+    assert fastest_kernel([slow, fast], [(torch.randn(8, 4), 1)], rows=(1,)) is fast
+
+
+def test_a_kernel_is_timed_on_weights_prepared_as_it_reads_them() -> None:
+    """A kernel that packs its weights is timed on packed copies, so the packing is not timed as part of each product."""
+    seen: list[str] = []
+
+    def record(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        seen.append(getattr(weight, "layout_tag", "plain"))
+        return x @ weight.T
+
+    def tag(weight: torch.Tensor) -> torch.Tensor:
+        tagged = weight.clone()
+        tagged.layout_tag = "packed"
+        return tagged
+
+    fastest_kernel([Kernel("packs", record, tag), Kernel("plain", record)], [(torch.randn(8, 4), 1)])
+    assert seen.count("packed") == seen.count("plain") == 4 * 2  # warm-up and 3 rounds, 1 and 5 rows
 
 
 
@@ -180,9 +218,9 @@ def test_bf16_prompts_over_fp32_steps(past: int) -> None:
     ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(2)).tolist()
     mixed = LlamaForward(model, CPU, FP32, prompt_dtype=torch.bfloat16)
     plain = LlamaForward(model, CPU, FP32)
-    assert "prompts: F.linear in bfloat16" in mixed.description and "bfloat16" not in plain.description
-    assert all(w.qkv.dtype == FP32 for w in plain.weights[FP32])  # the model's own weights stay fp32
-    assert mixed.weights[torch.bfloat16][0].qkv.dtype == torch.bfloat16
+    assert f"prompts: {mixed.prompt_kernel.name} in bfloat16" in mixed.description and "bfloat16" not in plain.description
+    assert all(w.qkv.dtype == FP32 for w in plain.step_weights)  # the model's own weights stay fp32
+    assert mixed.prompt_weights[0].qkv.dtype == torch.bfloat16
     cache = mixed.new_cache(40)
     if past:  # a cached prefix (a reused prompt prefix) before the prompt's remainder
         mixed(ids[:past], cache, last_only=True)
@@ -205,18 +243,18 @@ def test_bf16_prompts_over_fp32_steps(past: int) -> None:
 def test_prompts_and_steps_each_get_the_faster_linear_for_their_row_counts() -> None:
     """The product fastest with few rows need not be the fastest with hundreds: each is timed apart."""
 
-    def product(seconds_per_row_few: float, seconds_per_row_many: float):
+    def product(seconds_per_row_few: float, seconds_per_row_many: float) -> Kernel:
         def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             time.sleep((seconds_per_row_few if x.shape[0] <= 8 else seconds_per_row_many) * x.shape[0])
             return x @ weight.T
-        return linear
+        return Kernel(f"{seconds_per_row_few}/{seconds_per_row_many}", linear)
 
     # Margins of 10-50 ms a call (each product's best of 3 rounds counts), so that a loaded machine, which can
     # delay a call by a few milliseconds, does not swap the two.
     few, many = product(0.0, 2e-4), product(1e-2, 0.0)
     weights = [(torch.randn(8, 4), 2)]
-    assert fastest_linear([many, few], weights, STEP_ROWS) is few
-    assert fastest_linear([few, many], weights, PROMPT_ROWS) is many
+    assert fastest_kernel([many, few], weights, STEP_ROWS) is few
+    assert fastest_kernel([few, many], weights, PROMPT_ROWS) is many
     fwd = LlamaForward(llama(), CPU, FP32)
     assert fwd.description.startswith("lean Llama forward (") and ", prompts: " in fwd.description
 
