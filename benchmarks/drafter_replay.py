@@ -19,7 +19,8 @@ correctly.
 
 The first run records the answers (plain greedy, cut by the repetition stop as bench.py's are; a few
 minutes on a quiet machine), with r(k) timed then or taken from a bench report's quiet measurement
-(``--costs``); later runs reuse the file. The unseen-question recording of issue 35 is
+(``--costs``); later runs reuse the file, at its recorded costs or at another report's (``--costs``: the same
+answers replayed at other verify costs). The unseen-question recording of issue 35 is
 ``docs/bench/replay-unseen.json`` (see the README's "Speed").
 """
 
@@ -385,12 +386,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cut recorded answers where ragspec's repetition stop ends them (0: off), as bench.py does")
     parser.add_argument("--costs", type=Path, default=None, metavar="REPORT",
                         help="take r(k) from this bench.py report's quiet measurement (e.g. "
-                             "docs/bench/report-fp32-epyc.json) instead of timing it while recording")
+                             "docs/bench/report-fp32-epyc.json) instead of timing it while recording, or instead "
+                             "of the recording's own when it exists")
     args = parser.parse_args(argv)
     path = Path(args.record)
     data = json.loads(path.read_text()) if path.exists() else record(
         path, args.questions, args.max_new_tokens, args.question_set, args.repetition_stop, args.costs)
-    table = {int(k): v for k, v in data["relative_cost"].items()}
+    table = recorded_costs(args.costs) if args.costs else {int(k): v for k, v in data["relative_cost"].items()}
     rows = data["rows"]
     variants: dict[str, Callable[[], float]] = {
         "default (n-gram + earlier answers, adaptive policy)": lambda: replay(rows, table.get, NgramDrafter(history_tokens=2048)),

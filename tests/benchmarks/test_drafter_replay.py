@@ -97,6 +97,26 @@ def test_the_script_prints_the_table_from_a_recording(tmp_path: Path) -> None:
     assert "tree: +2 other continuation(s)" in done.stdout
 
 
+@pytest.mark.timeout(300)
+def test_costs_from_a_report_replace_the_recordings_own(tmp_path: Path) -> None:
+    """``--costs`` replays a recording at another report's verify costs: with every r(k) = 1 a forward costs a plain
+    step, so the oracle's estimated speedup is its tokens per forward."""
+    rows = synthetic_rows(0, answers=2)
+    (tmp_path / "answers.json").write_text(json.dumps({"rows": rows, "relative_cost": COST}))
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps({"verify_cost": {"torch": {str(k): 1.0 for k in (1, 2, 4, 8, 12, 16)}}}))
+
+    def oracle_row(*extra: str) -> list[str]:
+        done = run_script("drafter_replay.py", "--record", "answers.json", *extra, cwd=tmp_path, timeout=280)
+        assert done.returncode == 0, done.stderr
+        line = next(line for line in done.stdout.splitlines() if line.startswith("| oracle drafter"))
+        return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+    per_forward, speedup = oracle_row("--costs", str(flat))
+    assert float(speedup.removesuffix("x")) == pytest.approx(float(per_forward), abs=0.006)
+    assert oracle_row() != [per_forward, speedup]  # the recording's own costs are dearer
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_copy_ceiling_is_above_every_lever(seed: int) -> None:
     """Choosing the best-agreeing span with hindsight beats any drafter's tokens per forward."""
