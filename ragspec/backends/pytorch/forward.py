@@ -346,7 +346,7 @@ _COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple[torch.dtype, str], _Wei
 _HEADS: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
-def _weights(layer: nn.Module, dtype: torch.dtype, kernel: Kernel = F_LINEAR) -> _Weights:
+def _weights(layer: nn.Module, dtype: torch.dtype, kernel: Kernel) -> _Weights:
     """The layer's tensors in ``dtype`` as ``kernel`` reads them: its own where they are, else a shared copy."""
     own = _Weights.of(layer)
     if own.qkv.dtype == dtype and not kernel.packs:
