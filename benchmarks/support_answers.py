@@ -12,7 +12,7 @@ The answers labelled for tuning the rule are in ``support_answers.json``; those 
 (``--ids`` of the rest) in ``heldout_answers.json``; the turns left unanswered then and the third round's
 questions (``fresh_questions.json``) in ``fresh_answers.json``; the turns still unanswered after that and the
 fourth round's (``fresh2_questions.json``) in ``fresh2_answers.json``; the fifth round's (``fresh3_questions.json``) in
-``fresh3_answers.json``.
+``fresh3_answers.json``; the sixth round's (``fresh4_questions.json``) in ``fresh4_answers.json``.
 
 ``--layout`` measures what lifts follow-ups (``--report FILE`` counts, for the conversations of
 ``conversations.json``, the first turns and the follow-ups whose answer holds a gold string):
@@ -73,9 +73,10 @@ from ragspec.prompts import QA_USER_TEMPLATE, Turn, chat_prompt_ids, format_pass
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
 QUESTION_FILES = ("support_questions.json", "heldout_questions.json", "fresh_questions.json", "fresh2_questions.json",
-                  "fresh3_questions.json")
+                  "fresh3_questions.json", "fresh4_questions.json")
 """The questions written for issue 37, in the order they were written (``fresh_questions.json``: the third round's held-out
-part; ``fresh2_questions.json``: the fourth round's; ``fresh3_questions.json``: the fifth round's)."""
+part; ``fresh2_questions.json``: the fourth round's; ``fresh3_questions.json``: the fifth round's; ``fresh4_questions.json``:
+the sixth round's)."""
 
 
 def workload(ids: list[str] | None = None) -> list[tuple[str, list[tuple[str, str]]]]:
