@@ -35,11 +35,13 @@ _REASONS = {
     "missing_facts": "the passages it matches do not hold the numbers or names it states",
     "off_topic": "the passages it matches are not about the question",
     "restates": "it only repeats the question",
-    "no_number": "the question asks for a number and it states none",
+    "no_number": "the question asks for a number or a month and it states none",
     "negation": "the passages it draws on do not say what it denies",
     "repeats": "it goes round in circles",
     "unbacked_clause": "one of its sentences says what no sentence of the passages it cites says",
     "swapped_subject": "it copies a passage's sentence about something else",
+    "stray_clause": "what it adds to the question is not where the passages speak of the question",
+    "heading": "it copies a heading, which states nothing",
 }
 """Why an answer is unsupported, by its citation rule (``ragspec.citations.choose_citations``)."""
 

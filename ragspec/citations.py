@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cite", "cited_answer", "choose_citations", "cited_numbers", "copied_numbers", "fact_numbers", "on_topic_numbers",
-    "overlap_numbers", "repeats", "restates", "swapped_subject", "unbacked_clause",
+    "overlap_numbers", "repeats", "restates", "statements", "stray_clause", "swapped_subject", "unbacked_clause", "heading",
 ]
 
 _WORD = re.compile(r"\w+")
@@ -178,9 +178,10 @@ def choose_citations(
     number, the answer states none), ``"repeats"`` (it says the same words twice), ``"missing_facts"``
     (on-topic passages were found but none held the facts), ``"negation"`` (it denies what the sentences
     it drew from do not), ``"unbacked_clause"`` (a clause of it is in no sentence of the cited passages),
-    ``"swapped_subject"`` (it copies a sentence about something else), ``"off_topic"`` (rules found passages but none on topic),
+    ``"swapped_subject"`` (it copies a sentence about something else), ``"stray_clause"`` (a short clause's new
+    words are not where the question's are), ``"heading"`` (it copies a heading), ``"off_topic"`` (rules found passages but none on topic),
     ``"unsupported"`` (no rule found any)."""
-    if check_facts and question and restates(text, question):
+    if check_facts and question and restates(statements(text), question):
         return [], "restates"
     if check_facts and question and facts.asks_number(question) and not facts.counts(text, question):
         return [], "no_number"
@@ -212,6 +213,10 @@ def choose_citations(
                     return [], "unbacked_clause"
                 if swapped_subject(text, cited_texts):
                     return [], "swapped_subject"
+                if stray_clause(text, question, cited_texts):
+                    return [], "stray_clause"
+                if heading(text, cited_texts):
+                    return [], "heading"
                 return backed, rule
             lacking = True
     if lacking:
@@ -231,6 +236,19 @@ def restates(text: str, question: str) -> bool:
 
 
 _CLAUSE_BREAK = re.compile(r"[;:](?=\s)")
+_HEADING_LINE = re.compile(r"^\s*#+\s.*$", re.MULTILINE)
+_TAIL = re.compile(r"(?:^|(?<=[.!?:;\n]))[^.!?:;\n]*$")
+
+
+def statements(text: str, min_tail: int = 4) -> str:
+    """``text`` without its Markdown heading lines and without an unfinished tail of at least ``min_tail`` words
+    (the cut end of a sentence, "The command-line version of"): what it states. A shorter tail stays, since a bare
+    answer often ends without a full stop ("The answer: Wednesday")."""
+    kept = _HEADING_LINE.sub("", text).rstrip()
+    tail = _TAIL.search(kept)
+    if tail and len(_words(tail.group())) >= min_tail:
+        kept = kept[: tail.start()]
+    return kept.strip()
 
 
 def _clauses(text: str) -> list[tuple[str, bool]]:
@@ -258,6 +276,46 @@ def unbacked_clause(text: str, question: str, passages: Sequence[str], min_share
         best = max((len(added & s) for s in sentences), default=0)
         if complete and len(added) >= min_words and best < min_share * len(added):
             return clause
+    return ""
+
+
+def stray_clause(text: str, question: str, passages: Sequence[str], max_words: int = 3, min_share: float = 0.5) -> str:
+    """The first complete clause of ``text`` (``_clauses``) about ``question`` (sharing a content word with it) that
+    adds one to ``max_words`` content words to it (fewer than ``unbacked_clause`` judges), more than ``min_share`` of
+    which no sentence of ``passages``, with one sentence either side, holds together with ``min_share`` of the
+    question's content words: a short claim whose new words are not where the question's are ("The usual cause of a
+    high 99th percentile of ll_wal_fsync_seconds is a crash.", "crash" being only elsewhere in the passage; "The
+    archive is a building called the … archive."); ``""`` when there is none. A paraphrase's word beside the
+    passage's facts passes ("The size of each segment file is 64 MiB." for "How big is each segment file?")."""
+    asked = _stems(question, _QUESTION_WORDS | _FILLER)
+    sentences = [_stems(p[s:e], _QUESTION_WORDS | _FILLER) for p in passages for s, e in sentence_spans(p)]
+    windows = [set().union(*sentences[max(0, i - 1) : i + 2]) for i in range(len(sentences))]
+    for clause, complete in _clauses(text):
+        said = _stems(clause, _QUESTION_WORDS | _FILLER)
+        added = said - asked
+        if complete and said & asked and 1 <= len(added) <= max_words and not any(
+            len(added & w) > min_share * len(added) and len(asked & w) >= min_share * len(asked) for w in windows
+        ):
+            return clause
+    return ""
+
+
+_MARKUP = re.compile(r"[#*_`>]+")
+_ANSWER_LEAD = re.compile(r"^\s*(?:\d+\.\s+)?(?:the answer(?: to this question)? is\s*:?\s*)?(?:the\s+)?", re.IGNORECASE)
+
+
+def heading(text: str, passages: Sequence[str]) -> str:
+    """The line of ``passages`` without a full stop (a title or heading: "# Kestrel Lane Bakery Cooperative: Staff
+    Handbook") that ``text`` is, once a leading "The answer is:", "The" and markup are set aside; ``""`` when it is
+    none. A heading names a part of a document; it states nothing."""
+    def bare(line: str) -> str:
+        return " ".join(_words(_ANSWER_LEAD.sub("", _MARKUP.sub(" ", line).strip())))
+
+    mine = bare(text)
+    for p in passages:
+        for line in p.splitlines():
+            if line.strip() and line.rstrip()[-1] not in ".!?" and mine and bare(line) == mine:
+                return line.strip()
     return ""
 
 

@@ -221,20 +221,26 @@ def unheld_units(wanted: Sequence[tuple[str, str]], passages: Sequence[str], rea
 
 _COUNT_QUESTION = re.compile(r"\bhow\s+(?:many|much)\b", re.IGNORECASE)
 _YEAR_QUESTION = re.compile(r"\b(?:what|which)\s+year\b", re.IGNORECASE)
+_MONTH_QUESTION = re.compile(r"\b(?:what|which)\s+month\b", re.IGNORECASE)
 
 
 def asks_number(question: str) -> str:
     """``"count"`` for a question that asks how many or how much, ``"year"`` for one that asks what year,
-    else ``""``: what an answer must state to answer it at all."""
+    ``"month"`` for one that asks what month, else ``""``: what an answer must state to answer it at all."""
     if _COUNT_QUESTION.search(question):
         return "count"
+    if _MONTH_QUESTION.search(question):
+        return "month"
     return "year" if _YEAR_QUESTION.search(question) else ""
 
 
 def counts(text: str, question: str) -> bool:
-    """Whether ``text`` states a number that answers ``question``'s ``asks_number``: a number the question
-    does not hold, for a count one that is not a year or a day of a month ("14 November 1871" counts nothing)."""
+    """Whether ``text`` states what ``question``'s ``asks_number`` asks for: a month's name for a month ("held in
+    2015" names none); else a number the question does not hold, for a count one that is not a year or a day of a
+    month ("14 November 1871" counts nothing)."""
     kind = asks_number(question)
+    if kind == "month":
+        return bool(set(words(text)) & _MONTHS - set(words(question)))
     numbers = answer_facts(text, question).numbers
     if kind != "count":
         return bool(numbers)

@@ -5,8 +5,11 @@ from __future__ import annotations
 from langchain_core.documents import Document
 
 from ragspec.citations import (
+    heading,
     repeats,
     restates,
+    statements,
+    stray_clause,
     swapped_subject,
     unbacked_clause,
     choose_citations,
@@ -248,7 +251,7 @@ def test_every_rule_without_citations_has_its_own_reason_in_the_note():
     from ragspec.answers import unsupported_note
 
     rules = ["restates", "no_number", "repeats", "missing_facts", "negation", "unbacked_clause", "swapped_subject",
-             "off_topic", "unsupported"]
+             "stray_clause", "heading", "off_topic", "unsupported"]
     notes = [unsupported_note(rule) for rule in rules]
     assert len(set(notes)) == len(rules) and all(n.startswith("I don't know: no passage backs this answer (") for n in notes)
     assert "2 oven" in unsupported_note("missing_facts", ["2 oven"])  # the facts it states win over the rule
@@ -310,3 +313,40 @@ def test_a_copied_sentence_must_keep_its_subject() -> None:
     # A subject the copied words follow in the passage through "during which you" is a pronoun.
     assert not swapped_subject("Staff are paid the same hourly rate as members.",
                                ["The trial lasts six months, during which you are paid the same hourly rate as members."])
+
+
+def test_a_short_claim_must_add_its_words_where_the_question_is_spoken_of() -> None:
+    """A clause about the question adding one to three words, none of them beside the question's words in the passage
+    ("…ll_wal_fsync_seconds is a crash." where "crash" is only elsewhere: the fresh3 part's f3-37)."""
+    passage = ("The Larkspur ferry leaves Dunmore harbour at 7:15 every morning. The crossing to Gannet Island takes forty "
+               "minutes. Tickets are sold on board. Dogs travel free. Bicycles go on the lower deck. In winter storms the "
+               "crossing is cancelled.")
+    question = "How long does the crossing to Gannet Island take?"
+    assert stray_clause("The crossing to Gannet Island takes a storm.", question, [passage]) == (
+        "The crossing to Gannet Island takes a storm.")
+    assert choose_citations("The crossing to Gannet Island takes a storm.", [doc(passage, "f")], question)[0] == []
+    assert choose_citations("The crossing to Gannet Island takes 40 minutes.", [doc(passage, "f")], question)[0] == [1]
+    # A paraphrase beside the passage's fact passes (more than half of the added words are there: "40", "minute").
+    assert not stray_clause("The length of the crossing to Gannet Island is 40 minutes.", question, [passage])
+    # A clause sharing no word with the question, or adding four or more, is left to the other checks.
+    assert not stray_clause("Dogs travel free.", question, [passage])
+    assert not stray_clause("The crossing to Gannet Island takes a storm of wild angry wind.", question, [passage])
+
+
+def test_an_answer_that_is_a_heading_states_nothing() -> None:
+    passage = "# Larkspur Ferry Company: Timetable\n\nThe ferry leaves Dunmore harbour at 7:15 every morning."
+    assert heading("The Larkspur Ferry Company: Timetable", [passage]) == "# Larkspur Ferry Company: Timetable"
+    assert heading("The answer is: Larkspur Ferry Company: Timetable", [passage])
+    assert not heading("The ferry leaves Dunmore harbour at 7:15 every morning", [passage])  # a sentence, not a heading
+    assert choose_citations("Larkspur Ferry Company: Timetable", [doc(passage, "f")], "Which company runs the ferry timetable?") == (
+        [], "heading")
+
+
+def test_an_answer_restating_the_question_before_a_heading_and_a_cut_tail_restates() -> None:
+    """What is stated leaves out heading lines and an unfinished tail of four words or more (the fresh3 part's f3-51:
+    "The `tidepool` command creates a pool.\n\n## Command-line\n\nThe command-line version of")."""
+    text = "The ferry command books a crossing.\n\n## Booking\n\nThe online version of the"
+    assert statements(text) == "The ferry command books a crossing."
+    assert restates(statements(text), "Which ferry command books a crossing?")
+    assert choose_citations(text, PASSAGES, "Which ferry command books a crossing?") == ([], "restates")
+    assert statements("The answer: Wednesday") == "The answer: Wednesday"  # a short tail is the answer itself

@@ -122,6 +122,9 @@ def test_asks_number_and_counts():
     assert counts("Twenty-three died.", "How many people died in 1871?")
     assert not counts("It gave way on 14 November 1871.", "How many days of rain came?")  # a date counts nothing
     assert counts("It opened in 1874.", "In what year did the bridge open?")
+    assert asks_number("In which month was the reunion held?") == "month"
+    assert not counts("The reunion was held in 2015.", "In which month was the reunion held?")  # a year names no month
+    assert counts("It was held every September.", "In which month was the reunion held?")
     assert negations("It can't.") and negations("Never on Sundays") and not negations("Nothing" [1:] + " notable")
 
 
