@@ -28,7 +28,11 @@ greedy, ``QA_DEFAULTS``):
   (``benchmarks/data/fresh3_questions.json``, written before any of its answers was generated), made after
   the clause and subject checks (``unbacked_clause``, ``swapped_subject``) were frozen and labelled blind to
   the rules' verdicts: the "fresh3" part, the only one held out of those checks ("fresh + fresh2 + fresh3":
-  all that is held out of the load-bearing checks).
+  all that is held out of the load-bearing checks);
+- ``benchmarks/data/fresh4_labels.json``: the answers of ``benchmarks/data/fresh4_answers.json``
+  (``benchmarks/data/fresh4_questions.json``, written before any of its answers was generated), made after the
+  short-clause, heading and month checks (``stray_clause``, ``heading``, ``statements``) were frozen and labelled blind
+  to the rules' verdicts: the "fresh4" part, the only one held out of those checks.
 
 Each label says whether the answer is right (it says what a passage says and nothing false; "partial"
 and "wrong" are not right) and which passage holds the answer. For the citation rules before and after
@@ -86,7 +90,8 @@ class Case:
     part: str = "tuned"
     """"tuned" (the rules were designed against its label), "held-out" (answered and labelled after the fact
     check was frozen), "fresh" / "fresh2" (answered and labelled after the load-bearing checks were frozen) or
-    "fresh3" (after the clause and subject checks were frozen)."""
+    "fresh3" (after the clause and subject checks were frozen) or "fresh4" (after the short-clause, heading and month
+    checks were frozen)."""
 
 
 def _stored_cases() -> list[Case]:
@@ -142,6 +147,12 @@ def _fresh3_cases() -> list[Case]:
     return _matched(json.loads((DATA / "fresh3_labels.json").read_text())["labels"], _new_answers("fresh3_answers.json"), "fresh3")
 
 
+def _fresh4_cases() -> list[Case]:
+    """The answers of fresh4_answers.json (the sixth round's, made after the short-clause, heading and month checks were
+    frozen) with their fresh4_labels.json labels."""
+    return _matched(json.loads((DATA / "fresh4_labels.json").read_text())["labels"], _new_answers("fresh4_answers.json"), "fresh4")
+
+
 def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str) -> list[Case]:
     """A case per label whose answer has its text (a new answer exactly, a stored one up to where the stop cut it)."""
     cases = []
@@ -157,7 +168,7 @@ def _matched(labels: list[dict], answers: dict[tuple[str, str], dict], part: str
 def cases(limit: int | None = None) -> list[Case]:
     """Every labelled answer (the first ``limit`` of each file's labels)."""
     return (_stored_cases()[:limit] + _labelled_cases()[:limit] + _held_out_cases()[:limit] + _fresh_cases()[:limit]
-            + _fresh2_cases()[:limit] + _fresh3_cases()[:limit])
+            + _fresh2_cases()[:limit] + _fresh3_cases()[:limit] + _fresh4_cases()[:limit])
 
 
 _DIGITS = re.compile(r"\d+(?:[.:,]\d+)*")
@@ -206,7 +217,7 @@ def report(rows: list[Case]) -> dict[str, dict[str, dict[str, str]]]:
     parts["fresh + fresh2 + fresh3"] = [c for c in rows if c.part in ("fresh", "fresh2", "fresh3")]
     groups = {g: [c for c in rows if c.group == g] for g in dict.fromkeys(c.group for c in rows)}
     held = {f"{p} {g}": [c for c in rows if c.part == p and c.group == g]
-            for p in ("held-out", "fresh", "fresh2", "fresh3")
+            for p in ("held-out", "fresh", "fresh2", "fresh3", "fresh4")
             for g in dict.fromkeys(c.group for c in rows if c.part == p)}  # fmt: skip
     sets = {"all": rows} | parts | groups | held
     return {name: {g: measure(cases, check) for g, cases in sets.items()} for name, check in RULES.items()}

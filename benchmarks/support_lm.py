@@ -18,7 +18,8 @@ model that wrote the answers (the default model; no new weights), each meant as 
   it drew from (``ragspec.citations.drawn_sentences``), with a four-example plain-text prompt (``FEW_SHOT``).
 
 Thresholds are chosen on the "tuned" part only (and, in a second row, on tuned + held-out): the largest that
-keeps every right answer of the fit parts supported. Fresh, fresh2 and fresh3 are held out of every choice.
+keeps every right answer of the fit parts supported. Fresh, fresh2, fresh3 and fresh4 are held out of every choice
+(fresh4 was also labelled after these signals' figures were published: the test of ``verify_sentences``, the lead).
 Each row prints ``supported`` precision and recall per part as ``support_eval.py`` counts them, with the
 rules alone first. The last table gives each signal's AUC (right against wrong answers among those the
 rules mark supported: 0.5 is chance).
@@ -52,8 +53,9 @@ if TYPE_CHECKING:
 
     from ragspec.backends.pytorch.loading import LoadedModel
 
-PARTS = ("tuned", "held-out", "fresh", "fresh2", "fresh3")
-GROUPS = {p: (p,) for p in PARTS} | {"all": PARTS, "fresh + fresh2 + fresh3": ("fresh", "fresh2", "fresh3")}
+PARTS = ("tuned", "held-out", "fresh", "fresh2", "fresh3", "fresh4")
+GROUPS = {p: (p,) for p in PARTS} | {"all": PARTS, "fresh + fresh2 + fresh3": ("fresh", "fresh2", "fresh3"),
+                                     "fresh + fresh2 + fresh3 + fresh4": ("fresh", "fresh2", "fresh3", "fresh4")}
 VERIFY = {
     "verify_question": "Passage:\n{passage}\n\nQuestion: {question}\nAnswer: {answer}\n\n"
     "Does the passage support this answer? Answer Yes or No.",

@@ -26,9 +26,11 @@ Matching words is not backing facts: "The boiling point of mercury is 4.1875 deg
 a passage's words and still state what no passage says. So (``check_facts``, on by default) a passage is
 cited only when
 
-- the answer adds something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
+- what the answer states (without heading lines and an unfinished tail of four words or more: ``statements``) adds
+  something to the question (``"restates"`` otherwise: "The answer is: Ada Pellow.");
 - it states a number when the question asks how many, how much or what year (``"no_number"`` otherwise; for
-  a count, not a year or a day of a month: "It gave way on 14 November 1871." counts no days of rain);
+  a count, not a year or a day of a month: "It gave way on 14 November 1871." counts no days of rain), and a
+  month's name when it asks what month ("It was held in 2015." names none);
 - it does not say the same six words twice (``"repeats"``: a small model going round in circles);
 - the sentences of the passage it drew its words from (``drawn_sentences``: found by the words it adds
   to the question, with one sentence either side) are about the question, as above, not only the
@@ -50,7 +52,13 @@ cited only when
   otherwise: "The top of the market cross is a copy made in 1958" from "the weathervane on top of it is a copy made
   in 1958"; "The guide is not a sync tool" from "tidepool is not a sync tool"): the clause's subject, when its head
   differs from the sentence's, is neither a word of the sentence's subject phrase nor a word the sentence lacks
-  (a synonym the sentence also uses is not a swap; a pronoun subject is not judged).
+  (a synonym the sentence also uses is not a swap; a pronoun subject is not judged);
+- a finished clause about the question that adds one to three content words to it has more than half of them in a
+  sentence of the cited passages (with one either side) that also holds half of the question's content words
+  (``"stray_clause"`` otherwise: "The usual cause of a high 99th percentile of ll_wal_fsync_seconds is a crash.",
+  "crash" being only elsewhere in the passage);
+- the answer is not a heading of a passage, a line without a full stop ("The Kestrel Lane Bakery Cooperative: Staff
+  Handbook"; ``"heading"``): a heading names a part of a document and states nothing.
 
 ``benchmarks/support_eval.py`` measures the rules, with and without these checks, against hand labels
 (README, "Answers you can check").

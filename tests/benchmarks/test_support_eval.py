@@ -30,12 +30,26 @@ def test_every_label_matches_an_answer_and_every_answer_is_labelled() -> None:
     assert _keys("fresh2_answers.json", "answers") == fresh2
     fresh3 = _keys("fresh3_labels.json", "labels")
     assert _keys("fresh3_answers.json", "answers") == fresh3
-    parts = [{i for _, i in part} for part in (labelled, held_out, fresh, fresh2, fresh3)]
+    fresh4 = _keys("fresh4_labels.json", "labels")
+    assert _keys("fresh4_answers.json", "answers") == fresh4
+    parts = [{i for _, i in part} for part in (labelled, held_out, fresh, fresh2, fresh3, fresh4)]
     assert all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1 :])  # an answer is in one part only
     cases = support_eval.cases()
-    held = len(held_out) + len(fresh) + len(fresh2) + len(fresh3)
+    held = len(held_out) + len(fresh) + len(fresh2) + len(fresh3) + len(fresh4)
     assert len(cases) == 51 + len(labelled) + held >= 100  # a label counts only for its exact text
-    assert {c.part for c in cases} == {"tuned", "held-out", "fresh", "fresh2", "fresh3"}
+    assert {c.part for c in cases} == {"tuned", "held-out", "fresh", "fresh2", "fresh3", "fresh4"}
+
+
+def test_no_held_out_question_repeats_an_earlier_sets_words() -> None:
+    """An answer to the same words over the same passages would be an earlier part's answer again, not held out."""
+    data = REPO / "benchmarks" / "data"
+    def asked(name: str) -> set[str]:
+        d = json.loads((data / name).read_text())
+        turns = [t["question"] for c in d.get("conversations", []) for t in c["turns"]]
+        return {q.lower() for q in [q["question"] for q in d["questions"]] + turns}
+    earlier = set().union(*map(asked, ("support_questions.json", "heldout_questions.json", "fresh_questions.json",
+                                        "fresh2_questions.json", "fresh3_questions.json")))
+    assert not asked("fresh4_questions.json") & earlier
 
 
 def test_measure_counts_against_a_brute_force_tally() -> None:
