@@ -233,6 +233,8 @@ def choose_citations(
 
 
 _FILLER = frozenset("answer question passage passages document documents".split())
+_FRAME = frozenset("number amount total count size length name".split())
+"""Words that name the kind of answer rather than claim anything ("The number of people who died was 23.")."""
 
 
 def restates(text: str, question: str) -> bool:
@@ -250,11 +252,12 @@ _TAIL = re.compile(r"(?:^|(?<=[.!?:;\n]))[^.!?:;\n]*$")
 
 def statements(text: str, min_tail: int = 4) -> str:
     """``text`` without its Markdown heading lines and without an unfinished tail of at least ``min_tail`` words
-    (the cut end of a sentence, "The command-line version of"): what it states. A shorter tail stays, since a bare
-    answer often ends without a full stop ("The answer: Wednesday")."""
-    kept = _HEADING_LINE.sub("", text).rstrip()
+    after something finished (the cut end of a sentence, "The command-line version of"): what it states. A shorter
+    tail stays, since a bare answer often ends without a full stop ("The answer: Wednesday"), and so does an answer
+    that is all one unfinished sentence (cut by ``max_tokens`` before its first full stop)."""
+    kept = _HEADING_LINE.sub("", text).strip()
     tail = _TAIL.search(kept)
-    if tail and len(_words(tail.group())) >= min_tail:
+    if tail and len(_words(tail.group())) >= min_tail and _words(kept[: tail.start()]):
         kept = kept[: tail.start()]
     return kept.strip()
 
@@ -294,12 +297,13 @@ def stray_clause(text: str, question: str, passages: Sequence[str], max_words: i
     question's content words: a short claim whose new words are not where the question's are ("The usual cause of a
     high 99th percentile of ll_wal_fsync_seconds is a crash.", "crash" being only elsewhere in the passage; "The
     archive is a building called the … archive."); ``""`` when there is none. A paraphrase's word beside the
-    passage's facts passes ("The size of each segment file is 64 MiB." for "How big is each segment file?")."""
+    passage's facts passes ("The size of each segment file is 64 MiB." for "How big is each segment file?"), and
+    words that name the kind of answer (``_FRAME``: "The number of people who died was 23.") add nothing."""
     asked = _stems(question, _QUESTION_WORDS | _FILLER)
     sentences = [_stems(p[s:e], _QUESTION_WORDS | _FILLER) for p in passages for s, e in sentence_spans(p)]
     windows = [set().union(*sentences[max(0, i - 1) : i + 2]) for i in range(len(sentences))]
     for clause, complete in _clauses(text):
-        said = _stems(clause, _QUESTION_WORDS | _FILLER)
+        said = _stems(clause, _QUESTION_WORDS | _FILLER | _FRAME)
         added = said - asked
         if complete and said & asked and 1 <= len(added) <= max_words and not any(
             len(added & w) > min_share * len(added) and len(asked & w) >= min_share * len(asked) for w in windows

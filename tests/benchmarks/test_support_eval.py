@@ -72,7 +72,7 @@ def test_measure_counts_against_a_brute_force_tally() -> None:
 def test_the_readme_command_prints_the_table(tmp_path: Path) -> None:
     done = run_script("support_eval.py", "--limit", "5", "--json", str(tmp_path / "r.json"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 30 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
+    assert done.stdout.startswith("| rules | group | answers |") and "| after | all | 35 |" in done.stdout and "| after | fresh | 5 |" in done.stdout
     assert "| after | fresh2 | 5 |" in done.stdout and "| after | fresh + fresh2 | 10 |" in done.stdout
     assert "| after | fresh3 | 5 |" in done.stdout and "| after | fresh + fresh2 + fresh3 | 15 |" in done.stdout
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"before", "after"}

@@ -328,6 +328,9 @@ def test_a_short_claim_must_add_its_words_where_the_question_is_spoken_of() -> N
     assert choose_citations("The crossing to Gannet Island takes 40 minutes.", [doc(passage, "f")], question)[0] == [1]
     # A paraphrase beside the passage's fact passes (more than half of the added words are there: "40", "minute").
     assert not stray_clause("The length of the crossing to Gannet Island is 40 minutes.", question, [passage])
+    # Words naming the kind of answer claim nothing ("The number of people who died was 23.", the follow-up).
+    died = "The flood came at night. Twenty-three people died. The bridge was rebuilt."
+    assert not stray_clause("The number of people who died was 23.", "How many people died in it?", [died])
     # A clause sharing no word with the question, or adding four or more, is left to the other checks.
     assert not stray_clause("Dogs travel free.", question, [passage])
     assert not stray_clause("The crossing to Gannet Island takes a storm of wild angry wind.", question, [passage])
@@ -350,3 +353,5 @@ def test_an_answer_restating_the_question_before_a_heading_and_a_cut_tail_restat
     assert restates(statements(text), "Which ferry command books a crossing?")
     assert choose_citations(text, PASSAGES, "Which ferry command books a crossing?") == ([], "restates")
     assert statements("The answer: Wednesday") == "The answer: Wednesday"  # a short tail is the answer itself
+    cut = "The crossing to Gannet Island takes forty minutes on the morning"  # one sentence cut by max_tokens
+    assert statements(cut) == cut and not restates(statements(cut), "How long does the crossing take?")
