@@ -8,6 +8,7 @@ forward over the prompt and the whole answer (how ``benchmarks/train_draft_head.
 two shares say whether the loop's hidden states are the ones the head was trained on. No timing; a minute or two:
 
     python benchmarks/head_accuracy.py [--questions 16] [--max-new-tokens 60] [--dtype auto|float32] [--question-set FILE ...]
+        [--head FILE]
 
 Without ``--question-set`` the questions are the unseen-style sets of issue 35 (``heldout_questions.json`` and
 ``fresh_questions.json``), which the head was not trained on.
@@ -42,11 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=60)
     parser.add_argument("--dtype", default="auto", help="the generator's dtype setting (default: auto)")
     parser.add_argument("--question-set", action="append", type=Path, default=[], metavar="FILE")
+    parser.add_argument("--head", type=Path, default=None, help="a head file (default: the package's head of the model)")
     args = parser.parse_args(argv)
     lm = load_model("default", device="cpu", dtype=args.dtype, backend="torch")
     backend = TorchBackend(lm)
     model = lm.model
-    head = DraftHead.load(head_path(lm.name), model.get_input_embeddings().weight.detach(),
+    head = DraftHead.load(args.head or head_path(lm.name), model.get_input_embeddings().weight.detach(),
                           model.get_output_embeddings().weight.detach())
     in_loop = [0, 0]  # right, guesses
     one_forward = [0, 0]

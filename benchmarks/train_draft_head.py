@@ -39,7 +39,8 @@ from ragspec.decoding.draft_head import DraftHead, head_path  # noqa: E402
 from ragspec.prompts import qa_prompt_ids  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-SETS = ("support", "fresh2", "fresh3")
+SETS = ("support", "fresh2", "fresh3", "head")
+UNSEEN = ("heldout_questions.json", "fresh_questions.json")
 
 
 @dataclass
@@ -70,6 +71,20 @@ def pairs(model, tokenizer, records: list[dict[str, Any]]) -> Pairs:  # type: ig
         labels.append(out.logits[0, 1:-1].argmax(-1))
         answer.append(torch.arange(2, len(ids)) >= len(prompt))  # the label's position is in the answer
     return Pairs(torch.cat(hidden), torch.cat(tokens), torch.cat(labels), torch.cat(answer))
+
+
+def records(sets: list[str]) -> list[dict[str, Any]]:
+    """The recorded answers of ``sets`` with their passages' text, less every answer to a question of the
+    unseen-question sets (``fresh2`` answered ``fresh_questions.json``'s questions: they must not train the head
+    the speed is measured with). A set's passages are either inline or indexes into its ``chunks``."""
+    unseen = {q["question"] for f in UNSEEN for q in json.loads((DATA / f).read_text())["questions"]}
+    out = []
+    for s in sets:
+        data = json.loads((DATA / f"{s}_answers.json").read_text())
+        for a in data["answers"]:
+            if a["question"] not in unseen:
+                out.append({**a, "passages": [data["chunks"][p] if isinstance(p, int) else p for p in a["passages"]]})
+    return out
 
 
 def train(head: DraftHead, hidden: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor, epochs: int,
@@ -118,10 +133,9 @@ def main() -> None:
     t0 = time.perf_counter()
     lm = load_model("default", device="cpu", dtype="float32", backend="torch")
     model = lm.model.eval()
-    records = [a for s in args.sets for a in json.loads((DATA / f"{s}_answers.json").read_text())["answers"]]
-    records = records[: args.limit]
+    answers = records(args.sets)[: args.limit]
     # Every tenth answer is held out: its accuracy is the head's expected acceptance (the policy's prior).
-    data, held = pairs(model, lm.tokenizer, [a for i, a in enumerate(records) if i % 10 != 9]), pairs(model, lm.tokenizer, records[9::10])
+    data, held = pairs(model, lm.tokenizer, [a for i, a in enumerate(answers) if i % 10 != 9]), pairs(model, lm.tokenizer, answers[9::10])
     vocab = torch.tensor([t for t, _ in Counter(data.labels.tolist()).most_common(args.vocab)])
     index = torch.full((int(model.config.vocab_size),), -1, dtype=torch.int64)
     index[vocab] = torch.arange(len(vocab))

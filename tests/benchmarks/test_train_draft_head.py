@@ -35,6 +35,21 @@ def test_the_documented_command_writes_a_head_the_generator_drafts_with(tmp_path
 def test_the_bundled_head_says_how_it_was_trained() -> None:
     with safe_open(str(head_path(DEFAULT_MODEL_NAME)), "pt") as f:
         meta = f.metadata()
-    assert meta["model"] == DEFAULT_MODEL_NAME and meta["sets"] == "support,fresh2,fresh3"
+    assert meta["model"] == DEFAULT_MODEL_NAME and meta["sets"] == "support,fresh2,fresh3,head"
     assert not {"heldout", "fresh"} & set(meta["sets"].split(","))  # the unseen-question sets stay unseen
     assert float(meta["training_accuracy"]) > 0.5 and 0.3 < float(meta["held_out_accuracy"]) < 1
+
+
+def test_training_answers_leave_out_every_unseen_question() -> None:
+    """fresh2 answered fresh_questions.json's questions; they must not train the head the speed is measured with."""
+    import json
+
+    from benchmarks.train_draft_head import DATA, SETS, UNSEEN, records
+
+    unseen = {q["question"] for f in UNSEEN for q in json.loads((DATA / f).read_text())["questions"]}
+    raw = [a for s in SETS for a in json.loads((DATA / f"{s}_answers.json").read_text())["answers"]]
+    assert any(a["question"] in unseen for a in raw)  # the raw sets do hold some
+    kept = records(list(SETS))
+    assert kept and not any(a["question"] in unseen for a in kept)
+    assert len(kept) == sum(a["question"] not in unseen for a in raw)
+    assert all(p["text"] and "source" in p for a in kept for p in a["passages"])  # chunk indexes resolved
