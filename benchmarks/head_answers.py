@@ -1,10 +1,10 @@
 """Record the default model's own answers to many templated questions over the bundled corpus: training text for
-the draft head (``benchmarks/train_draft_head.py --sets head``).
+the draft head (the ``head`` set of ``benchmarks/train_draft_head.py``).
 
 The head learns what the target writes in answers, and 178 hand-asked answers were too few (it fit them to 0.95
 and guessed 0.49 of the next-but-one tokens on unseen questions: docs/model-drafter.md). Questions here are made
-by template from the corpus's own sentences ("What does the handbook say about the walk-in fridge temperature?"),
-several per chunk, so the answers cover every passage in the pipeline's answer style; no question is written by
+by template from the corpus's own sentences ("What must the members do?", "Tell me about the sesame rule."), one
+or more per chunk, so the answers cover every passage in the pipeline's answer style; no question is written by
 hand and none is one of the unseen-question sets' (``heldout_questions.json``, ``fresh_questions.json``). Each is
 asked as the demo asks (``DocumentQA``, k=3, greedy, fp32, ``max_tokens=96``); the file keeps each passage once
 (``chunks``) and each answer's passages as indexes into it:
