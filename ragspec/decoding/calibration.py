@@ -8,7 +8,8 @@ is ``calibration`` under ``retrievers.cache.cache_root()``) and read back by the
 A file is named by a hash of its key and holds the key itself, so a read checks the whole key
 (model name, a fingerprint of the weights, device, dtype, forward implementation, torch version,
 thread count, CPU or GPU model, and what was timed). A file that is missing, unreadable, not
-JSON, written for another key or holding implausible numbers is ignored, and the generator
+JSON, written for another key or holding implausible numbers (a verify pass timed at more than ``MAX_RELATIVE``
+plain steps: taken while the machine was busy) is ignored, and the generator
 measures again and overwrites it; nothing here is ever unpickled. Delete the folder to force a
 new measurement (e.g. after a calibration taken while the machine was busy).
 """
@@ -71,6 +72,9 @@ def _device_model(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     return _cpu_model()
 
+
+MAX_RELATIVE = 8.0
+"""A stored verify cost above this many plain steps is implausible: the calibration is measured again."""
 
 LENGTHS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 """Draft lengths timed (those up to the generator's ``max_draft``); the policy interpolates between them."""
@@ -150,7 +154,11 @@ def _valid(data: object, key: dict[str, Any]) -> dict[int, float] | None:
         if not (math.isfinite(v) and 0 < v < 3600):
             return None
         seconds[int(k)] = float(v)
-    return seconds if sorted(seconds) == sorted(key["lengths"]) else None
+    if sorted(seconds) != sorted(key["lengths"]):
+        return None
+    # A verify pass reads the weights once, as a plain step does: one timed at many plain steps was measured while
+    # other work held the CPU (seen: 160 ms against 12 for a tiny model), and would keep drafting off for good.
+    return seconds if max(seconds.values()) <= MAX_RELATIVE * seconds[0] else None
 
 
 def save(key: dict[str, Any], seconds: dict[int, float], folder: Path) -> None:

@@ -101,6 +101,23 @@ def test_implausible_numbers_are_not_trusted(cache_dir, forwards, lc_tiny_model,
     assert len(forwards) >= 20
 
 
+def test_a_calibration_taken_while_the_machine_was_busy_is_measured_again(cache_dir, forwards, lc_tiny_model):
+    """Verify passes stored at 13x a plain step (seen after a busy run: 160 ms against 12) would keep drafting off."""
+    SpeculativeGenerator(lc_tiny_model)
+    [path] = cache_dir.glob("*.json")
+    data = json.loads(path.read_text())
+    data["seconds"] = {k: (0.012 if k == "0" else 0.16) for k in data["seconds"]}
+    path.write_text(json.dumps(data))
+    forwards.clear()
+    gen = SpeculativeGenerator(lc_tiny_model)
+    assert len(forwards) >= 20 and max(gen.policy.costs.measured().values()) < 0.16
+    data["seconds"] = {k: (0.012 if k == "0" else 0.09) for k in data["seconds"]}  # 7.5x: plausible, kept
+    path.write_text(json.dumps(data))
+    forwards.clear()
+    SpeculativeGenerator(lc_tiny_model)
+    assert not forwards
+
+
 def test_the_key_tells_models_and_machines_apart(cache_dir, lc_tiny_model, monkeypatch):
     import dataclasses
 
