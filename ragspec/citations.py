@@ -274,14 +274,20 @@ def _clauses(text: str) -> list[tuple[str, bool]]:
     return found
 
 
+def _content_stems(question: str, passages: Sequence[str]) -> tuple[set[str], list[set[str]]]:
+    """The content stems of ``question`` and of each sentence of ``passages``, in order: what the clause checks
+    compare a clause with."""
+    return (_stems(question, _QUESTION_WORDS | _FILLER),
+            [_stems(p[s:e], _QUESTION_WORDS | _FILLER) for p in passages for s, e in sentence_spans(p)])
+
+
 def unbacked_clause(text: str, question: str, passages: Sequence[str], min_share: float = 0.25, min_words: int = 4) -> str:
     """The first complete clause of ``text`` (``_clauses``) adding at least ``min_words`` content words to ``question``
     of which no sentence of ``passages`` holds ``min_share``: a right clause with an invented one attached ("…the
     last 10 milliseconds of the log. The reason is that the log is stored on a disk that is designed to hold a
     large amount of data…"); ``""`` when there is none. Word matching is loose on purpose (a paraphrase keeps a
     quarter of its words); an unfinished tail is not judged."""
-    asked = _stems(question, _QUESTION_WORDS | _FILLER)
-    sentences = [_stems(p[s:e], _QUESTION_WORDS | _FILLER) for p in passages for s, e in sentence_spans(p)]
+    asked, sentences = _content_stems(question, passages)
     for clause, complete in _clauses(text):
         added = _stems(clause, _QUESTION_WORDS | _FILLER) - asked
         best = max((len(added & s) for s in sentences), default=0)
@@ -299,8 +305,7 @@ def stray_clause(text: str, question: str, passages: Sequence[str], max_words: i
     archive is a building called the … archive."); ``""`` when there is none. A paraphrase's word beside the
     passage's facts passes ("The size of each segment file is 64 MiB." for "How big is each segment file?"), and
     words that name the kind of answer (``_FRAME``: "The number of people who died was 23.") add nothing."""
-    asked = _stems(question, _QUESTION_WORDS | _FILLER)
-    sentences = [_stems(p[s:e], _QUESTION_WORDS | _FILLER) for p in passages for s, e in sentence_spans(p)]
+    asked, sentences = _content_stems(question, passages)
     windows = [set().union(*sentences[max(0, i - 1) : i + 2]) for i in range(len(sentences))]
     for clause, complete in _clauses(text):
         said = _stems(clause, _QUESTION_WORDS | _FILLER | _FRAME)

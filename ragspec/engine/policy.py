@@ -110,6 +110,9 @@ class FixedPolicy:
 
 _ONE_KIND = np.zeros(1, np.int64)
 
+_kernels_loaded = False
+"""Whether a policy of this process has run the planning kernels once (``AdaptivePolicy._load_kernels``)."""
+
 MODEL_PRIOR_WEIGHT = 8.0
 """Observations a draft model's known acceptance (``Policy.expect_model``) is worth."""
 
@@ -150,10 +153,32 @@ class AdaptivePolicy:
             raise ValueError(f"explore_every must be >= 1, got {self.explore_every}")
         if not 0 < self.cost_smoothing <= 1:
             raise ValueError(f"cost_smoothing must be in (0, 1], got {self.cost_smoothing}")
+        self._ks = np.zeros(1, np.int64)
+        global _kernels_loaded
+        if not _kernels_loaded:
+            _kernels_loaded = True
+            self._load_kernels()
+        self._reset()
+
+    def _reset(self) -> None:
         # One request's verify cost is a calibrated profile that is really not monotone in k on a CPU.
         self.costs = CostCurve(self.prior_cost_slope, self.cost_smoothing, monotone=False)
         self.acceptance = Acceptance(self.decay)
-        self._ks = np.zeros(1, np.int64)
+        self._calibrated, self._model_token_cost, self._since_model = False, None, 0
+
+    def _load_kernels(self) -> None:
+        """Run every planning kernel a request runs, with the same argument types, then forget what that taught.
+        numba loads a kernel's compiled code at its first call in a process (about 0.5 s for these on a 2-core
+        EPYC), which otherwise lands inside the first request's first step, i.e. in its time to the first token;
+        a policy is made when a model is loaded, so the load moves there."""
+        self._reset()
+        draft = Draft((1, 2, 3), DraftSource.PASSAGE, match_length=4)
+        self.calibrate({0: 1.0, 2: 1.1})
+        self.choose(draft)
+        self.record(draft, 2, 1.1, 0.0)
+        self.record(Draft((1,), DraftSource.MODEL), 1, 1.0, 0.1)
+        self.choose(draft)
+        self.choose_model(4)
 
     # -- cost -------------------------------------------------------------------------------
     @property

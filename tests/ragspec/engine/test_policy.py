@@ -59,3 +59,48 @@ def test_choose_draft_is_the_candidate_cut_to_the_chosen_length() -> None:
     adaptive.calibrate({0: 0.05, 4: 0.06, 8: 0.07})
     chosen = choose_draft(adaptive, candidate)
     assert chosen is not None and len(chosen) == adaptive.choose(candidate) and chosen.reference == 2
+
+
+_FIRST_POLICY_IN_A_PROCESS = """
+import json
+import numpy as np
+from ragspec.engine import planning
+from ragspec.engine.drafting import Draft, DraftSource
+from ragspec.engine.planning import Acceptance
+from ragspec.engine.policy import AdaptivePolicy
+
+def loaded():
+    return {name: len(f.signatures) for name, f in vars(planning).items() if hasattr(f, "signatures")}
+
+policy = AdaptivePolicy(max_draft=8)
+fresh = policy.needs_calibration and policy.costs.measured() == {} and policy._model_token_cost is None and (
+    np.array_equal(policy.acceptance.counts, Acceptance(policy.decay).counts))
+before = loaded()
+policy.calibrate({0: 0.05, 1: 0.06, 4: 0.07})
+for source in (DraftSource.PASSAGE, DraftSource.OUTPUT):
+    draft = Draft(tuple(range(6)), source, match_length=5)
+    policy.record(draft.truncated(policy.choose(draft) or 1), 2, 0.07, 0.0)
+policy.record(Draft((1, 2), DraftSource.MODEL), 1, 0.06, 0.01)
+policy.choose(Draft(tuple(range(6)), DraftSource.PASSAGE, match_length=5))
+policy.choose_model(4)
+print(json.dumps({"fresh": bool(fresh), "before": before, "after": loaded()}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_policy_loads_the_planning_kernels_when_made_and_forgets_doing_so() -> None:
+    """numba loads a kernel's code at its first call in a process (~0.5 s): the first policy runs each kernel a
+    request runs, with a request's argument types, so that none is loaded (or compiled for new types) inside a
+    request; and the policy it returns has learnt nothing from that run. In a fresh process, since this one may
+    have loaded the kernels already."""
+    pytest.importorskip("numba")
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FIRST_POLICY_IN_A_PROCESS], capture_output=True, text=True,
+                          timeout=110, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["fresh"]
+    assert seen["after"] == seen["before"]
+    assert seen["before"]["plan"] >= 1 and seen["before"]["plan_sources"] >= 1
