@@ -119,8 +119,12 @@ F_LINEAR = Kernel("F.linear", F.linear)
 ONEDNN = Kernel("oneDNN packed", _onednn_linear, _pack)
 
 
-STEP_ROWS = (1, 5)
-"""Rows a decoding step's products are timed at: a plain step, a verify of 4 drafted tokens."""
+STEP_ROWS = (1, 2, 3, 5, 9)
+"""Rows the products of forwards over the cache are timed at, each row count apart (a plain step; verifies of 1, 2,
+4 and 8 drafted tokens): a forward of ``n`` rows takes the kernel timed fastest at the largest of these up to ``n``
+(``LlamaForward.step_products``). On 2 cores of an Intel Xeon with AMX, MKL's products were the faster for 1 to 3
+rows and oneDNN's packed ones for 5 and more: a verify of 4 drafted tokens cost 1.67 plain steps with MKL's
+products and 1.35 with oneDNN's (docs/backends.md, "Products by row count")."""
 PROMPT_CHUNK = 256
 """Prompt positions per query block of attention, counted from position 0: a prompt's attention runs in blocks
 of queries ``[k * PROMPT_CHUNK, (k + 1) * PROMPT_CHUNK)`` (``LoadedModel.prompt_chunk``, ``query_blocks``), its
@@ -420,8 +424,10 @@ class LlamaForward:
             first = _Weights.of(self.layers[0]).to(dt, F_LINEAR)  # the model's own tensors, or a passing copy
             return [(w, len(self.layers)) for w in (first.qkv, first.o, first.gate_up, first.down)]
 
-        self.kernel = pick_kernel(device, dtype, [*uses(dtype), (model.lm_head.weight, 1)], STEP_ROWS)
-        """Products of decoding steps and verify passes (and of the output head)."""
+        timed = [*uses(dtype), (model.lm_head.weight, 1)]
+        kernels = [pick_kernel(device, dtype, timed, (rows,)) for rows in STEP_ROWS]
+        self.kernel = kernels[0]
+        """Products of one-row decoding steps (and of a prompt's output head, one row)."""
         # A prompt's head product has one row (its last position): it is a step's product.
         self.prompt_kernel = pick_kernel(device, self.prompt_dtype, uses(self.prompt_dtype), PROMPT_ROWS)
         """Products of prompts: timed apart, since the faster kernel for a few rows need not be the faster for hundreds."""
@@ -431,10 +437,22 @@ class LlamaForward:
         self.prompt_weights = [_weights(layer, self.prompt_dtype, self.prompt_kernel) for layer in self.layers]
         """Each layer's tensors as prompts read them: the steps', or copies in ``prompt_dtype``."""
         self.head = _head(model.lm_head, self.kernel)
+        copies = {self.kernel: (self.step_weights, self.head)}
+        for k in kernels:
+            if k not in copies:
+                copies[k] = ([_weights(layer, dtype, k) for layer in self.layers], _head(model.lm_head, k))
+        self.step_products: list[tuple[int, Kernel, list[_Weights], torch.Tensor]] = [
+            (rows, k, *copies[k]) for rows, k in zip(STEP_ROWS, kernels)]
+        """Per row count of ``STEP_ROWS``: the kernel timed fastest at it, each layer's tensors and the output head as
+        it reads them. Where one kernel wins for steps and another for verify passes, both copies are kept (oneDNN's
+        packed weights beside the model's own: about 430 MB more for the default model)."""
         cpu_bf16 = device.type == "cpu" and self.prompt_dtype == torch.bfloat16
         self.prompt_attend: Attend = self._attend_in_products if cpu_bf16 else self._attend
         """A prompt's attention: in bf16 matrix products for bf16 prompts on a CPU, else torch's fused kernel."""
-        self.description = f"lean Llama forward ({self.kernel.name} products, prompts: {self.prompt_kernel.name}"
+        self.description = f"lean Llama forward ({self.kernel.name} products"
+        for (_, before, _, _), (rows, kernel, _, _) in zip(self.step_products, self.step_products[1:]):
+            self.description += f", {kernel.name} from {rows} rows" if kernel != before else ""
+        self.description += f", prompts: {self.prompt_kernel.name}"
         self.description += "" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')}"
         self.description += ", attention in bf16 products)" if cpu_bf16 else ")"
         attn = self.layers[0].self_attn
@@ -468,7 +486,8 @@ class LlamaForward:
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         if last_only:
             return self.prompt(ids, cache)
-        return self._run(ids, cache, self.dtype, self.step_weights, self.kernel.linear, [len(ids)], 1, self._attend)
+        _, kernel, weights, head = next(p for p in reversed(self.step_products) if p[0] <= len(ids))
+        return self._run(ids, cache, self.dtype, weights, kernel.linear, [len(ids)], 1, self._attend, head=(kernel, head))
 
     def prompt(
         self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
@@ -485,9 +504,11 @@ class LlamaForward:
     def _run(
         self, ids: list[int], cache: DynamicCache, dt: torch.dtype, weights: list[_Weights], lin: Linear,
         blocks: list[int], min_rows: int, attend: Attend, cancel: threading.Event | None = None, last_only: bool = False,
+        head: tuple[Kernel, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits of ``ids`` after the cached positions, in ``dt`` with each layer's ``weights`` and products ``lin``
-        over at least ``min_rows`` rows, attention ``attend`` in query blocks of ``blocks`` rows."""
+        over at least ``min_rows`` rows, attention ``attend`` in query blocks of ``blocks`` rows, the output ``head``
+        as its kernel reads it (None: a one-row step's)."""
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
@@ -507,7 +528,8 @@ class LlamaForward:
             x = x[-1:].to(self.dtype)
         self.hidden = self._norm(x, self.norm.weight)
         self.hidden_end = past + n
-        return self.kernel.linear(self.hidden, self.head, None)
+        kernel, weight = head or (self.kernel, self.head)
+        return kernel.linear(self.hidden, weight, None)
 
     def hidden_at(self, position: int) -> torch.Tensor | None:
         """The final-norm hidden state at ``position`` if the last forward computed it (a prompt's: its last

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from ragspec.backends.pytorch import forward
 from ragspec.backends.pytorch.forward import F_LINEAR, ONEDNN, LlamaForward, _product, _weights, prompt_min_rows
 from ragspec.decoding.generator import SpeculativeGenerator
 from ragspec.engine.results import PromptTooLongError
 from ragspec.backends import load_model
 from ragspec.prompts import qa_messages, qa_prefix_ids
 from retrievers.embeddings import BF16_FLAGS, cpu_flags
+from tests.ragspec.backends.pytorch.test_forward import split_kernels
 from tests.ragspec.engine.test_prefix_cache import assert_hit_is_a_cold_prefill
 
 pytestmark = pytest.mark.integration
@@ -73,6 +75,24 @@ def test_speculative_greedy_is_token_identical_on_document_questions(generator: 
         return generator.target.model(torch.tensor([ids])).logits[0, -1]
 
     check_speculative_equals_plain(generator, logits_after)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
+@pytest.mark.timeout(1800)
+def test_verify_passes_in_another_kernel_than_steps_keep_speculative_equal_to_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where MKL's products are the faster for steps and oneDNN's for verify passes (2 cores of an Intel Xeon with
+    AMX), a verify pass computes its rows with another kernel than a plain step's: the same products to float
+    rounding, so speculative greedy still equals plain greedy (a divergence only at a tie)."""
+    monkeypatch.setattr(forward, "_PICKED", {})
+    monkeypatch.setattr(forward, "fastest_kernel", split_kernels)
+    gen = SpeculativeGenerator("default", device="cpu", dtype="float32", prefix_cache=False)
+    assert "F.linear products, oneDNN packed from 5 rows" in gen.backend.description
+
+    def logits_after(prompt: str, output: list[int]) -> torch.Tensor:
+        ids = gen.encode(prompt, special_tokens=True) + output
+        return gen.target.model(torch.tensor([ids])).logits[0, -1]
+
+    check_speculative_equals_plain(gen, logits_after)
 
 
 @pytest.mark.skipif(not cpu_flags() & BF16_FLAGS,

@@ -205,7 +205,7 @@ def test_a_kernel_is_timed_on_weights_prepared_as_it_reads_them() -> None:
         return tagged
 
     fastest_kernel([Kernel("packs", record, tag), Kernel("plain", record)], [(torch.randn(8, 4), 1)])
-    assert seen.count("packed") == seen.count("plain") == 4 * 2  # warm-up and 3 rounds, 1 and 5 rows
+    assert seen.count("packed") == seen.count("plain") == 4 * len(STEP_ROWS)  # warm-up and 3 rounds, each row count
 
 
 
@@ -369,3 +369,35 @@ def test_bf16_prompts_on_a_cpu_attend_in_products_and_steps_in_the_fused_kernel(
     assert fused == []
     mixed([1, 2, 3], cache)  # a verify pass: fp32, the fused kernel
     assert fused == [FP32] * len(mixed.layers)
+
+
+def split_kernels(candidates: list[Kernel], weights: object, rows: tuple[int, ...] = STEP_ROWS, rounds: int = 3) -> Kernel:
+    """A stand-in for ``fastest_kernel`` that times nothing: MKL's products (``F.linear``) under 5 rows, oneDNN's packed
+    ones from 5 rows, as timed on 2 cores of an Intel Xeon with AMX."""
+    return F_LINEAR if max(rows) < 5 or ONEDNN not in candidates else ONEDNN
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
+@torch.inference_mode()
+def test_a_forward_takes_the_kernel_timed_fastest_at_its_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of 1 to 4 rows run MKL's products over the model's own weights, verify passes of 5 rows and more oneDNN's
+    over packed copies (the output head too), and every one computes transformers' logits."""
+    from ragspec.backends.pytorch import forward
+
+    monkeypatch.setattr(forward, "_PICKED", {})
+    monkeypatch.setattr(forward, "fastest_kernel", split_kernels)
+    model = llama()
+    fwd = LlamaForward(model, CPU, FP32)
+    assert [(rows, k) for rows, k, _, _ in fwd.step_products] == [
+        (1, F_LINEAR), (2, F_LINEAR), (3, F_LINEAR), (5, ONEDNN), (9, ONEDNN)]
+    assert "F.linear products, oneDNN packed from 5 rows, prompts: oneDNN packed" in fwd.description
+    _, _, plain, plain_head = fwd.step_products[0]
+    _, _, packed, packed_head = fwd.step_products[3]
+    assert plain is fwd.step_weights and plain[0].qkv.data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    assert packed[0].qkv.is_mkldnn and packed_head.is_mkldnn and not plain_head.is_mkldnn
+    ids = list(range(5, 45))
+    want = model(torch.tensor([ids])).logits[0]
+    cache = fwd.new_cache(64)
+    got = torch.cat([fwd(ids[:20], cache), fwd(ids[20:21], cache), fwd(ids[21:24], cache), fwd(ids[24:28], cache),
+                     fwd(ids[28:33], cache), fwd(ids[33:40], cache)])
+    torch.testing.assert_close(got, want[:40], rtol=1e-4, atol=1e-4)
