@@ -59,10 +59,13 @@ class BatchedStep:
 
     @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
-        fw, b, n, past, hd, lin = self.fw, self.batch, self.rows, self.context, self.fw.head_dim, self.fw.kernel.linear
+        fw, b, n, past, hd = self.fw, self.batch, self.rows, self.context, self.fw.head_dim
+        # The products the forward itself runs for this many rows (its kernel per row count, ``step_products``).
+        _, kernel, weights, head = next(p for p in reversed(fw.step_products) if p[0] <= b * n)
+        lin = kernel.linear
         x = F.embedding(self.ids.reshape(-1), fw.embed)  # [b * n, hidden]
         cos, sin = fw.cos[past : past + n], fw.sin[past : past + n]
-        for i, (w, (qkv, gate_up)) in enumerate(zip(fw.step_weights, fw.fused)):
+        for i, (w, (qkv, gate_up)) in enumerate(zip(weights, fw.fused)):
             h = fw._norm(x, w.input_norm)
             q, k, v = (t.view(b, n, -1, hd).transpose(1, 2) for t in lin(h, w.qkv, w.qkv_bias).split(qkv.sizes, -1))
             keys, values = self.keys[i], self.values[i]
@@ -75,7 +78,7 @@ class BatchedStep:
             h = fw._norm(x, w.post_norm)
             gate, up = lin(h, w.gate_up, w.gate_up_bias).split(gate_up.sizes, -1)
             x = x + lin(F.silu(gate) * up, w.down, w.down_bias)
-        return lin(fw._norm(x, fw.norm.weight), fw.head, None)
+        return lin(fw._norm(x, fw.norm.weight), head, None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,4 +16,4 @@ def test_the_documented_command_times_each_batch_and_row_count(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [tuple(line.split(" | ")[:2]) for line in rows] == [("| 1", "1"), ("| 1", "2"), ("| 3", "1"), ("| 3", "2")]
-    assert "lean Llama forward (" in done.stdout and " products, prompts: " in done.stdout
+    assert "lean Llama forward (" in done.stdout and " products" in done.stdout and ", prompts: " in done.stdout

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from retrievers.embeddings import cpu_flags
 from ragspec.backends.pytorch.kv_cache import make_cache
 from ragspec.engine.cancel import check as check_cancelled
 
@@ -145,6 +146,22 @@ def prompt_min_rows() -> int:
     range grows with the threads: up to 27 rows with 12 or 16 threads, 51 with 32, 171 with 64 (always a count
     that is not a multiple of 4). Hence at least 16 rows and 4 per thread (docs/backends.md, "Prefill")."""
     return max(PROMPT_MIN_ROWS, 4 * torch.get_num_threads())
+
+
+def rows_independent(kernel: Kernel, weight: torch.Tensor, block: int = PROMPT_CHUNK) -> bool:
+    """Whether ``kernel``'s product with ``weight`` (``[out, in]``, in the dtype it runs in) gives a row the same bits
+    whatever the rows computed with it, as a prefix-cache hit needs when a prompt's products run over all its rows at
+    once: probed on seeded random rows, a product over ``2 * block + 369`` rows against its last ``block + 369``,
+    369, 113 and 37 rows, each count from ``prompt_min_rows`` to 20 more, and each below it padded to it. What decides
+    is the order in which the kernel sums, a matter of shapes, not data: on 2 cores of an AMD EPYC both kernels kept
+    it in fp32 and bf16; on an Intel Xeon with AMX bf16 products of either kernel and MKL's fp32 ones did not."""
+    prepared, least = kernel.prepare(weight), prompt_min_rows()
+    rows = torch.randn(2 * block + 369, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    counts = [block + 369, 369, 113, 37, *range(1, least + 21)]
+    with torch.inference_mode():
+        whole = kernel.linear(rows, prepared, None)
+        return all(torch.equal(_product(kernel.linear, rows[-n:].contiguous(), prepared, None, least), whole[-n:])
+                   for n in counts)
 
 
 def query_blocks(past: int, n: int, block: int) -> list[int]:
@@ -371,6 +388,21 @@ def _head(head: nn.Linear, kernel: Kernel) -> torch.Tensor:
     return packed[kernel.name]
 
 
+def attends_in_products(device: torch.device, prompt_dtype: torch.dtype, flags: frozenset[str] | None = None) -> bool:
+    """Whether a prompt's attention runs in bf16 matrix products (``LlamaForward._attend_in_products``) rather than
+    torch's fused kernel: for bf16 prompts on a CPU without AMX (``flags``: by default this CPU's).
+
+    torch's fused CPU attention widens bf16 to fp32 tile by tile, so on a CPU with AVX512-BF16 but no AMX it ran
+    at fp32 speed and the products were faster (an 850-token prompt of the default model 401 ms against 515 on a
+    Zen 5 EPYC); on an Intel Xeon with AMX the fused kernel is the faster (285 ms against 338; 509 against 625 for
+    1500 tokens), and it is also the more exact (it does not round the scores to bf16). Chosen by the CPU's flags,
+    not timed, so that a process's answers do not depend on a timing (docs/backends.md, "Prompt attention in bf16
+    products")."""
+    if device.type != "cpu" or prompt_dtype != torch.bfloat16:
+        return False
+    return "amx_bf16" not in (cpu_flags() if flags is None else flags)
+
+
 class LlamaForward:
     """A ``LlamaForCausalLM`` pass without the module tree (see the module docstring).
 
@@ -436,6 +468,10 @@ class LlamaForward:
         forward over the model, and with prompts where they run in the same dtype and kernel)."""
         self.prompt_weights = [_weights(layer, self.prompt_dtype, self.prompt_kernel) for layer in self.layers]
         """Each layer's tensors as prompts read them: the steps', or copies in ``prompt_dtype``."""
+        self.prompt_products_whole = all(rows_independent(self.prompt_kernel, w) for w, _ in uses(self.prompt_dtype))
+        """Whether a prompt's products run over all its rows at once (the faster), which needs ``rows_independent``
+        products for a prefix-cache hit to equal a cold prefill; else over each block of ``prompt``'s attention
+        apart, the same blocks a hit computes again, which is exact by construction."""
         self.head = _head(model.lm_head, self.kernel)
         copies = {self.kernel: (self.step_weights, self.head)}
         for k in kernels:
@@ -446,15 +482,17 @@ class LlamaForward:
         """Per row count of ``STEP_ROWS``: the kernel timed fastest at it, each layer's tensors and the output head as
         it reads them. Where one kernel wins for steps and another for verify passes, both copies are kept (oneDNN's
         packed weights beside the model's own: about 430 MB more for the default model)."""
-        cpu_bf16 = device.type == "cpu" and self.prompt_dtype == torch.bfloat16
-        self.prompt_attend: Attend = self._attend_in_products if cpu_bf16 else self._attend
-        """A prompt's attention: in bf16 matrix products for bf16 prompts on a CPU, else torch's fused kernel."""
+        in_products = attends_in_products(device, self.prompt_dtype)
+        self.prompt_attend: Attend = self._attend_in_products if in_products else self._attend
+        """A prompt's attention: in bf16 matrix products for bf16 prompts on a CPU without AMX, else torch's fused
+        kernel (``attends_in_products``)."""
         self.description = f"lean Llama forward ({self.kernel.name} products"
         for (_, before, _, _), (rows, kernel, _, _) in zip(self.step_products, self.step_products[1:]):
             self.description += f", {kernel.name} from {rows} rows" if kernel != before else ""
         self.description += f", prompts: {self.prompt_kernel.name}"
         self.description += "" if self.prompt_dtype == dtype else f" in {str(self.prompt_dtype).removeprefix('torch.')}"
-        self.description += ", attention in bf16 products)" if cpu_bf16 else ")"
+        self.description += "" if self.prompt_products_whole else " per block"
+        self.description += ", attention in bf16 products)" if in_products else ")"
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scale = attn.scaling
@@ -499,16 +537,23 @@ class LlamaForward:
         same rows as for the whole prompt. ``cancel`` is checked before each layer."""
         blocks = query_blocks(cache.get_seq_length(), len(ids), block)
         return self._run(ids, cache, self.prompt_dtype, self.prompt_weights, self.prompt_kernel.linear, blocks,
-                         prompt_min_rows(), self.prompt_attend, cancel, True)
+                         prompt_min_rows(), self.prompt_attend, cancel, True, per_block=not self.prompt_products_whole)
 
     def _run(
         self, ids: list[int], cache: DynamicCache, dt: torch.dtype, weights: list[_Weights], lin: Linear,
         blocks: list[int], min_rows: int, attend: Attend, cancel: threading.Event | None = None, last_only: bool = False,
-        head: tuple[Kernel, torch.Tensor] | None = None,
+        head: tuple[Kernel, torch.Tensor] | None = None, per_block: bool = False,
     ) -> torch.Tensor:
         """Logits of ``ids`` after the cached positions, in ``dt`` with each layer's ``weights`` and products ``lin``
-        over at least ``min_rows`` rows, attention ``attend`` in query blocks of ``blocks`` rows, the output ``head``
-        as its kernel reads it (None: a one-row step's)."""
+        over at least ``min_rows`` rows (over each block of ``blocks`` apart if ``per_block``, else over all rows),
+        attention ``attend`` in query blocks of ``blocks`` rows, the output ``head`` as its kernel reads it (None: a
+        one-row step's)."""
+
+        def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            if not per_block or len(blocks) == 1:
+                return _product(lin, x, weight, bias, min_rows)
+            return torch.cat([_product(lin, part, weight, bias, min_rows) for part in x.split(blocks)])
+
         n, past, hd = len(ids), cache.get_seq_length(), self.head_dim
         x = F.embedding(torch.tensor(ids, device=self.device), self.embed).to(dt)  # [n, hidden]
         cos, sin = (t[past : past + n] for t in self.rotary[dt])
@@ -516,14 +561,14 @@ class LlamaForward:
         for i, w in enumerate(weights):
             check_cancelled(cancel)
             h = self._norm(x, w.input_norm)
-            qkv = _product(lin, h, w.qkv, w.qkv_bias, min_rows)
+            qkv = product(h, w.qkv, w.qkv_bias)
             q, k, v = (t.view(n, -1, hd).transpose(0, 1) for t in qkv.split(self.fused[i][0].sizes, -1))
             keys, values = cache.layers[i].update(self._rotate(k, cos, sin)[None], v[None])  # stored in self.dtype
             a = attend(self._rotate(q, cos, sin), keys.to(dt), values.to(dt), past, spans)
-            x = x + _product(lin, a, w.o, w.o_bias, min_rows)
+            x = x + product(a, w.o, w.o_bias)
             h = self._norm(x, w.post_norm)
-            gate, up = _product(lin, h, w.gate_up, w.gate_up_bias, min_rows).split(self.fused[i][1].sizes, -1)
-            x = x + _product(lin, F.silu(gate) * up, w.down, w.down_bias, min_rows)
+            gate, up = product(h, w.gate_up, w.gate_up_bias).split(self.fused[i][1].sizes, -1)
+            x = x + product(F.silu(gate) * up, w.down, w.down_bias)
         if last_only:
             x = x[-1:].to(self.dtype)
         self.hidden = self._norm(x, self.norm.weight)

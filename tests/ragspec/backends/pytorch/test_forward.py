@@ -20,6 +20,7 @@ from ragspec.backends.pytorch.forward import (
     Kernel,
     LlamaForward,
     _product,
+    attends_in_products,
     fastest_kernel,
     make_forward,
     pick_kernel,
@@ -350,11 +351,23 @@ def test_bf16_prompt_attention_in_products_matches_the_fused_kernels(kv_heads: i
 
 
 @torch.inference_mode()
-def test_bf16_prompts_on_a_cpu_attend_in_products_and_steps_in_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("amx", [False, True])
+def test_bf16_prompts_on_a_cpu_attend_in_products_without_amx_and_steps_in_the_fused_kernel(
+    monkeypatch: pytest.MonkeyPatch, amx: bool
+) -> None:
+    """A bf16 prompt's attention runs in products on a CPU with AVX512-BF16 only, in the fused kernel (in bf16) on
+    one with AMX, where that kernel is the faster; steps and verify passes in the fused kernel in fp32 on both."""
+    from ragspec.backends.pytorch import forward
+
+    flags = frozenset({"avx512_bf16", "amx_bf16"} if amx else {"avx512_bf16"})
+    monkeypatch.setattr(forward, "cpu_flags", lambda: flags)
+    assert attends_in_products(CPU, torch.bfloat16) is not amx
+    assert not attends_in_products(CPU, FP32) and not attends_in_products(torch.device("cuda"), torch.bfloat16, flags)
     mixed = LlamaForward(llama(), CPU, FP32, prompt_dtype=torch.bfloat16)
     plain = LlamaForward(llama(), CPU, FP32)
-    assert mixed.prompt_attend == mixed._attend_in_products and plain.prompt_attend == plain._attend
-    assert mixed.description.endswith("in bfloat16, attention in bf16 products)")
+    assert mixed.prompt_attend == (mixed._attend if amx else mixed._attend_in_products)
+    assert plain.prompt_attend == plain._attend
+    assert mixed.description.endswith("in bfloat16)" if amx else "in bfloat16, attention in bf16 products)")
     assert "attention" not in plain.description
     fused: list[torch.dtype] = []
     sdpa = F.scaled_dot_product_attention
@@ -366,7 +379,8 @@ def test_bf16_prompts_on_a_cpu_attend_in_products_and_steps_in_the_fused_kernel(
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     cache = mixed.new_cache(40)
     mixed.prompt(list(range(20)), cache, 16)
-    assert fused == []
+    assert fused == ([torch.bfloat16] * 2 * len(mixed.layers) if amx else [])  # two blocks of queries
+    fused.clear()
     mixed([1, 2, 3], cache)  # a verify pass: fp32, the fused kernel
     assert fused == [FP32] * len(mixed.layers)
 
