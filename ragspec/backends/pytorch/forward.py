@@ -154,14 +154,25 @@ def rows_independent(kernel: Kernel, weight: torch.Tensor, block: int = PROMPT_C
     once: probed on seeded random rows, a product over ``2 * block + 369`` rows against its last ``block + 369``,
     369, 113 and 37 rows, each count from ``prompt_min_rows`` to 20 more, and each below it padded to it. What decides
     is the order in which the kernel sums, a matter of shapes, not data: on 2 cores of an AMD EPYC both kernels kept
-    it in fp32 and bf16; on an Intel Xeon with AMX bf16 products of either kernel and MKL's fp32 ones did not."""
-    prepared, least = kernel.prepare(weight), prompt_min_rows()
-    rows = torch.randn(2 * block + 369, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
-    counts = [block + 369, 369, 113, 37, *range(1, least + 21)]
-    with torch.inference_mode():
-        whole = kernel.linear(rows, prepared, None)
-        return all(torch.equal(_product(kernel.linear, rows[-n:].contiguous(), prepared, None, least), whole[-n:])
-                   for n in counts)
+    it in fp32 and bf16; on an Intel Xeon with AMX bf16 products of either kernel and MKL's fp32 ones did not. So the
+    answer is kept per kernel, device, dtype, shape, block and thread count (probed once per process: 65-170 ms for
+    the default model's four products)."""
+    least = prompt_min_rows()
+    key = (kernel.name, str(weight.device), weight.dtype, tuple(weight.shape), block, least)
+    if key not in _INDEPENDENT:
+        prepared = kernel.prepare(weight)
+        rows = torch.randn(2 * block + 369, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight)
+        counts = [block + 369, 369, 113, 37, *range(1, least + 21)]
+        with torch.inference_mode():
+            whole = kernel.linear(rows, prepared, None)
+            _INDEPENDENT[key] = all(
+                torch.equal(_product(kernel.linear, rows[-n:].contiguous(), prepared, None, least), whole[-n:])
+                for n in counts)
+    return _INDEPENDENT[key]
+
+
+_INDEPENDENT: dict[tuple[object, ...], bool] = {}
+"""``rows_independent``'s answers in this process."""
 
 
 def query_blocks(past: int, n: int, block: int) -> list[int]:
