@@ -181,7 +181,8 @@ def test_a_hit_leaving_a_few_rows_equals_a_cold_prefill_bit_for_bit(dtype: str, 
     fwd = gen.backend._forward
     fwd.prompt_kernel = KERNELS[linear]
     fwd.prompt_weights = [_weights(layer, fwd.prompt_dtype, fwd.prompt_kernel) for layer in fwd.layers]
-    fwd.prompt_products_whole = rows_independent(fwd.prompt_kernel, _weights(fwd.layers[0], fwd.prompt_dtype, F_LINEAR).down)
+    own = _weights(fwd.layers[0], fwd.prompt_dtype, F_LINEAR)  # as LlamaForward decides, for the forced kernel
+    fwd.prompt_products_whole = all(rows_independent(fwd.prompt_kernel, w) for w in (own.qkv, own.o, own.gate_up, own.down))
     question, passages = document_prompts(1)[0]
     prompt = gen.encode(chat_prompt(gen, question, passages), special_tokens=True)
     with torch.inference_mode():
