@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -220,6 +221,8 @@ class Lever:
     ``also_without_draft``: also where the policy verifies no draft. ``recent_passage``: among the
     occurrences of the longest suffix in the passages, continue the one after the last accepted
     copy's position in the passage copied from most recently (else the policy's draft).
+    ``attention_head``: (layer, head) whose most attended position picks what to copy where the longest suffix
+    match is at most one token (``replay_lever``'s ``attended``).
     """
 
     extra_branches: int = 0
@@ -227,18 +230,25 @@ class Lever:
     extra_up_to: int = 2
     also_without_draft: bool = False
     recent_passage: bool = False
+    attention_head: tuple[int, int] | None = None
 
 
 def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], lever: Lever,
-                 max_draft: int = 16, automaton: type[SuffixAutomaton] = SuffixAutomaton) -> tuple[float, float]:
+                 max_draft: int = 16, automaton: type[SuffixAutomaton] = SuffixAutomaton,
+                 attended: Sequence[np.ndarray] = ()) -> tuple[float, float]:
     """``replay`` of the default drafter and policy with ``lever``; returns (tokens per forward,
     estimated speedup over plain). A tree of n nodes is charged r(n), the cost of verifying n
-    drafted tokens in a row (the forward evaluates as many positions; the tree mask is extra)."""
+    drafted tokens in a row (the forward evaluates as many positions; the tree mask is extra).
+
+    With ``lever.attention_head``, ``attended[r]`` is ``attended_positions``' array for ``rows[r]``: where the
+    drafter's match is at most one token and the head's most attended position holds the context's last token,
+    the draft is the span after that position, with acceptance statistics of its own (the oracle's group, which a
+    replay of copies does not use otherwise)."""
     drafter = NgramDrafter(history_tokens=2048, automaton=automaton)
     policy = AdaptivePolicy(max_draft=max_draft)
     policy.calibrate({k: cost(k) for k in range(max_draft + 1)})
     tally = Tally()
-    for row in rows:
+    for r, row in enumerate(rows):
         prompt, answer, refs = row["prompt"], row["answer"], row["references"]
         drafter.begin(prompt, refs)
         recent: tuple[int, int] | None = None  # (passage, position of the last token copied from it)
@@ -246,6 +256,10 @@ def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], leve
         while i < len(answer):
             context, room = prompt + answer[:i], min(max_draft, len(answer) - i)
             candidate = drafter.propose(context, room)
+            if lever.attention_head is not None and (candidate is None or candidate.match_length <= 1):
+                j = int(attended[r][(i - 1, *lever.attention_head)]) + 1
+                if j < len(context) and context[j - 1] == context[-1]:
+                    candidate = Draft(tuple(context[j : j + room]), DraftSource.ORACLE, 1)
             found: list[Occurrence] = []
             if lever.recent_passage or lever.extra_branches:
                 n, found = occurrences(refs, context, max_tokens=room)
@@ -264,7 +278,7 @@ def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], leve
             own = accepted_in_tree([draft.tokens], answer[i:]) if draft is not None else 0
             accepted = accepted_in_tree(branches, answer[i:]) if branches else 0
             policy.record(draft, own, cost(k), 0.0)
-            if draft is not None:
+            if draft is not None and draft.source != DraftSource.ORACLE:
                 drafter.feedback(draft, own)
                 if own and draft.source == DraftSource.PASSAGE and draft.reference is not None:
                     ref = refs[draft.reference]
@@ -274,6 +288,41 @@ def replay_lever(rows: list[dict[str, list]], cost: Callable[[int], float], leve
             i += tally.step(cost(k), accepted, len(answer) - i)
         drafter.finish(answer)
     return tally.result()
+
+
+def attended_positions(rows: list[dict[str, list]]) -> list[np.ndarray]:
+    """Per answer, ``[steps, layers, heads]``: for each step after the first token (step ``i`` drafts
+    ``answer[i]``), the position each head of the default model attends to most (position 0, where every head parks
+    attention it does not need, left out) from the query of the context's second-to-last token. That is the last
+    query a verify forward computes before the step (the context's last token is the one that forward produced),
+    so a drafter could read it without an extra forward. Brute force over transformers' eager attention (one
+    forward per answer), for the replay only."""
+    from transformers import AutoModelForCausalLM
+
+    from ragspec.backends.pytorch.loading import model_folder
+
+    model = AutoModelForCausalLM.from_pretrained(model_folder(), attn_implementation="eager", local_files_only=True)
+    found = []
+    for row in rows:
+        prompt, answer = row["prompt"], row["answer"]
+        with torch.no_grad():
+            weights = model(torch.tensor([prompt + answer[:-1]]), output_attentions=True).attentions
+        queries = torch.arange(len(prompt) - 1, len(prompt) + len(answer) - 2)  # step i's is len(prompt) + i - 2
+        per_layer = [w[0][:, queries, 1:].argmax(-1) + 1 for w in weights]  # [heads, steps] each
+        found.append(torch.stack(per_layer).permute(2, 0, 1).numpy())
+    return found
+
+
+def copy_head(rows: list[dict[str, list]], attended: Sequence[np.ndarray]) -> tuple[int, int]:
+    """The (layer, head) whose most attended position is most often followed by the answer's next token (the
+    token an induction head predicts) over ``rows``."""
+    hits = 0
+    for row, found in zip(rows, attended):
+        text = np.asarray(row["prompt"] + row["answer"])
+        want = np.asarray(row["answer"][1:])[:, None, None]
+        hits = hits + (text[found + 1] == want).sum(0)
+    layer, head = np.unravel_index(int(np.argmax(hits)), np.shape(hits))
+    return int(layer), int(head)
 
 
 def oracle(rows: list[dict[str, list]], cost: Callable[[int], float], k: int = 8) -> tuple[float, float]:
@@ -388,6 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="take r(k) from this bench.py report's quiet measurement (e.g. "
                              "docs/bench/report-fp32-epyc.json) instead of timing it while recording, or instead "
                              "of the recording's own when it exists")
+    parser.add_argument("--attention", action="store_true",
+                        help="also replay copies chosen by the default model's attention (one forward per answer with "
+                             "transformers' eager attention): the head is chosen on the even-numbered answers and "
+                             "the lever printed on the odd-numbered ones beside the default, and on all")
     args = parser.parse_args(argv)
     path = Path(args.record)
     data = json.loads(path.read_text()) if path.exists() else record(
@@ -417,6 +470,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows, table.get, Lever(2, 2, 2, True, recent_passage=True))
     variants["most frequent continuation, tree +1 of 1 token (match <= 2, also with no draft)"] = lambda: replay_lever(
         rows, table.get, Lever(1, 1, 2, True), automaton=FrequentSAM)
+    if args.attention:
+        attended = attended_positions(rows)
+        head = copy_head(rows[::2], attended[::2])
+        lever, name = Lever(attention_head=head), f"copy what head {head[0]}.{head[1]} attends to where the match is <= 1 token"
+        variants[f"{name} (all answers; the head chosen on the even-numbered)"] = lambda: replay_lever(
+            rows, table.get, lever, attended=attended)
+        variants["default, odd-numbered answers"] = lambda: replay_lever(rows[1::2], table.get, Lever())
+        variants[f"{name}, odd-numbered answers"] = lambda: replay_lever(
+            rows[1::2], table.get, lever, attended=attended[1::2])
     answer_tokens = [len(r["answer"]) for r in rows]
     print(f"{len(rows)} answers, {sum(answer_tokens)} tokens ({min(answer_tokens)}-{max(answer_tokens)} each)")
     print("verify cost in plain steps, k = 1 / 2 / 4 / 8 / 16 drafted tokens: "

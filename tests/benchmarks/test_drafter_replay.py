@@ -6,10 +6,11 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from benchmarks.drafter_replay import (SELF, Lever, accepted_in_tree, copy_oracle, occurrences, oracle, recorded_costs,
-                                       replay, replay_lever, tree_size)
+from benchmarks.drafter_replay import (SELF, Lever, accepted_in_tree, copy_head, copy_oracle, occurrences, oracle,
+                                       recorded_costs, replay, replay_lever, tree_size)
 from ragspec.engine.ngram import NgramDrafter
 from tests.benchmarks.scripts import run_script
 
@@ -86,6 +87,42 @@ def test_recorded_costs_interpolate_a_quiet_measurement(tmp_path: Path) -> None:
     assert costs[20] == pytest.approx(3.1) and len(costs) == 33
 
 
+def attending(rows: list[dict[str, list[int]]], layers: int = 3, heads: int = 4) -> list[np.ndarray]:
+    """Attended positions (``attended_positions``' layout) where, at step i, head (1, 2) attends to the first
+    occurrence of the context's last token that the answer's next token follows (a head that knows which occurrence
+    to copy), head (0, 0) to the first position that does not hold the context's last token, and every other head
+    to position 1."""
+    found = []
+    for row in rows:
+        prompt, answer = row["prompt"], row["answer"]
+        text = prompt + answer
+        steps = np.ones((len(answer) - 1, layers, heads), np.int64)
+        for i in range(1, len(answer)):
+            last = len(prompt) + i - 1
+            right = [j for j in range(last) if text[j] == text[last] and text[j + 1] == text[last + 1]]
+            steps[i - 1, 1, 2] = right[0] if right else 1
+            steps[i - 1, 0, 0] = next(j for j in range(last) if text[j] != text[last])
+        found.append(steps)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_copy_head_finds_the_head_whose_attended_position_is_followed_by_the_next_token(seed: int) -> None:
+    rows = synthetic_rows(seed)
+    assert copy_head(rows, attending(rows)) == (1, 2)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_attention_copies_replace_only_short_matches_at_an_occurrence_of_the_last_token(seed: int) -> None:
+    """A head that attends to a position that does not hold the context's last token changes nothing; one that
+    attends to the occurrence of the last token whose next token is right raises tokens per forward where the
+    drafter's match is one token."""
+    rows = synthetic_rows(seed)
+    default = replay_lever(rows, COST.get, Lever())
+    assert replay_lever(rows, COST.get, Lever(attention_head=(0, 0)), attended=attending(rows)) == default
+    assert replay_lever(rows, COST.get, Lever(attention_head=(1, 2)), attended=attending(rows))[0] > default[0]
+
+
 @pytest.mark.timeout(300)
 def test_the_script_prints_the_table_from_a_recording(tmp_path: Path) -> None:
     rows = synthetic_rows(0, answers=2)
@@ -95,6 +132,16 @@ def test_the_script_prints_the_table_from_a_recording(tmp_path: Path) -> None:
     assert "| oracle drafter, 8 tokens a step |" in done.stdout
     assert "| default (n-gram + earlier answers, adaptive policy) |" in done.stdout
     assert "tree: +2 other continuation(s)" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_script_replays_attention_copies_on_the_default_models_attention(tmp_path: Path) -> None:
+    rows = synthetic_rows(0, answers=4)
+    (tmp_path / "answers.json").write_text(json.dumps({"rows": rows, "relative_cost": COST}))
+    done = run_script("drafter_replay.py", "--record", "answers.json", "--attention", cwd=tmp_path, timeout=280)
+    assert done.returncode == 0, done.stderr
+    assert "| default, odd-numbered answers |" in done.stdout
+    assert "attends to where the match is <= 1 token, odd-numbered answers |" in done.stdout
 
 
 @pytest.mark.timeout(300)

@@ -28,6 +28,7 @@ import inspect
 import threading
 import time
 import weakref
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Callable, Protocol
@@ -467,19 +468,20 @@ class LlamaForward:
             first = _Weights.of(self.layers[0]).to(dt, F_LINEAR)  # the model's own tensors, or a passing copy
             return [(w, len(self.layers)) for w in (first.qkv, first.o, first.gate_up, first.down)]
 
+        prompt_uses = uses(self.prompt_dtype)
         timed = [*uses(dtype), (model.lm_head.weight, 1)]
         kernels = [pick_kernel(device, dtype, timed, (rows,)) for rows in STEP_ROWS]
         self.kernel = kernels[0]
         """Products of one-row decoding steps (and of a prompt's output head, one row)."""
         # A prompt's head product has one row (its last position): it is a step's product.
-        self.prompt_kernel = pick_kernel(device, self.prompt_dtype, uses(self.prompt_dtype), PROMPT_ROWS)
+        self.prompt_kernel = pick_kernel(device, self.prompt_dtype, prompt_uses, PROMPT_ROWS)
         """Products of prompts: timed apart, since the faster kernel for a few rows need not be the faster for hundreds."""
         self.step_weights = [_weights(layer, dtype, self.kernel) for layer in self.layers]
         """Each layer's tensors as steps read them: the model's own, or a copy packed for ``kernel`` (shared by every
         forward over the model, and with prompts where they run in the same dtype and kernel)."""
         self.prompt_weights = [_weights(layer, self.prompt_dtype, self.prompt_kernel) for layer in self.layers]
         """Each layer's tensors as prompts read them: the steps', or copies in ``prompt_dtype``."""
-        self.prompt_products_whole = all(rows_independent(self.prompt_kernel, w) for w, _ in uses(self.prompt_dtype))
+        self.prompt_products_whole = all(rows_independent(self.prompt_kernel, w) for w, _ in prompt_uses)
         """Whether a prompt's products run over all its rows at once (the faster), which needs ``rows_independent``
         products for a prefix-cache hit to equal a cold prefill; else over each block of ``prompt``'s attention
         apart, the same blocks a hit computes again, which is exact by construction."""
@@ -535,7 +537,7 @@ class LlamaForward:
     def __call__(self, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
         if last_only:
             return self.prompt(ids, cache)
-        _, kernel, weights, head = next(p for p in reversed(self.step_products) if p[0] <= len(ids))
+        _, kernel, weights, head = self.step_products[bisect_right(STEP_ROWS, len(ids)) - 1]
         return self._run(ids, cache, self.dtype, weights, kernel.linear, [len(ids)], 1, self._attend, head=(kernel, head))
 
     def prompt(
