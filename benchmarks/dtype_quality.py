@@ -45,8 +45,8 @@ from ragspec.pipeline import DocumentQA  # noqa: E402
 DATA = REPO / "benchmarks" / "data"
 SETTINGS = ("float32", BF16_PROMPTS)
 LABELS = ("qa_labels.json", "support_labels.json", "heldout_labels.json", "fresh_labels.json", "fresh2_labels.json",
-          "fresh3_labels.json", "followup_labels.json", "followup_heldout_labels.json", "followup_fresh3_labels.json",
-          "dtype_labels.json")
+          "fresh3_labels.json", "fresh4_labels.json", "followup_labels.json", "followup_heldout_labels.json",
+          "followup_fresh3_labels.json", "dtype_labels.json")
 """Every hand-label file keyed by (question id, answer text); no two give one text of one question different verdicts."""
 
 

@@ -75,3 +75,13 @@ def test_public_prefix_bench_reuses_the_fixed_part_of_every_first_question() -> 
     assert done.returncode == 0, done.stderr
     public = 75 - 75 % PROMPT_CHUNK  # the template's 75 tokens, in whole prompt chunks (TorchBackend.load)
     assert f"2 first questions of new scopes (float32): {2 * public} of " in done.stdout, done.stdout
+
+
+def test_no_two_label_files_give_one_text_of_one_question_different_verdicts() -> None:
+    """``dtype_quality.labels`` merges every hand-label file by (question id, answer text): a conflict would let the
+    file read last decide silently."""
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for name in dtype_quality.LABELS:
+        for row in json.loads((dtype_quality.DATA / name).read_text())["labels"]:
+            verdict, first = row["verdict"], seen.setdefault((row["id"], row["text"]), (row["verdict"], name))
+            assert first[0] == verdict, f"{row['id']}: {first[1]} says {first[0]}, {name} says {verdict}"
