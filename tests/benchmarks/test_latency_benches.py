@@ -67,6 +67,20 @@ def test_dtype_quality_counts_saved_answers_without_the_model(tmp_path: Path) ->
     assert dtype_quality.questions(3, start=1) == dtype_quality.questions(None)[1:3]
 
 
+@pytest.mark.timeout(300)
+def test_the_docs_count_on_a_cpu_with_amx_is_what_the_committed_answers_and_labels_give() -> None:
+    asked, answers = dtype_quality.saved([REPO / "docs" / "bench" / "dtype_quality_answers-amx.jsonl"])
+    report = dtype_quality.count(asked, answers, {}, dtype_quality.labels())
+    assert report["answers"] == 380
+    assert report["float32"]["verdicts"] == {"right": 49, "partial": 42, "wrong": 288, "no_answer": 1}
+    assert report["bf16-prompts"]["verdicts"] == {"right": 51, "partial": 44, "wrong": 284, "no_answer": 1}
+    assert report["bf16-prompts vs float32"] == {"answers_differ": 100, "bf16-prompts_right_float32_not": 6,
+                                                 "float32_right_bf16-prompts_not": 4}
+    docs = (REPO / "docs" / "backends.md").read_text()
+    assert "| fp32 | 380 | 49 | 42 | 288 | 1 | 380/380 |" in docs
+    assert "| bf16 prompts, fp32 steps | 380 | 51 | 44 | 284 | 1 | 280/380 |" in docs
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_public_prefix_bench_reuses_the_fixed_part_of_every_first_question() -> None:
