@@ -544,7 +544,8 @@ class LlamaForward:
         self, ids: list[int], cache: DynamicCache, block: int = PROMPT_CHUNK, cancel: threading.Event | None = None
     ) -> torch.Tensor:
         """See ``Forward.prompt``: one forward, its products over all its rows (at least ``prompt_min_rows``, so a
-        row has the same bits whatever the rows around it), its attention in blocks of queries that end where
+        row has the same bits whatever the rows around it), or over each attention block apart where the prompt
+        kernel is not row-independent (``prompt_products_whole``), its attention in blocks of queries that end where
         positions reach a multiple of ``block`` (each attends to every position up to its end, causally), in
         ``prompt_dtype``. After a cache that ends at a multiple of ``block`` it runs the same attention calls on the
         same rows as for the whole prompt. ``cancel`` is checked before each layer."""
